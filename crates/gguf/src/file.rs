@@ -1,0 +1,152 @@
+//! [`GgufFile`]: a memory-mapped GGUF file whose tensors are zero-copy byte views.
+
+use crate::error::{GgufError, Result};
+use crate::reader::{parse_header, Header, TensorInfo};
+use crate::value::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Backing bytes: a read-only mapping of the file (or an owned buffer, for tests).
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+/// An opened, validated GGUF file.
+///
+/// Tensor bytes are never copied: [`GgufFile::tensor_data`] returns a slice of the mapping.
+pub struct GgufFile {
+    bytes: Bytes,
+    path: PathBuf,
+    header: Header,
+    meta_index: HashMap<String, usize>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl GgufFile {
+    /// Map and validate `path`. Fails with a typed error on any malformed field.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source| GgufError::Io { path: path.clone(), source };
+        let file = std::fs::File::open(&path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < 4 {
+            return Err(GgufError::BadMagic { found: std::fs::read(&path).map_err(io)? });
+        }
+        // SAFETY: the mapping is read-only; like every mmap-based loader we rely on the
+        // file not being truncated by another process while it is open.
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::from_bytes(Bytes::Mapped(mmap), path)
+    }
+
+    /// Parse an in-memory GGUF image (used by tests and fuzzing).
+    pub fn from_vec(bytes: Vec<u8>) -> Result<Self> {
+        Self::from_bytes(Bytes::Owned(bytes), PathBuf::from("<memory>"))
+    }
+
+    fn from_bytes(bytes: Bytes, path: PathBuf) -> Result<Self> {
+        let buf: &[u8] = match &bytes {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        };
+        let header = parse_header(buf)?;
+        let meta_index = header.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let tensor_index = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(Self { bytes, path, header, meta_index, tensor_index })
+    }
+
+    /// The whole file.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    /// Path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// GGUF version.
+    pub fn version(&self) -> u32 {
+        self.header.version
+    }
+
+    /// Data alignment.
+    pub fn alignment(&self) -> u64 {
+        self.header.alignment
+    }
+
+    /// Absolute offset of the tensor data section.
+    pub fn data_offset(&self) -> u64 {
+        self.header.data_offset
+    }
+
+    /// Metadata pairs in file order.
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.header.metadata
+    }
+
+    /// Tensor infos in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.header.tensors
+    }
+
+    /// A metadata value.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.meta_index.get(key).map(|&i| &self.header.metadata[i].1)
+    }
+
+    /// A tensor's info.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.header.tensors[i])
+    }
+
+    /// A tensor's bytes: a zero-copy view into the mapping (bounds were checked at open).
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let start = (self.header.data_offset + t.offset) as usize;
+        &self.as_bytes()[start..start + t.size as usize]
+    }
+
+    /// A required string value.
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        self.require(key)?.as_str().ok_or_else(|| self.wrong_type(key, "a string"))
+    }
+
+    /// A required integer value, converted to `u64` if it is non-negative.
+    pub fn get_u64(&self, key: &str) -> Result<u64> {
+        self.require(key)?
+            .as_int()
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or_else(|| self.wrong_type(key, "a non-negative integer"))
+    }
+
+    /// A required number as f32.
+    pub fn get_f32(&self, key: &str) -> Result<f32> {
+        self.require(key)?.as_f64().map(|v| v as f32).ok_or_else(|| self.wrong_type(key, "a number"))
+    }
+
+    /// An optional bool (`None` when absent; an error when present with another type).
+    pub fn get_bool_opt(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.wrong_type(key, "a bool")),
+        }
+    }
+
+    /// A required array.
+    pub fn get_array(&self, key: &str) -> Result<&[Value]> {
+        self.require(key)?.as_array().ok_or_else(|| self.wrong_type(key, "an array"))
+    }
+
+    fn require(&self, key: &str) -> Result<&Value> {
+        self.get(key).ok_or_else(|| GgufError::Metadata { key: key.into(), reason: "missing".into() })
+    }
+
+    fn wrong_type(&self, key: &str, want: &str) -> GgufError {
+        let got = self.get(key).map(|v| crate::value::type_name(v.type_id())).unwrap_or("nothing");
+        GgufError::Metadata { key: key.into(), reason: format!("expected {want}, found {got}") }
+    }
+}
