@@ -1,1 +1,55 @@
-fn main() {}
+//! `hearth`: run large language models on the CPUs you already own.
+//!
+//! This binary is the only place that formats for humans and uses `anyhow`; each
+//! subcommand lives in `cmd/` and turns its flags into calls on the library crates.
+
+mod cmd;
+mod common;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "hearth",
+    version,
+    about = "Run large language models (GGUF) on CPU-only machines",
+    long_about = "Run large language models (GGUF) on CPU-only machines.\n\n\
+        Weights stay quantized and memory-mapped; kernels compute directly on quantized blocks.\n\
+        Without --model, the default model (SmolLM2-135M-Instruct Q4_1) is used; fetch it with\n\
+        `scripts/fetch-models.sh`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate(cmd::generate::Args),
+    /// Interactive multi-turn chat using the model's chat template.
+    Chat(cmd::chat::Args),
+    /// Print the token ids of a text.
+    Tokenize(cmd::tokenize::Args),
+    /// Measure perplexity on a text file, as llama.cpp's llama-perplexity does.
+    Perplexity(cmd::perplexity::Args),
+    /// Print a GGUF file's metadata and tensor table.
+    Inspect(cmd::inspect::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Inspect(a) => cmd::inspect::run(a),
+    };
+    if let Err(e) = result {
+        // One line: the error and its causes.
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -276,7 +276,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
                 field: format!("tensor {:?}", t.name),
                 offset: data_offset.saturating_add(t.offset),
                 reason: format!(
-                    "data [{}+{}, +{} bytes) lies beyond the end of the file ({file_len} bytes)",
+                    "data [{}+{}, +{} bytes) lies beyond the end of the file ({file_len} bytes): truncated file or corrupt offset",
                     data_offset, t.offset, t.size
                 ),
             });

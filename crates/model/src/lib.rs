@@ -1,1 +1,35 @@
-//! placeholder
+//! Model architectures and the forward pass.
+//!
+//! - [`Model`]: a GGUF file opened for inference (config, tokenizer, weight views).
+//! - [`Context`]: one inference stream (KV cache, scratch, thread pool); [`Context::eval`]
+//!   runs a batch of tokens and returns logits.
+//! - [`sampler`]: greedy / temperature / top-k / top-p / min-p / repeat penalty.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use hearth_model::{Model, Context, Logits, sampler::argmax};
+//! let model = Arc::new(Model::load("models/SmolLM2-135M-Instruct.Q4_1.gguf")?);
+//! let mut ctx = Context::new(model.clone(), 512, 512, 2)?;
+//! let ids = model.tokenizer.encode("The capital of France is", true, true);
+//! let next = argmax(ctx.eval(&ids, Logits::Last)?);
+//! # Ok::<(), hearth_model::ModelError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod context;
+mod error;
+mod kv_cache;
+mod model;
+pub mod ops;
+pub mod sampler;
+mod weights;
+
+pub use config::{ModelConfig, SUPPORTED_ARCHS};
+pub use context::{Context, Logits};
+pub use error::{ModelError, Result};
+pub use kv_cache::KvCache;
+pub use model::Model;
+pub use weights::{LayerWeights, TensorRef, Weights, MATMUL_TYPES};
+mod generate;
+pub use generate::{generate, perplexity, Generation, Perplexity, StopReason, Timings};

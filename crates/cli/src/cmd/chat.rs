@@ -1,0 +1,84 @@
+//! `hearth chat`: interactive multi-turn chat. The KV cache is kept across turns: each
+//! turn re-renders the conversation and evaluates only the tokens past the common prefix.
+
+use super::generate::{render_chat, SamplingArgs};
+use crate::common::ModelArgs;
+use anyhow::Result;
+use hearth_chat::Message;
+use hearth_model::{generate, Context};
+use hearth_tokenizer::StreamDecoder;
+use std::io::{BufRead, Write};
+
+/// Flags of `hearth chat`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System message to start the conversation with
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Maximum tokens per reply
+    #[arg(short = 'n', long, default_value_t = 512)]
+    pub max_tokens: usize,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = a.model.load()?;
+    let mut ctx = Context::new(model.clone(), a.model.ctx_size, a.model.batch_size, a.model.threads())?;
+    let sampler = a.sampling.config();
+    let mut messages: Vec<Message> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(Message { role: "system".into(), content: s.clone() });
+    }
+    let mut cached: Vec<u32> = Vec::new(); // tokens whose K/V are in ctx
+    eprintln!("hearth chat — type a message, Enter to send; Ctrl-D or /exit to quit, /reset to start over.");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        match line.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages.retain(|m| m.role == "system");
+                cached.clear();
+                ctx.truncate(0);
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(Message { role: "user".into(), content: line });
+        let ids = model.tokenizer.encode(&render_chat(&model, &messages)?, true, true);
+        let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        ctx.truncate(common);
+        let mut dec = StreamDecoder::new(&model.tokenizer);
+        let mut out = std::io::stdout().lock();
+        let tok = &model.tokenizer;
+        let result = generate(&mut ctx, &ids[common..], a.max_tokens, &sampler, |id| {
+            if !tok.is_eog(id) {
+                let _ = out.write_all(dec.push(id).as_bytes());
+                let _ = out.flush();
+            }
+            true
+        });
+        let g = match result {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("error: {e} — use /reset to start a new conversation");
+                messages.pop();
+                continue;
+            }
+        };
+        let _ = writeln!(out, "{}", dec.flush());
+        let reply: Vec<u32> = g.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();
+        messages.push(Message { role: "assistant".into(), content: tok.decode(&reply) });
+        cached = ids;
+        cached.extend(&g.tokens);
+        cached.truncate(ctx.n_past());
+    }
+    Ok(())
+}

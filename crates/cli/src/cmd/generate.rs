@@ -1,0 +1,142 @@
+//! `hearth generate`: prefill a prompt, stream the completion to stdout, summary to stderr.
+
+use crate::common::{mib, peak_rss_bytes, ModelArgs};
+use anyhow::{Context as _, Result};
+use hearth_chat::{ChatTemplate, Message};
+use hearth_model::{generate, sampler::SamplerConfig, Context, Model};
+use hearth_tokenizer::StreamDecoder;
+use std::io::Write;
+
+/// Sampling flags (shared with `chat`). Defaults are llama.cpp's.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy (argmax)
+    #[arg(long, visible_alias = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off)
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability mass reaches P (1.0 = off)
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P × the most likely one (0 = off)
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise the last 64 tokens by this factor (1.0 = off)
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// RNG seed; the same seed and settings reproduce a run [default: random]
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn config(&self) -> SamplerConfig {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed,
+            ..SamplerConfig::default()
+        }
+    }
+}
+
+/// Flags of `hearth generate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text
+    #[arg(short, long)]
+    pub prompt: String,
+    /// Maximum number of tokens to generate
+    #[arg(short = 'n', long, default_value_t = 256)]
+    pub max_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Wrap the prompt as a user message in the model's chat template
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object (token ids, text, timings, peak RSS) instead of streaming text
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Render `messages` with the model's chat template.
+pub fn render_chat(model: &Model, messages: &[Message]) -> Result<String> {
+    let src = model.chat_template().context("the model has no chat template (tokenizer.chat_template)")?;
+    let tok = &model.tokenizer;
+    let text = |id: Option<u32>| id.map(|i| tok.token_text(i).to_string()).unwrap_or_default();
+    let tmpl = ChatTemplate::new(src, &text(tok.bos()), &text(tok.eos())).context("chat template")?;
+    Ok(tmpl.render(messages, true).context("rendering the chat template")?)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = a.model.load()?;
+    let prompt = if a.chat {
+        render_chat(&model, &[Message { role: "user".into(), content: a.prompt.clone() }])?
+    } else {
+        a.prompt.clone()
+    };
+    let ids = model.tokenizer.encode(&prompt, true, true);
+    if ids.is_empty() {
+        anyhow::bail!("the prompt is empty: give some text with --prompt");
+    }
+    if ids.len() > a.model.ctx_size {
+        anyhow::bail!("the prompt has {} tokens, more than --ctx-size {}", ids.len(), a.model.ctx_size);
+    }
+    let mut ctx = Context::new(model.clone(), a.model.ctx_size, a.model.batch_size, a.model.threads())?;
+    let mut dec = StreamDecoder::new(&model.tokenizer);
+    let mut stdout = std::io::stdout().lock();
+    let json = a.json;
+    let tok = &model.tokenizer;
+    let out = generate(&mut ctx, &ids, a.max_tokens, &a.sampling.config(), |id| {
+        if !json && !tok.is_eog(id) {
+            let s = dec.push(id);
+            // A closed stdout (e.g. `| head`) stops generation instead of failing.
+            return stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()).is_ok();
+        }
+        true
+    })?;
+    let t = &out.timings;
+    let rss = peak_rss_bytes().unwrap_or(0);
+    if json {
+        let text_ids: Vec<u32> = out.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();
+        let v = serde_json::json!({
+            "prompt_tokens": ids,
+            "completion_tokens": out.tokens,
+            "text": tok.decode(&text_ids),
+            "stop_reason": format!("{:?}", out.stop),
+            "timings": {
+                "ttft_ms": t.ttft_ms,
+                "prefill_ms": t.prefill_ms,
+                "prefill_tok_s": t.prefill_tok_s(),
+                "decode_ms": t.decode_ms,
+                "decode_tok_s": t.decode_tok_s(),
+            },
+            "peak_rss_bytes": rss,
+        });
+        println!("{v}");
+    } else {
+        let tail = dec.flush();
+        let _ = writeln!(stdout, "{tail}");
+        eprintln!(
+            "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms, peak RSS {} ({} threads, stop: {:?})",
+            t.prompt_tokens,
+            t.prefill_tok_s(),
+            out.tokens.len(),
+            t.decode_tok_s(),
+            t.ttft_ms,
+            mib(rss),
+            a.model.threads(),
+            out.stop
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! `hearth tokenize`: text → token ids. Needs only the tokenizer metadata, so it works
+//! on vocab-only GGUF files.
+
+use crate::common::{parse_bool, resolve_model};
+use anyhow::{Context as _, Result};
+use hearth_gguf::GgufFile;
+use hearth_tokenizer::Tokenizer;
+use std::io::Read;
+use std::path::PathBuf;
+
+/// Flags of `hearth tokenize`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// GGUF file (a full model or a vocab-only file)
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// Text to tokenize
+    #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+    pub text: Option<String>,
+    /// File to tokenize (`-` for stdin)
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Add BOS/EOS as the model's metadata says
+    #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub add_special: bool,
+    /// Match special tokens such as <|im_start|> in the text
+    #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub parse_special: bool,
+    /// Print a JSON array of ids
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let path = resolve_model(a.model.as_ref())?;
+    let f = GgufFile::open(&path)?;
+    let tok = Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let text = match (&a.text, &a.file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(p)) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
+            s
+        }
+        (None, Some(p)) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        (None, None) => unreachable!("clap requires --text or --file"),
+    };
+    let ids = tok.encode(&text, a.add_special, a.parse_special);
+    if a.json {
+        println!("{}", serde_json::to_string(&ids)?);
+    } else {
+        for id in ids {
+            println!("{id:>6} -> {:?}", String::from_utf8_lossy(&tok.piece(id, true)));
+        }
+    }
+    Ok(())
+}

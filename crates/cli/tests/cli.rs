@@ -1,0 +1,217 @@
+//! The `hearth` binary end to end: real generation on the default model, and bad input
+//! (missing, non-GGUF, truncated and hostile files, unsupported architectures and types,
+//! empty or oversized prompts) that must give a one-line error and a non-zero exit, never a panic.
+
+use hearth_gguf::{GgufFile, TensorSpec, Value};
+use hearth_quant::GgmlType;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn model() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
+    p
+}
+
+fn hearth(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli");
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// A clean failure: non-zero exit (not a panic's 101), one line on stderr starting with `error:`.
+fn assert_clean_error(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {err}");
+    assert_ne!(out.status.code(), Some(101), "panicked: {err}");
+    assert!(!err.contains("panicked"), "panicked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.starts_with("error:"), "{err}");
+    assert!(err.to_lowercase().contains(&want.to_lowercase()), "expected {want:?} in {err}");
+}
+
+#[test]
+fn generate_greedy_json() {
+    let m = model();
+    let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "--temperature", "0", "-n", "8", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prompt_tokens"], serde_json::json!([504, 3575, 282, 4649, 314]));
+    assert_eq!(v["completion_tokens"][0], 7042); // " Paris"
+    assert!(v["text"].as_str().unwrap().starts_with(" Paris"));
+    assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(v["peak_rss_bytes"].as_u64().unwrap() > 1 << 20);
+}
+
+#[test]
+fn generate_streams_text_and_summary() {
+    let m = model();
+    let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "What is 2+2?", "--chat", "--temperature", "0", "-n", "16"]);
+    assert!(out.status.success());
+    assert!(!out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("prefill") && err.contains("decode") && err.contains("TTFT") && err.contains("peak RSS"), "{err}");
+}
+
+#[test]
+fn tokenize_json_on_vocab_only_file() {
+    let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/vocab/ggml-vocab-llama-spm.gguf");
+    if !vocab.is_file() {
+        return;
+    }
+    let out = hearth(&["tokenize", "-m", vocab.to_str().unwrap(), "--text", "Hello world", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ids: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids[0], 1, "llama-spm adds BOS");
+    let out = hearth(&["tokenize", "-m", vocab.to_str().unwrap(), "--text", "Hello world", "--json", "--add-special", "false"]);
+    let ids2: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids2, ids[1..]);
+}
+
+#[test]
+fn missing_and_non_gguf_files() {
+    assert_clean_error(&hearth(&["generate", "-m", "/nonexistent.gguf", "-p", "x"]), "/nonexistent.gguf");
+    let f = tmp("not-a-model.gguf");
+    std::fs::write(&f, b"hello, this is text, not GGUF").unwrap();
+    assert_clean_error(&hearth(&["generate", "-m", f.to_str().unwrap(), "-p", "x"]), "not a GGUF file");
+    std::fs::write(&f, b"").unwrap();
+    assert_clean_error(&hearth(&["inspect", f.to_str().unwrap()]), "not a GGUF file");
+}
+
+#[test]
+fn truncated_model_files() {
+    let bytes = std::fs::read(model()).unwrap();
+    let data_offset = GgufFile::open(model()).unwrap().data_offset() as usize;
+    for cut in [5, 30, 1000, 100_000, data_offset - 1, data_offset + 1000, bytes.len() - 1] {
+        let f = tmp(&format!("truncated-{cut}.gguf"));
+        std::fs::write(&f, &bytes[..cut]).unwrap();
+        let out = hearth(&["generate", "-m", f.to_str().unwrap(), "-p", "x", "-n", "1"]);
+        assert_clean_error(&out, "truncated");
+        std::fs::remove_file(&f).unwrap();
+    }
+}
+
+#[test]
+fn hostile_header_fields() {
+    let bytes = std::fs::read(model()).unwrap();
+    let head = &bytes[..GgufFile::open(model()).unwrap().data_offset() as usize];
+    // tensor count, kv count → absurd.
+    for (at, want) in [(8usize, "tensor_count"), (16, "metadata_kv_count")] {
+        let mut b = head.to_vec();
+        b[at..at + 8].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
+        let f = tmp(&format!("absurd-{at}.gguf"));
+        std::fs::write(&f, &b).unwrap();
+        assert_clean_error(&hearth(&["inspect", f.to_str().unwrap()]), want);
+    }
+    // First tensor's first dimension → 2^62; its offset → far past the end.
+    let name = b"token_embd.weight";
+    let pos = head.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let mut b = head.to_vec();
+    b[pos + 4..pos + 12].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    let f = tmp("absurd-dim.gguf");
+    std::fs::write(&f, &b).unwrap();
+    assert_clean_error(&hearth(&["inspect", f.to_str().unwrap()]), "token_embd.weight");
+    let mut b = bytes.clone();
+    b[pos + 4 + 16 + 4..pos + 4 + 16 + 12].copy_from_slice(&(1u64 << 50).to_le_bytes());
+    std::fs::write(&f, &b).unwrap();
+    assert_clean_error(&hearth(&["inspect", f.to_str().unwrap()]), "beyond the end");
+}
+
+/// A tiny llama GGUF with SmolLM2's tokenizer, to test architecture/type checks.
+fn tiny_model(arch: &str, q_type: GgmlType) -> PathBuf {
+    let src = GgufFile::open(model()).unwrap();
+    let mut meta: Vec<(String, Value)> =
+        src.metadata().iter().filter(|(k, _)| !k.starts_with("llama.")).cloned().collect();
+    for (k, v) in meta.iter_mut() {
+        if k == "general.architecture" {
+            *v = Value::String(arch.into());
+        }
+    }
+    let e = 64u64;
+    for (k, v) in [("embedding_length", e), ("block_count", 1), ("feed_forward_length", 128), ("attention.head_count", 2), ("context_length", 256)] {
+        meta.push((format!("{arch}.{k}"), Value::U32(v as u32)));
+    }
+    meta.push((format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)));
+    let v = 49152u64;
+    let m = |n: &str, d: Vec<u64>, ty| TensorSpec { name: n.into(), dims: d, ty };
+    let specs = vec![
+        m("token_embd.weight", vec![e, v], GgmlType::Q8_0),
+        m("output_norm.weight", vec![e], GgmlType::F32),
+        m("blk.0.attn_norm.weight", vec![e], GgmlType::F32),
+        m("blk.0.attn_q.weight", vec![e, e], q_type),
+        m("blk.0.attn_k.weight", vec![e, e], GgmlType::Q8_0),
+        m("blk.0.attn_v.weight", vec![e, e], GgmlType::Q8_0),
+        m("blk.0.attn_output.weight", vec![e, e], GgmlType::Q8_0),
+        m("blk.0.ffn_norm.weight", vec![e], GgmlType::F32),
+        m("blk.0.ffn_gate.weight", vec![e, 128], GgmlType::Q8_0),
+        m("blk.0.ffn_up.weight", vec![e, 128], GgmlType::Q8_0),
+        m("blk.0.ffn_down.weight", vec![128, e], GgmlType::Q8_0),
+    ];
+    let path = tmp(&format!("tiny-{arch}-{}.gguf", q_type.name()));
+    hearth_gguf::write_gguf_file(&path, &meta, &specs, |i, w| w.write_all(&vec![0u8; specs[i].size().unwrap() as usize])).unwrap();
+    path
+}
+
+#[test]
+fn tiny_model_runs_and_bad_models_are_refused() {
+    let ok = tiny_model("llama", GgmlType::Q8_0);
+    let out = hearth(&["generate", "-m", ok.to_str().unwrap(), "-p", "hi", "-n", "2", "--temperature", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let arch = tiny_model("mamba", GgmlType::Q8_0);
+    assert_clean_error(&hearth(&["generate", "-m", arch.to_str().unwrap(), "-p", "hi"]), "unsupported architecture \"mamba\"");
+    let ty = tiny_model("llama", GgmlType::IQ4_NL);
+    assert_clean_error(&hearth(&["generate", "-m", ty.to_str().unwrap(), "-p", "hi"]), "iq4_nl");
+}
+
+#[test]
+fn empty_and_oversized_prompts() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    assert_clean_error(&hearth(&["generate", "-m", m, "-p", ""]), "empty");
+    let long = "hello ".repeat(100);
+    assert_clean_error(&hearth(&["generate", "-m", m, "-p", &long, "--ctx-size", "32"]), "ctx-size");
+}
+
+#[test]
+fn default_model_missing_says_how_to_fetch() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["generate", "-p", "x"])
+        .current_dir(std::env::temp_dir())
+        .env("HEARTH_MODEL", "/nonexistent/default.gguf")
+        .output()
+        .unwrap();
+    assert_clean_error(&out, "/nonexistent/default.gguf");
+}
+
+#[test]
+fn inspect_prints_tensors_and_totals() {
+    let m = model();
+    let out = hearth(&["inspect", m.to_str().unwrap(), "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 272);
+    assert_eq!(v["totals"]["q4_1"]["tensors"], 210);
+    assert_eq!(v["metadata"]["tokenizer.ggml.tokens"]["len"], 49152);
+    let out = hearth(&["inspect", m.to_str().unwrap()]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("blk.0.attn_q.weight") && s.contains("total"));
+}
+
+#[test]
+fn perplexity_json() {
+    let m = model();
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/smollm2/ppl_gpl3.txt");
+    if !text.is_file() {
+        return;
+    }
+    let short = tmp("ppl-short.txt");
+    std::fs::write(&short, &std::fs::read_to_string(&text).unwrap()[..4000]).unwrap();
+    let out = hearth(&["perplexity", "-m", m.to_str().unwrap(), "-f", short.to_str().unwrap(), "-c", "128", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["ppl"].as_f64().unwrap() > 1.0 && v["chunks"].as_u64().unwrap() >= 5);
+}

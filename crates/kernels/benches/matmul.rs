@@ -1,0 +1,123 @@
+//! Matmul throughput per weight type and SIMD level.
+//!
+//! `cargo bench -p hearth-kernels --bench matmul` (append a filter such as
+//! `matvec` or `q4_1` to narrow it). Throughput is weight bytes per second:
+//! - `matvec/<level>/<type>`: 4096×4096, one token, one thread (decode).
+//! - `prefill64/<level>/<type>`: 4096×4096, 64 tokens, one thread: each
+//!   weight byte serves 64 tokens, so this is far above memory bandwidth.
+//! - `smollm2_decode/<threads>t`: one decode step's matmuls of SmolLM2-135M
+//! - `matvec_l2/<level>/<type>`: 256×4096, one token: cache-resident, so
+//!   this is the kernel's compute speed.
+//!   (30 layers of Q4_1 576/192/1536 matrices + the 49152×576 Q8_0 head),
+//!   bytes = all weights touched once.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use hearth_kernels::{matmul_with, SimdLevel, ThreadPool, WeightView};
+use hearth_quant::GgmlType;
+use std::time::Duration;
+
+fn random_bytes(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    // Valid blocks: quantize a cheap pseudo-random f32 matrix, one row at a time.
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut out = vec![0u8; rows * rb];
+    let mut s = seed | 1;
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        for v in row.iter_mut() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *v = (s % 20001) as f32 / 10000.0 - 1.0;
+        }
+        hearth_quant::quantize_row(ty, &row, &mut out[r * rb..(r + 1) * rb]).unwrap();
+    }
+    out
+}
+
+fn levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
+}
+
+fn square(c: &mut Criterion) {
+    let (rows, cols) = (4096, 4096);
+    let pool = ThreadPool::new(1);
+    let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16];
+    for (name, tokens) in [("matvec", 1usize), ("prefill64", 64)] {
+        let mut g = c.benchmark_group(name);
+        g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(10);
+        for ty in types {
+            let w = random_bytes(ty, rows, cols, 1);
+            let view = WeightView::new(ty, &w, rows, cols).unwrap();
+            let x: Vec<f32> = (0..tokens * cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+            let mut out = vec![0f32; tokens * rows];
+            let mut scratch = Vec::new();
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for level in levels() {
+                if level == SimdLevel::Scalar && tokens > 1 && ty.block_size() == 1 {
+                    continue; // f64-summing reference floats: minutes, not informative
+                }
+                g.bench_function(BenchmarkId::new(level.name(), ty.name()), |b| {
+                    b.iter(|| matmul_with(level, &pool, &view, &x, tokens, &mut out, &mut scratch).unwrap())
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+/// 256×4096 (≤ 1.2 MB, stays in L2): compute-bound speed of the matvec.
+fn cached(c: &mut Criterion) {
+    let (rows, cols) = (256, 4096);
+    let pool = ThreadPool::new(1);
+    let mut g = c.benchmark_group("matvec_l2");
+    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16] {
+        let w = random_bytes(ty, rows, cols, 1);
+        let view = WeightView::new(ty, &w, rows, cols).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+        let mut out = vec![0f32; rows];
+        let mut scratch = Vec::new();
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
+            g.bench_function(BenchmarkId::new(level.name(), ty.name()), |b| {
+                b.iter(|| matmul_with(level, &pool, &view, &x, 1, &mut out, &mut scratch).unwrap())
+            });
+        }
+    }
+    g.finish();
+}
+
+fn smollm2(c: &mut Criterion) {
+    let (e, ff, kv, layers, vocab) = (576, 1536, 192, 30, 49152);
+    let shapes = [(e, e), (kv, e), (kv, e), (e, e), (ff, e), (ff, e), (e, ff)];
+    let mut mats: Vec<(GgmlType, Vec<u8>, usize, usize)> = Vec::new();
+    for l in 0..layers {
+        for (i, &(r, cc)) in shapes.iter().enumerate() {
+            mats.push((GgmlType::Q4_1, random_bytes(GgmlType::Q4_1, r, cc, (l * 10 + i) as u64 + 7), r, cc));
+        }
+    }
+    mats.push((GgmlType::Q8_0, random_bytes(GgmlType::Q8_0, vocab, e, 99), vocab, e));
+    let bytes: usize = mats.iter().map(|m| m.1.len()).sum();
+    let x = vec![0.25f32; ff];
+    let mut out = vec![0f32; vocab];
+    let mut scratch = Vec::new();
+    let level = SimdLevel::active();
+    let mut g = c.benchmark_group("smollm2_decode");
+    g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(20);
+    g.throughput(Throughput::Bytes(bytes as u64));
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        g.bench_function(format!("{}/{threads}t", level.name()), |b| {
+            b.iter(|| {
+                for (ty, w, r, cc) in &mats {
+                    let v = WeightView::new(*ty, w, *r, *cc).unwrap();
+                    matmul_with(level, &pool, &v, &x[..*cc], 1, &mut out[..*r], &mut scratch).unwrap();
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, square, cached, smollm2);
+criterion_main!(benches);

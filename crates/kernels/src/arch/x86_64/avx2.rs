@@ -1,0 +1,329 @@
+//! AVX2 + FMA + F16C kernels.
+//!
+//! Integer dots use ggml's `_mm256_maddubs_epi16` (u8 × i8 → pairs of i16)
+//! then `_mm256_madd_epi16` with ones (→ 8 × i32). Q4 nibbles (0..15) are the
+//! unsigned operand; Q4_0's offset of 8 is folded in as `-8 * sum(a)` per
+//! 4-byte group, computed once per activation block and shared by all rows.
+//! Q8_0 weights use the sign trick (`|w|`, `sign(a, w)`): like ggml, a weight
+//! of -128 against an activation of ±128 could saturate, which
+//! `quantize_row_q8_0` never produces (it stays within ±127).
+//!
+//! Float arithmetic per (row, token) is ggml's `ggml_vec_dot_*_q8_*` AVX2 order:
+//! 8 lanes of 4-byte integer sums, `acc = fma(d_w·d_a, float(sumi), acc)` block by
+//! block, the `hsum_float_8` reduction, and Q4_1's `m_w·s_a` summed apart and added
+//! last. Integer sums are exact, so each dot is bit-identical to llama.cpp's: that
+//! keeps activation re-quantization (where one rounding flip moves a value by a
+//! whole step) from making our logits drift from llama.cpp's.
+
+use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
+use crate::dispatch::{Kernels, Panel, SimdLevel};
+use hearth_quant::GgmlType;
+use std::arch::x86_64::*;
+
+pub(super) static KERNELS: Kernels = Kernels {
+    level: SimdLevel::Avx2,
+    quantize_q8_0,
+    quantize_q8_1,
+    quantize_f16,
+    panel_q4_0: |p, o| panel::<Q4_0>(p, o, GgmlType::Q8_0),
+    panel_q4_1: |p, o| panel::<Q4_1>(p, o, GgmlType::Q8_1),
+    panel_q8_0: |p, o| panel::<Q8_0>(p, o, GgmlType::Q8_0),
+    panel_f32: |p, o| panel::<F32>(p, o, GgmlType::F32),
+    panel_f16: |p, o| panel::<F16>(p, o, GgmlType::F16),
+    panel_bf16: |p, o| panel::<BF16>(p, o, GgmlType::BF16),
+};
+
+#[inline(always)]
+fn panel<F: Fmt>(p: &Panel<'_>, out: &mut [f32], aty: GgmlType) {
+    p.check(aty, out);
+    // SAFETY: this table is only handed out when AVX2, FMA and F16C were
+    // detected, and `check` bounds every access of the panel.
+    unsafe { panel_avx2::<F>(p, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_avx2<F: Fmt>(p: &Panel<'_>, out: &mut [f32]) {
+    if p.n_tokens == 1 {
+        run_panel::<F, 4, 1>(p, out)
+    } else {
+        run_panel::<F, 2, 4>(p, out)
+    }
+}
+
+/// 16 bytes of nibbles → 32 bytes: element j (low nibble of byte j) in byte
+/// j, element j+16 (high nibble) in byte j+16.
+#[inline(always)]
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
+    // Broadcast-load (no shuffle µop), shift only the upper half by 4.
+    let qs = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    _mm256_and_si256(_mm256_srlv_epi64(qs, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f))
+}
+
+/// Sum of u8 × i8 products in 8 groups of 4 bytes.
+#[inline(always)]
+unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Q4_0 weights × Q8_0 activations.
+pub(super) struct Q4_0;
+impl Fmt for Q4_0 {
+    const EPB: usize = 32;
+    const WB: usize = 18;
+    const AB: usize = 34;
+    /// (nibbles 0..15, d)
+    type W = (__m256i, __m256);
+    /// (q, -8 * sum(q) per group of 4, d)
+    type A = (__m256i, __m256i, __m256);
+    type Acc = __m256;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load_w(p: *const u8) -> Self::W {
+        (nibbles(p.add(2)), _mm256_set1_ps(f16_at(p)))
+    }
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> Self::A {
+        let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        let bias = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), q), _mm256_set1_epi16(-1));
+        (q, bias, _mm256_set1_ps(f16_at(p)))
+    }
+    #[inline(always)]
+    unsafe fn pair(acc: __m256, w: Self::W, a: Self::A) -> __m256 {
+        let i = _mm256_add_epi32(dot_u8i8(w.0, a.0), a.1);
+        _mm256_fmadd_ps(_mm256_mul_ps(w.1, a.2), _mm256_cvtepi32_ps(i), acc)
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: __m256) -> f32 {
+        hsum256(acc)
+    }
+}
+
+/// Q4_1 weights × Q8_1 activations: `d_w d_a sumi + m_w s_a` per block; the
+/// `m_w s_a` terms go to lane 0 of a second accumulator, added after the horizontal sum.
+pub(super) struct Q4_1;
+impl Fmt for Q4_1 {
+    const EPB: usize = 32;
+    const WB: usize = 20;
+    const AB: usize = 36;
+    /// (nibbles, d, [m, 0, ..])
+    type W = (__m256i, __m256, __m256);
+    /// (q, d, s)
+    type A = (__m256i, __m256, __m256);
+    /// (d_w·d_a·sumi lanes, m_w·s_a in lane 0): summed apart, as ggml sums `summs`.
+    type Acc = (__m256, __m256);
+    #[inline(always)]
+    unsafe fn zero() -> Self::Acc {
+        (_mm256_setzero_ps(), _mm256_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load_w(p: *const u8) -> Self::W {
+        let m = _mm256_setr_ps(f16_at(p.add(2)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+        (nibbles(p.add(4)), _mm256_set1_ps(f16_at(p)), m)
+    }
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> Self::A {
+        let q = _mm256_loadu_si256(p.add(4) as *const __m256i);
+        (q, _mm256_set1_ps(f16_at(p)), _mm256_set1_ps(f16_at(p.add(2))))
+    }
+    #[inline(always)]
+    unsafe fn pair(acc: Self::Acc, w: Self::W, a: Self::A) -> Self::Acc {
+        let i = dot_u8i8(w.0, a.0);
+        (_mm256_fmadd_ps(_mm256_mul_ps(w.1, a.1), _mm256_cvtepi32_ps(i), acc.0), _mm256_fmadd_ps(w.2, a.2, acc.1))
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: Self::Acc) -> f32 {
+        hsum256(acc.0) + _mm256_cvtss_f32(acc.1)
+    }
+}
+
+/// Q8_0 weights × Q8_0 activations (sign trick).
+pub(super) struct Q8_0;
+impl Fmt for Q8_0 {
+    const EPB: usize = 32;
+    const WB: usize = 34;
+    const AB: usize = 34;
+    /// (w, |w|, d)
+    type W = (__m256i, __m256i, __m256);
+    /// (q, d)
+    type A = (__m256i, __m256);
+    type Acc = __m256;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load_w(p: *const u8) -> Self::W {
+        let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        (q, _mm256_abs_epi8(q), _mm256_set1_ps(f16_at(p)))
+    }
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> Self::A {
+        (_mm256_loadu_si256(p.add(2) as *const __m256i), _mm256_set1_ps(f16_at(p)))
+    }
+    #[inline(always)]
+    unsafe fn pair(acc: __m256, w: Self::W, a: Self::A) -> __m256 {
+        let i = dot_u8i8(w.1, _mm256_sign_epi8(a.0, w.0));
+        _mm256_fmadd_ps(_mm256_mul_ps(w.2, a.1), _mm256_cvtepi32_ps(i), acc)
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: __m256) -> f32 {
+        hsum256(acc)
+    }
+}
+
+macro_rules! float_fmt {
+    ($name:ident, $esz:literal, $load:expr, $scalar:path) => {
+        /// Plain float weights × the same type of activations, 8 lanes.
+        pub(super) struct $name;
+        impl Fmt for $name {
+            const EPB: usize = 8;
+            const WB: usize = 8 * $esz;
+            const AB: usize = 8 * $esz;
+            type W = __m256;
+            type A = __m256;
+            type Acc = __m256;
+            #[inline(always)]
+            unsafe fn zero() -> __m256 {
+                _mm256_setzero_ps()
+            }
+            #[inline(always)]
+            unsafe fn load_w(p: *const u8) -> __m256 {
+                $load(p)
+            }
+            #[inline(always)]
+            unsafe fn load_a(p: *const u8) -> __m256 {
+                $load(p)
+            }
+            #[inline(always)]
+            unsafe fn pair(acc: __m256, w: __m256, a: __m256) -> __m256 {
+                _mm256_fmadd_ps(w, a, acc)
+            }
+            #[inline(always)]
+            unsafe fn finish(acc: __m256) -> f32 {
+                hsum256(acc)
+            }
+            #[inline(always)]
+            unsafe fn tail(w: *const u8, a: *const u8, n: usize) -> f32 {
+                let (w, a) = (std::slice::from_raw_parts(w, n * $esz), std::slice::from_raw_parts(a, n * $esz));
+                tail_dot(n, |i| $scalar(w, i), |i| $scalar(a, i))
+            }
+        }
+    };
+}
+
+#[inline(always)]
+unsafe fn load_f32(p: *const u8) -> __m256 {
+    _mm256_loadu_ps(p as *const f32)
+}
+#[inline(always)]
+unsafe fn load_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+#[inline(always)]
+unsafe fn load_bf16(p: *const u8) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+}
+pub(super) fn rd_f32(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap())
+}
+pub(super) fn rd_f16(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
+}
+pub(super) fn rd_bf16(b: &[u8], i: usize) -> f32 {
+    f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
+}
+
+float_fmt!(F32, 4, load_f32, rd_f32);
+float_fmt!(F16, 2, load_f16, rd_f16);
+float_fmt!(BF16, 2, load_bf16, rd_bf16);
+
+// ---- activation quantization ----------------------------------------------
+
+#[inline(always)]
+unsafe fn q8_lanes(v: __m256, id: __m256) -> __m256i {
+    _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, id)))
+}
+
+/// One block of 32 f32 → (d, 32 × i8 stored at `q`, sum of the i8s), with the
+/// arithmetic of ggml's x86 activation quantizer (`hearth_quant::q8::quantize_row_q8_0_act`):
+/// `d = amax / 127`, `id = 127 / amax`, `q = round_half_even(x * id)`.
+#[inline(always)]
+unsafe fn q8_block(x: *const f32, q: *mut u8) -> (f32, i32) {
+    let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
+    let abs = _mm256_set1_ps(-0.0);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(_mm256_andnot_ps(abs, v[0]), _mm256_andnot_ps(abs, v[1])),
+        _mm256_max_ps(_mm256_andnot_ps(abs, v[2]), _mm256_andnot_ps(abs, v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let idv = _mm256_set1_ps(id);
+    let i = [q8_lanes(v[0], idv), q8_lanes(v[1], idv), q8_lanes(v[2], idv), q8_lanes(v[3], idv)];
+    let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s = _mm_hadd_epi32(s, s);
+    let sum = _mm_cvtsi128_si32(_mm_hadd_epi32(s, s));
+    // packs interleave 128-bit lanes; the permute restores element order.
+    let p16a = _mm256_packs_epi32(i[0], i[1]);
+    let p16b = _mm256_packs_epi32(i[2], i[3]);
+    let p8 = _mm256_packs_epi16(p16a, p16b);
+    let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q as *mut __m256i, p8);
+    (d, sum)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
+    for (x, out) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        let (d, _) = q8_block(x.as_ptr(), out.as_mut_ptr().add(2));
+        out[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
+    for (x, out) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
+        let (d, sum) = q8_block(x.as_ptr(), out.as_mut_ptr().add(4));
+        out[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        out[2..4].copy_from_slice(&half::f16::from_f32(sum as f32 * d).to_le_bytes());
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_f16_avx2(src: &[f32], dst: &mut [u8]) {
+    let mut i = 0;
+    while i + 8 <= src.len() {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+        _mm_storeu_si128(dst.as_mut_ptr().add(2 * i) as *mut __m128i, h);
+        i += 8;
+    }
+    hearth_quant::float::quantize_row_f16(&src[i..], &mut dst[2 * i..]);
+}
+
+fn check_q(src: &[f32], dst: &[u8], bs: usize, ts: usize) {
+    assert!(src.len().is_multiple_of(bs) && dst.len() >= src.len() / bs * ts, "quantize: bad lengths");
+}
+
+pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    check_q(src, dst, 32, 34);
+    // SAFETY: AVX2/FMA/F16C detected before this table is used; lengths checked.
+    unsafe { quantize_q8_0_avx2(src, dst) }
+}
+
+pub(super) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+    check_q(src, dst, 32, 36);
+    // SAFETY: as above.
+    unsafe { quantize_q8_1_avx2(src, dst) }
+}
+
+pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    check_q(src, dst, 1, 2);
+    // SAFETY: as above.
+    unsafe { quantize_f16_avx2(src, dst) }
+}

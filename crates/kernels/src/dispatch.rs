@@ -1,0 +1,169 @@
+//! Run-time kernel selection.
+//!
+//! Every kernel family exists once per [`SimdLevel`]; a [`Kernels`] table of
+//! plain function pointers is built per level and the best one the CPU
+//! supports is picked once ([`Kernels::active`]). `HEARTH_SIMD=scalar|avx2|avx512`
+//! caps the level (tests, benchmarks, bisecting a numerical difference).
+//! Nothing requires `-C target-cpu=native`.
+//!
+//! Table entries are safe `fn`s: the arch modules wrap their
+//! `#[target_feature]` functions, and a level's table is only handed out after
+//! the CPU was seen to have its features.
+
+use hearth_quant::GgmlType;
+use std::sync::OnceLock;
+
+/// A SIMD instruction-set level that kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// Portable Rust: `hearth-quant`'s reference code.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F+BW+VL (+ VNNI `vpdpbusd` for integer dots when present).
+    Avx512,
+}
+
+impl SimdLevel {
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// `"scalar"`, `"avx2"` or `"avx512"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+
+    /// Parse a [`name`](Self::name), case-insensitively.
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn is_available(self) -> bool {
+        Kernels::for_level(self).is_some()
+    }
+
+    /// The best available level, capped by `HEARTH_SIMD` when set. Chosen once.
+    pub fn active() -> Self {
+        Kernels::active().level
+    }
+}
+
+/// Name of the active level (see [`SimdLevel::active`]); `"avx512"` means
+/// AVX-512, with VNNI integer dots if [`has_vnni`] says so.
+pub fn simd_level() -> &'static str {
+    SimdLevel::active().name()
+}
+
+/// Whether the quantized dot kernels of the avx512 level use VNNI.
+pub fn has_vnni() -> bool {
+    crate::arch::has_vnni()
+}
+
+/// One panel of a matmul: up to [`PANEL_ROWS`] rows × [`PANEL_TOKENS`] tokens.
+/// `out[t * n_rows + r]` receives dot(weight row r, activation row t).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Panel<'a> {
+    pub wty: GgmlType,
+    /// Weight bytes from the panel's first row on.
+    pub w: &'a [u8],
+    pub row_stride: usize,
+    pub n_rows: usize,
+    /// Elements per row (a whole number of `wty` blocks).
+    pub cols: usize,
+    /// Activation bytes (type `vec_dot_type(wty)`) from the first token on.
+    pub act: &'a [u8],
+    pub act_stride: usize,
+    pub n_tokens: usize,
+}
+
+/// Rows per panel: the unit of work handed to a thread.
+pub(crate) const PANEL_ROWS: usize = 16;
+/// Tokens per panel: bounds the on-stack output tile.
+pub(crate) const PANEL_TOKENS: usize = 32;
+
+impl Panel<'_> {
+    /// Assert every byte the kernels will touch is in bounds, so they can use
+    /// unchecked pointer reads. Cheap: a few multiplies per panel.
+    #[inline]
+    pub fn check(&self, aty: GgmlType, out: &[f32]) {
+        let wrb = self.wty.row_bytes(self.cols as u64).expect("panel cols not whole blocks") as usize;
+        let arb = aty.row_bytes(self.cols as u64).expect("panel cols not whole blocks") as usize;
+        assert!(self.n_rows >= 1 && self.n_tokens >= 1);
+        assert!(self.w.len() >= (self.n_rows - 1) * self.row_stride + wrb, "panel weights out of bounds");
+        assert!(self.act.len() >= (self.n_tokens - 1) * self.act_stride + arb, "panel activations out of bounds");
+        assert!(out.len() >= self.n_rows * self.n_tokens, "panel output too small");
+    }
+}
+
+/// Computes one [`Panel`].
+pub(crate) type PanelFn = fn(&Panel<'_>, &mut [f32]);
+/// Quantizes a row of f32 into activation blocks (`src.len()` whole blocks).
+pub(crate) type QuantFn = fn(&[f32], &mut [u8]);
+
+/// The kernels of one [`SimdLevel`].
+pub(crate) struct Kernels {
+    pub level: SimdLevel,
+    pub quantize_q8_0: QuantFn,
+    pub quantize_q8_1: QuantFn,
+    pub quantize_f16: QuantFn,
+    pub panel_q4_0: PanelFn,
+    pub panel_q4_1: PanelFn,
+    pub panel_q8_0: PanelFn,
+    pub panel_f32: PanelFn,
+    pub panel_f16: PanelFn,
+    pub panel_bf16: PanelFn,
+}
+
+impl Kernels {
+    /// The panel kernel for weights of type `ty`.
+    pub fn panel(&self, ty: GgmlType) -> Option<PanelFn> {
+        Some(match ty {
+            GgmlType::Q4_0 => self.panel_q4_0,
+            GgmlType::Q4_1 => self.panel_q4_1,
+            GgmlType::Q8_0 => self.panel_q8_0,
+            GgmlType::F32 => self.panel_f32,
+            GgmlType::F16 => self.panel_f16,
+            GgmlType::BF16 => self.panel_bf16,
+            _ => return None,
+        })
+    }
+
+    /// The activation quantizer for activation type `aty`.
+    pub fn quantize(&self, aty: GgmlType) -> Option<QuantFn> {
+        Some(match aty {
+            GgmlType::Q8_0 => self.quantize_q8_0,
+            GgmlType::Q8_1 => self.quantize_q8_1,
+            GgmlType::F16 => self.quantize_f16,
+            GgmlType::F32 => hearth_quant::float::quantize_row_f32,
+            GgmlType::BF16 => hearth_quant::float::quantize_row_bf16,
+            _ => return None,
+        })
+    }
+
+    /// The table for `level`, if this CPU supports it.
+    pub fn for_level(level: SimdLevel) -> Option<&'static Kernels> {
+        match level {
+            SimdLevel::Scalar => Some(&crate::generic::KERNELS),
+            _ => crate::arch::kernels(level),
+        }
+    }
+
+    /// The best supported table, capped by `HEARTH_SIMD`. Chosen once.
+    pub fn active() -> &'static Kernels {
+        static ACTIVE: OnceLock<&'static Kernels> = OnceLock::new();
+        ACTIVE.get_or_init(|| {
+            let cap = std::env::var("HEARTH_SIMD").ok().and_then(|s| SimdLevel::from_name(&s));
+            SimdLevel::ALL
+                .into_iter()
+                .rev()
+                .filter(|&l| cap.is_none_or(|c| l <= c))
+                .find_map(Kernels::for_level)
+                .unwrap_or(&crate::generic::KERNELS)
+        })
+    }
+}

@@ -1,0 +1,198 @@
+//! Matrix × activations on quantized weights.
+//!
+//! `matmul` quantizes the activations once per call (into the caller's
+//! scratch, to `vec_dot_type(w.ty)` blocks, exactly like ggml), then hands
+//! panels of [`PANEL_ROWS`] rows to the pool's threads through an atomic
+//! counter. A panel covers up to [`PANEL_TOKENS`] tokens; inside, the SIMD
+//! kernels work in tiles of a few rows × a few tokens so that each weight
+//! block read from memory serves several tokens (prefill) and each activation
+//! block several rows.
+//!
+//! Determinism: every output element is one (row, token) dot computed start to
+//! finish by one thread with the same instruction sequence whatever the tile,
+//! panel, thread count or batch, so results are bit-identical across thread
+//! counts and for a token alone vs. inside a batch (per SIMD level).
+
+use crate::dispatch::{Kernels, Panel, SimdLevel, PANEL_ROWS, PANEL_TOKENS};
+use crate::{KernelError, ThreadPool, WeightView};
+use hearth_quant::{vec_dot_type, GgmlType};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Activations at least this many elements are quantized on all threads.
+const PAR_QUANTIZE_MIN: usize = 1 << 15;
+
+/// A raw pointer that may cross threads; users guarantee disjoint access.
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: only used to hand disjoint sub-slices of one `&mut` buffer to the
+// pool's threads, which all finish before the borrow ends.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Quantize activations `x` (a whole number of blocks) into `out` as
+/// `vec_dot_type(wty)` — the form [`matmul`] feeds its kernels.
+///
+/// Byte-identical to `hearth_quant::quantize_row` on every SIMD level (the
+/// AVX2 path reproduces `roundf`'s half-away-from-zero; ggml's own AVX2
+/// quantizer rounds half to even and so differs from its reference on ties).
+pub fn quantize_activations(wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    quantize_activations_with(Kernels::active(), wty, x, out)
+}
+
+fn quantize_activations_with(k: &Kernels, wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    let aty = vec_dot_type(wty);
+    let q = k.quantize(aty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
+    let need = aty
+        .row_bytes(x.len() as u64)
+        .ok_or(KernelError::shape("x length (whole blocks)", x.len().next_multiple_of(aty.block_size()), x.len()))?
+        as usize;
+    if out.len() != need {
+        return Err(KernelError::shape("out length", need, out.len()));
+    }
+    q(x, out);
+    Ok(())
+}
+
+/// `out[t][r] = dot(w row r, x[t])` for `n_tokens` tokens.
+///
+/// - `x`: `[n_tokens, w.cols]` row-major f32.
+/// - `out`: `[n_tokens, w.rows]` row-major f32 (overwritten).
+/// - `scratch`: reused between calls for the quantized activations; grows as
+///   needed and is never shrunk.
+///
+/// Uses the active [`SimdLevel`]; see [`matmul_with`] to pick one.
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+) -> Result<(), KernelError> {
+    matmul_impl(Kernels::active(), pool, w, x, n_tokens, out, scratch)
+}
+
+/// [`matmul`] on an explicit SIMD `level` (tests, benchmarks).
+pub fn matmul_with(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+) -> Result<(), KernelError> {
+    let k = Kernels::for_level(level).ok_or(KernelError::shape("SIMD level (not on this CPU)", 0, level as usize))?;
+    matmul_impl(k, pool, w, x, n_tokens, out, scratch)
+}
+
+/// Whether [`matmul`] has a kernel for weights of type `ty`.
+pub fn supports(ty: GgmlType) -> bool {
+    Kernels::active().panel(ty).is_some()
+}
+
+fn matmul_impl(
+    k: &Kernels,
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+) -> Result<(), KernelError> {
+    let panel = k.panel(w.ty).ok_or(KernelError::unsupported("matmul", w.ty))?;
+    w.validate()?;
+    let (rows, cols) = (w.rows, w.cols);
+    if x.len() != n_tokens * cols {
+        return Err(KernelError::shape("x length (n_tokens * cols)", n_tokens * cols, x.len()));
+    }
+    if out.len() != n_tokens * rows {
+        return Err(KernelError::shape("out length (n_tokens * rows)", n_tokens * rows, out.len()));
+    }
+    if n_tokens == 0 || rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+
+    // 1. Activations → vec_dot_type blocks, once per call.
+    let aty = vec_dot_type(w.ty);
+    let quantize = k.quantize(aty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
+    let arb = aty.row_bytes(cols as u64).expect("cols validated as whole blocks") as usize;
+    if scratch.len() < n_tokens * arb {
+        scratch.resize(n_tokens * arb, 0);
+    }
+    let act = &mut scratch[..n_tokens * arb];
+    if n_tokens * cols >= PAR_QUANTIZE_MIN && pool.n_threads() > 1 && n_tokens > 1 {
+        let ap = SendPtr(act.as_mut_ptr());
+        pool.run(|i, n| {
+            let (t0, t1) = (n_tokens * i / n, n_tokens * (i + 1) / n);
+            for t in t0..t1 {
+                // SAFETY: token rows are disjoint and split without overlap.
+                let dst = unsafe { std::slice::from_raw_parts_mut(ap.get().add(t * arb), arb) };
+                quantize(&x[t * cols..(t + 1) * cols], dst);
+            }
+        });
+    } else {
+        for (xt, at) in x.chunks_exact(cols).zip(act.chunks_exact_mut(arb)) {
+            quantize(xt, at);
+        }
+    }
+    let act = &*act;
+
+    // 2. Panels of rows, handed out dynamically.
+    let n_panels = rows.div_ceil(PANEL_ROWS);
+    let next = AtomicUsize::new(0);
+    let op = SendPtr(out.as_mut_ptr());
+    pool.run(|_, _| {
+        let mut buf = [0f32; PANEL_ROWS * PANEL_TOKENS];
+        loop {
+            let pi = next.fetch_add(1, Ordering::Relaxed);
+            if pi >= n_panels {
+                break;
+            }
+            let r0 = pi * PANEL_ROWS;
+            let nr = PANEL_ROWS.min(rows - r0);
+            let wdata = &w.data[r0 * w.row_stride..];
+            for t0 in (0..n_tokens).step_by(PANEL_TOKENS) {
+                let nt = PANEL_TOKENS.min(n_tokens - t0);
+                let p = Panel {
+                    wty: w.ty,
+                    w: wdata,
+                    row_stride: w.row_stride,
+                    n_rows: nr,
+                    cols,
+                    act: &act[t0 * arb..],
+                    act_stride: arb,
+                    n_tokens: nt,
+                };
+                panel(&p, &mut buf[..nr * nt]);
+                for t in 0..nt {
+                    // SAFETY: panel `pi` (rows r0..r0+nr) belongs to this
+                    // thread alone; `out` has n_tokens * rows elements.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add((t0 + t) * rows + r0), nr) };
+                    dst.copy_from_slice(&buf[t * nr..(t + 1) * nr]);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Decode one row of `ty` into `dst` (e.g. one embedding row); re-export of
+/// the reference [`hearth_quant::dequantize_row`].
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    Ok(hearth_quant::dequantize_row(ty, src, dst)?)
+}
+
+#[cfg(test)]
+pub(crate) fn quantize_with(level: SimdLevel, wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    quantize_activations_with(Kernels::for_level(level).unwrap(), wty, x, out)
+}

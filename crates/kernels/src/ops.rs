@@ -1,0 +1,1 @@
+//! Elementwise and attention ops (lead).

@@ -1,0 +1,329 @@
+//! Kernel tests: every SIMD level against the scalar reference, and the
+//! determinism guarantees of `matmul`.
+
+use crate::dispatch::{Kernels, Panel, SimdLevel};
+use crate::{matmul_with, ThreadPool, WeightView};
+use hearth_quant::{quantize_row, vec_dot_fn, vec_dot_type, GgmlType};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+
+const WTYPES: [GgmlType; 6] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+
+fn levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
+}
+
+fn nbytes(ty: GgmlType, n: usize) -> usize {
+    ty.row_bytes(n as u64).unwrap() as usize
+}
+
+fn f16_bytes(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_le_bytes()
+}
+
+/// A random f16 scale over the whole finite range (with some zeros and maxima).
+fn scale(rng: &mut impl Rng) -> f32 {
+    match rng.gen_range(0..16) {
+        0 => 0.0,
+        1 => 65504.0,
+        2 => -65504.0,
+        _ => {
+            let e = rng.gen_range(-20..12);
+            let s = if rng.gen() { 1.0 } else { -1.0 };
+            s * rng.gen_range(1.0f32..2.0) * 2f32.powi(e)
+        }
+    }
+}
+
+/// `n` elements of random raw blocks of `ty`: arbitrary nibbles, i8 quants in
+/// ±127 (what ggml's quantizers produce), scales anywhere in f16's range.
+fn raw_row(ty: GgmlType, n: usize, rng: &mut impl Rng, zero: bool) -> Vec<u8> {
+    let mut b = vec![0u8; nbytes(ty, n)];
+    if zero {
+        return b;
+    }
+    let i8s = |rng: &mut dyn rand::RngCore, s: &mut [u8]| s.iter_mut().for_each(|v| *v = rng.gen_range(-127i8..=127) as u8);
+    match ty {
+        GgmlType::Q4_0 => b.chunks_mut(18).for_each(|c| {
+            c[..2].copy_from_slice(&f16_bytes(scale(rng)));
+            rng.fill(&mut c[2..]);
+        }),
+        GgmlType::Q4_1 => b.chunks_mut(20).for_each(|c| {
+            c[..2].copy_from_slice(&f16_bytes(scale(rng).abs()));
+            c[2..4].copy_from_slice(&f16_bytes(scale(rng)));
+            rng.fill(&mut c[4..]);
+        }),
+        GgmlType::Q8_0 => b.chunks_mut(34).for_each(|c| {
+            c[..2].copy_from_slice(&f16_bytes(scale(rng)));
+            i8s(rng, &mut c[2..]);
+        }),
+        GgmlType::Q8_1 => b.chunks_mut(36).for_each(|c| {
+            c[..2].copy_from_slice(&f16_bytes(scale(rng).abs()));
+            c[2..4].copy_from_slice(&f16_bytes(scale(rng)));
+            i8s(rng, &mut c[4..]);
+        }),
+        GgmlType::F32 => b.chunks_mut(4).for_each(|c| c.copy_from_slice(&rng.gen_range(-4f32..4.0).to_le_bytes())),
+        GgmlType::F16 => b.chunks_mut(2).for_each(|c| c.copy_from_slice(&f16_bytes(rng.gen_range(-4f32..4.0)))),
+        GgmlType::BF16 => b.chunks_mut(2).for_each(|c| {
+            c.copy_from_slice(&hearth_quant::float::f32_to_bf16(rng.gen_range(-4f32..4.0)).to_le_bytes())
+        }),
+        _ => unreachable!(),
+    }
+    b
+}
+
+/// Sum of |terms| of the reference dot (the scale for its rounding error).
+fn magnitude(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f64 {
+    let h = |b: &[u8], o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32() as f64;
+    let mut m = 0f64;
+    match wty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+            let (ws, as_, q1) = match wty {
+                GgmlType::Q4_0 => (18, 34, false),
+                GgmlType::Q4_1 => (20, 36, true),
+                _ => (34, 34, false),
+            };
+            for i in 0..n / 32 {
+                let (wb, ab) = (&w[i * ws..(i + 1) * ws], &a[i * as_..(i + 1) * as_]);
+                let qa = |j: usize| ab[as_ - 32 + j] as i8 as f64;
+                let qw = |j: usize| match wty {
+                    GgmlType::Q4_0 => ((wb[2 + j % 16] >> (4 * (j / 16))) & 15) as f64 - 8.0,
+                    GgmlType::Q4_1 => ((wb[4 + j % 16] >> (4 * (j / 16))) & 15) as f64,
+                    _ => wb[2 + j] as i8 as f64,
+                };
+                let s: f64 = (0..32).map(|j| (qw(j) * qa(j)).abs()).sum();
+                m += (h(wb, 0) * h(ab, 0)).abs() * s;
+                if q1 {
+                    m += (h(wb, 2) * h(ab, 2)).abs();
+                }
+            }
+        }
+        _ => {
+            let (mut wf, mut af) = (vec![0f32; n], vec![0f32; n]);
+            hearth_quant::dequantize_row(wty, w, &mut wf).unwrap();
+            hearth_quant::dequantize_row(wty, a, &mut af).unwrap();
+            m = wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+        }
+    }
+    m
+}
+
+/// Panel of every level vs the reference dot on raw random blocks.
+fn check_panels(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usize, zero: bool) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let aty = vec_dot_type(wty);
+    let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
+    let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
+    let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, zero && seed.is_multiple_of(2))).collect();
+    let dot = vec_dot_fn(wty).unwrap();
+    for level in levels() {
+        let k = Kernels::for_level(level).unwrap();
+        let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };
+        let mut out = vec![f32::NAN; rows * tokens];
+        (k.panel(wty).unwrap())(&p, &mut out);
+        for t in 0..tokens {
+            for r in 0..rows {
+                let (wr, ar) = (&w[r * wrb..(r + 1) * wrb], &a[t * arb..(t + 1) * arb]);
+                let want = dot(wr, ar, cols) as f64;
+                let got = out[t * rows + r] as f64;
+                let tol = 1e-5 * magnitude(wty, wr, ar, cols) + 1e-30;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{level:?} {wty} rows={rows} cols={cols} tokens={tokens} (r={r}, t={t}): {got} vs reference {want} (tol {tol})"
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn simd_panels_match_reference(
+        seed in any::<u64>(),
+        ti in 0usize..6,
+        rows in 1usize..=16,
+        nb in 1usize..=20,
+        tokens in prop::sample::select(vec![1usize, 2, 3, 4, 5, 7, 16, 32]),
+        zero in prop::bool::weighted(0.1),
+    ) {
+        let wty = WTYPES[ti];
+        // Float types also get lengths that are not a multiple of the vector width.
+        let cols = if wty.block_size() == 1 { nb * 32 - (seed % 17) as usize } else { nb * 32 };
+        check_panels(seed, wty, rows, cols, tokens, zero);
+    }
+
+    #[test]
+    fn simd_quantize_is_byte_identical(seed in any::<u64>(), nb in 1usize..8, e in -8i32..8) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let s = 2f32.powi(e);
+        let mut x: Vec<f32> = (0..nb * 32).map(|_| rng.gen_range(-1f32..1.0) * s).collect();
+        if seed % 3 == 0 {
+            // Ties: with amax = 127, id = 1 and x = k + 0.5 must round half to even, as ggml's SIMD quantizer.
+            for (i, v) in x.iter_mut().enumerate() {
+                *v = if i % 32 == 0 { 127.0 } else { (i % 60) as f32 - 30.5 };
+            }
+        }
+        if seed % 5 == 0 {
+            x[..32].fill(0.0);
+        }
+        for wty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+            let aty = vec_dot_type(wty);
+            let mut want = vec![0u8; nbytes(aty, x.len())];
+            match aty {
+                GgmlType::Q8_0 => hearth_quant::q8::quantize_row_q8_0_act(&x, &mut want),
+                GgmlType::Q8_1 => hearth_quant::q8::quantize_row_q8_1_act(&x, &mut want),
+                _ => quantize_row(aty, &x, &mut want).unwrap(),
+            }
+            for level in levels() {
+                let mut got = vec![0xAAu8; want.len()];
+                crate::matmul::quantize_with(level, wty, &x, &mut got).unwrap();
+                prop_assert_eq!(&got, &want, "{:?} {}", level, aty);
+            }
+        }
+    }
+}
+
+#[test]
+fn edge_shapes() {
+    for (i, &wty) in WTYPES.iter().enumerate() {
+        for &(rows, tokens) in &[(1, 1), (3, 1), (5, 3), (17, 7), (33, 64), (2, 65)] {
+            check_panels_split(i as u64 * 1000 + rows as u64, wty, rows, 96, tokens);
+        }
+        check_panels(7, wty, 4, 64, 4, true);
+    }
+}
+
+/// `check_panels`, with panels no larger than the driver uses.
+fn check_panels_split(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usize) {
+    for r in (0..rows).step_by(16) {
+        for t in (0..tokens).step_by(32) {
+            check_panels(seed + (r * 100 + t) as u64, wty, 16.min(rows - r), cols, 32.min(tokens - t), false);
+        }
+    }
+}
+
+/// Random f32 weights quantized to `wty`, and random activations.
+fn problem(wty: GgmlType, rows: usize, cols: usize, tokens: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let wf: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1f32..1.0)).collect();
+    let mut w = vec![0u8; rows * nbytes(wty, cols)];
+    quantize_row(wty, &wf, &mut w).unwrap();
+    let x: Vec<f32> = (0..tokens * cols).map(|_| rng.gen_range(-2f32..2.0)).collect();
+    (w, x)
+}
+
+#[test]
+fn matmul_matches_reference_end_to_end() {
+    let pool = ThreadPool::new(2);
+    for wty in WTYPES {
+        let (rows, cols, tokens) = (37, 160, 5);
+        let (w, x) = problem(wty, rows, cols, tokens, 1);
+        let view = WeightView::new(wty, &w, rows, cols).unwrap();
+        let aty = vec_dot_type(wty);
+        let arb = nbytes(aty, cols);
+        let mut act = vec![0u8; tokens * arb];
+        quantize_row(aty, &x, &mut act).unwrap();
+        for level in levels() {
+            let mut out = vec![0f32; rows * tokens];
+            matmul_with(level, &pool, &view, &x, tokens, &mut out, &mut Vec::new()).unwrap();
+            for t in 0..tokens {
+                for r in 0..rows {
+                    let ar = &act[t * arb..(t + 1) * arb];
+                    let want = hearth_quant::vec_dot(wty, view.row(r), ar, cols).unwrap();
+                    let tol = 1e-5 * magnitude(wty, view.row(r), ar, cols);
+                    let got = out[t * rows + r];
+                    assert!(((got - want) as f64).abs() <= tol, "{level:?} {wty} r{r} t{t}: {got} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_is_thread_and_batch_invariant() {
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    for wty in WTYPES {
+        let (rows, cols, tokens) = (83, 96 + if wty.block_size() == 1 { 5 } else { 0 }, 64);
+        let (w, x) = problem(wty, rows, cols, tokens, 2);
+        let view = WeightView::new(wty, &w, rows, cols).unwrap();
+        for level in levels() {
+            let mut scratch = Vec::new();
+            let mut base = vec![0f32; rows * tokens];
+            matmul_with(level, &pools[0], &view, &x, tokens, &mut base, &mut scratch).unwrap();
+            for pool in &pools[1..] {
+                let mut out = vec![0f32; rows * tokens];
+                matmul_with(level, pool, &view, &x, tokens, &mut out, &mut scratch).unwrap();
+                assert!(bits(&out) == bits(&base), "{level:?} {wty}: {} threads differ from 1", pool.n_threads());
+            }
+            // Each token alone, and sub-batches of 3 and 7 at odd offsets.
+            for &(t0, n) in &[(0, 1), (5, 1), (63, 1), (10, 3), (40, 7), (1, 33)] {
+                let mut out = vec![0f32; rows * n];
+                matmul_with(level, &pools[1], &view, &x[t0 * cols..(t0 + n) * cols], n, &mut out, &mut scratch).unwrap();
+                assert!(
+                    bits(&out) == bits(&base[t0 * rows..(t0 + n) * rows]),
+                    "{level:?} {wty}: tokens {t0}..{} in a batch of {n} differ from the batch of 64",
+                    t0 + n
+                );
+            }
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn views_compute_sub_blocks() {
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (40, 256);
+    let (w, x) = problem(GgmlType::Q4_1, rows, cols, 1, 3);
+    let full = WeightView::new(GgmlType::Q4_1, &w, rows, cols).unwrap();
+    let mut whole = vec![0f32; rows];
+    matmul_with(SimdLevel::Scalar, &pool, &full, &x, 1, &mut whole, &mut Vec::new()).unwrap();
+    // A row range gives the same rows.
+    let part = full.rows(7..30);
+    let mut out = vec![0f32; 23];
+    matmul_with(SimdLevel::Scalar, &pool, &part, &x, 1, &mut out, &mut Vec::new()).unwrap();
+    assert_eq!(&out[..], &whole[7..30]);
+    // Two column halves add up to the whole (up to rounding).
+    let (mut lo, mut hi) = (vec![0f32; rows], vec![0f32; rows]);
+    let c = cols / 2;
+    for level in levels() {
+        matmul_with(level, &pool, &full.cols(0..c).unwrap(), &x[..c], 1, &mut lo, &mut Vec::new()).unwrap();
+        matmul_with(level, &pool, &full.cols(c..cols).unwrap(), &x[c..], 1, &mut hi, &mut Vec::new()).unwrap();
+        for r in 0..rows {
+            let s = lo[r] + hi[r];
+            assert!((s - whole[r]).abs() <= 1e-4 * (1.0 + whole[r].abs()), "{level:?} row {r}: {s} vs {}", whole[r]);
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_bad_shapes() {
+    let pool = ThreadPool::new(1);
+    let w = vec![0u8; 2 * 18];
+    let v = WeightView::new(GgmlType::Q4_0, &w, 2, 32).unwrap();
+    let mut out = vec![0f32; 2];
+    let e = crate::matmul(&pool, &v, &[0f32; 31], 1, &mut out, &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("x length"), "{e}");
+    let e = crate::matmul(&pool, &v, &[0f32; 32], 1, &mut out[..1], &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("out length"), "{e}");
+    let k = WeightView { ty: GgmlType::Q4_K, data: &[0u8; 144], rows: 1, cols: 256, row_stride: 144 };
+    assert!(crate::matmul(&pool, &k, &[0f32; 256], 1, &mut out[..1], &mut Vec::new()).is_err());
+    let mut bad = v;
+    bad.rows = 3;
+    assert!(crate::matmul(&pool, &bad, &[0f32; 32], 1, &mut [0f32; 3], &mut Vec::new()).is_err());
+}
+
+#[test]
+fn env_var_caps_the_level() {
+    // The active level is fixed per process; here only check names parse.
+    assert_eq!(SimdLevel::from_name("AVX2"), Some(SimdLevel::Avx2));
+    assert_eq!(SimdLevel::from_name("scalar"), Some(SimdLevel::Scalar));
+    assert!(SimdLevel::Scalar.is_available());
+    assert!(levels().contains(&SimdLevel::active()));
+}

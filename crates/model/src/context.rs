@@ -1,0 +1,241 @@
+//! [`Context`]: one inference stream — KV cache, scratch buffers, thread pool — and the
+//! llama forward pass over a batch of tokens.
+
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::ops::{self, AttnShape};
+use hearth_kernels::{matmul, ThreadPool};
+use half::f16;
+use std::sync::{Arc, Mutex};
+
+/// Which positions of a batch need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token (generation).
+    Last,
+    /// Every token (perplexity).
+    All,
+}
+
+/// Scratch activations for up to `n_batch` tokens, allocated once.
+struct Scratch {
+    x: Vec<f32>,     // [n_batch, n_embd] residual stream
+    xb: Vec<f32>,    // [n_batch, n_embd] normed input / projection output
+    q: Vec<f32>,     // [n_batch, q_dim]
+    k: Vec<f32>,     // [n_batch, kv_dim]
+    v: Vec<f32>,     // [n_batch, kv_dim]
+    attn: Vec<f32>,  // [n_batch, q_dim]
+    gate: Vec<f32>,  // [n_batch, n_ff]
+    up: Vec<f32>,    // [n_batch, n_ff]
+    logits: Vec<f32>, // [n_batch or 1, n_vocab]
+    quant: Vec<u8>,  // activations quantized for the current matmul
+    attn_acc: Vec<Mutex<Vec<f16>>>, // per-thread f16 attention accumulator [head_dim]
+}
+
+/// An inference stream over a shared [`Model`].
+pub struct Context {
+    model: Arc<Model>,
+    pool: ThreadPool,
+    kv: KvCache,
+    n_past: usize,
+    n_batch: usize,
+    s: Scratch,
+    /// `HEARTH_TRACE=1`: print each intermediate's sum to stderr, named as in llama.cpp's
+    /// eval-callback traces, for layer-by-layer comparison.
+    trace: bool,
+}
+
+fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
+    if on {
+        let sum: f64 = x.iter().map(|&v| v as f64).sum();
+        eprintln!("trace {name}-{il} {sum:.6}");
+        if std::env::var_os("HEARTH_TRACE_ROWS").is_some() {
+            for r in x.chunks(576) {
+                eprintln!("   {:?} {:?}", &r[..3], &r[r.len() - 3..]);
+            }
+        }
+    }
+}
+
+/// Lets pool threads write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl Context {
+    /// A context of `n_ctx` positions computing batches of up to `n_batch` tokens on
+    /// `n_threads` threads.
+    pub fn new(model: Arc<Model>, n_ctx: usize, n_batch: usize, n_threads: usize) -> Result<Self> {
+        if n_ctx == 0 {
+            return Err(ModelError::Context("context size must be at least 1".into()));
+        }
+        let c = &model.config;
+        let n_batch = n_batch.clamp(1, n_ctx);
+        let z = |n: usize| vec![0f32; n];
+        let n_threads = n_threads.max(1);
+        let s = Scratch {
+            x: z(n_batch * c.n_embd),
+            xb: z(n_batch * c.n_embd),
+            q: z(n_batch * c.q_dim()),
+            k: z(n_batch * c.kv_dim()),
+            v: z(n_batch * c.kv_dim()),
+            attn: z(n_batch * c.q_dim()),
+            gate: z(n_batch * c.n_ff),
+            up: z(n_batch * c.n_ff),
+            logits: Vec::new(),
+            quant: Vec::new(),
+            attn_acc: (0..n_threads).map(|_| Mutex::new(vec![f16::ZERO; c.head_dim])).collect(),
+        };
+        let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim());
+        let trace = std::env::var_os("HEARTH_TRACE").is_some();
+        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, model, trace })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Positions already in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+
+    /// Bytes of the KV cache.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// Forget positions from `n` on (e.g. 0 to start a new conversation).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Run `tokens` through the model at positions `n_past..`, appending them to the KV
+    /// cache. Returns logits `[1, n_vocab]` (Last) or `[tokens.len(), n_vocab]` (All).
+    pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        let c = &self.model.config;
+        if tokens.is_empty() {
+            return Err(ModelError::Input("no tokens to evaluate (empty prompt)".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary (n_vocab {})", c.n_vocab)));
+        }
+        if self.n_past + tokens.len() > self.n_ctx() {
+            return Err(ModelError::Context(format!(
+                "{} tokens do not fit: {} already in a context of {} (raise --ctx-size)",
+                tokens.len(),
+                self.n_past,
+                self.n_ctx()
+            )));
+        }
+        let n_vocab = c.n_vocab;
+        let n_out = if which == Logits::All { tokens.len() } else { 1 };
+        self.s.logits.resize(n_out * n_vocab, 0.0);
+        let mut done = 0;
+        for chunk in tokens.chunks(self.n_batch) {
+            let want = match which {
+                Logits::All => Some(done),
+                Logits::Last if done + chunk.len() == tokens.len() => Some(0),
+                Logits::Last => None,
+            };
+            self.forward(chunk, want, which == Logits::All)?;
+            done += chunk.len();
+        }
+        Ok(&self.s.logits)
+    }
+
+    /// One batch through every layer. `out_row`: where in `logits` this batch's logits go
+    /// (`None`: no logits needed); `all`: every token's logits vs the last one's.
+    fn forward(&mut self, tokens: &[u32], out_row: Option<usize>, all: bool) -> Result<()> {
+        let model = Arc::clone(&self.model);
+        let (c, w, file) = (&model.config, &model.weights, &*model.file);
+        let n = tokens.len();
+        let pos0 = self.n_past;
+        let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let s = &mut self.s;
+        let pool = &self.pool;
+        let tr = self.trace;
+
+        // Embedding: dequantize only the rows of the tokens we need.
+        let emb = w.token_embd.view(file);
+        let row_bytes = w.token_embd.row_bytes();
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &emb.data[tok as usize * row_bytes..(tok as usize + 1) * row_bytes];
+            hearth_kernels::dequantize_row(emb.ty, row, &mut s.x[t * e..(t + 1) * e])?;
+        }
+
+        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        for (il, l) in w.layers.iter().enumerate() {
+            // Attention block: xb = rmsnorm(x) · attn_norm; q,k,v = xb·Wqᵀ, xb·Wkᵀ, xb·Wvᵀ.
+            ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
+            matmul(pool, &l.wq.view(file), &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
+            matmul(pool, &l.wk.view(file), &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
+            matmul(pool, &l.wv.view(file), &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
+            trace(tr, "attn_norm", il, &s.xb[..n * e]);
+            trace(tr, "Qcur", il, &s.q[..n * qd]);
+            trace(tr, "Kcur", il, &s.k[..n * kvd]);
+            trace(tr, "Vcur", il, &s.v[..n * kvd]);
+            ops::rope_norm(&mut s.q[..n * qd], c.n_head, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
+            ops::rope_norm(&mut s.k[..n * kvd], c.n_head_kv, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
+            self.kv.store(il, pos0, &s.k[..n * kvd], &s.v[..n * kvd]);
+            trace(tr, "Qrope", il, &s.q[..n * qd]);
+            trace(tr, "Krope", il, &s.k[..n * kvd]);
+
+            // Causal GQA attention, parallel over (token, head) pairs.
+            let (kc, vc) = self.kv.layer(il);
+            let q = &s.q;
+            let accs = &s.attn_acc;
+            let out = SyncPtr(s.attn.as_mut_ptr());
+            let group = c.n_head / c.n_head_kv;
+            let hd = c.head_dim;
+            pool.run(|tid, nth| {
+                let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
+                let out = out;
+                for item in (tid..n * c.n_head).step_by(nth) {
+                    let (t, h) = (item / c.n_head, item % c.n_head);
+                    let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    // SAFETY: each (t, h) output slice is written by exactly one thread.
+                    let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
+                    ops::attend_one(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
+                }
+            });
+            matmul(pool, &l.wo.view(file), &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
+            ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
+            trace(tr, "kqv_out", il, &s.attn[..n * qd]);
+            trace(tr, "attn_out", il, &s.xb[..n * e]);
+            trace(tr, "ffn_inp", il, &s.x[..n * e]);
+
+            // FFN block (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb).
+            ops::rmsnorm(&s.x[..n * e], &l.ffn_norm, c.rms_eps, &mut s.xb[..n * e]);
+            matmul(pool, &l.w_gate.view(file), &s.xb[..n * e], n, &mut s.gate[..n * ff], &mut s.quant)?;
+            matmul(pool, &l.w_up.view(file), &s.xb[..n * e], n, &mut s.up[..n * ff], &mut s.quant)?;
+            trace(tr, "ffn_norm", il, &s.xb[..n * e]);
+            trace(tr, "ffn_gate", il, &s.gate[..n * ff]);
+            trace(tr, "ffn_up", il, &s.up[..n * ff]);
+            ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
+            trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
+            matmul(pool, &l.w_down.view(file), &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
+            ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
+            trace(tr, "ffn_out", il, &s.xb[..n * e]);
+            trace(tr, "l_out", il, &s.x[..n * e]);
+        }
+        self.n_past += n;
+
+        // Output head on the rows that need logits.
+        if let Some(row) = out_row {
+            let (first, m) = if all { (0, n) } else { (n - 1, 1) };
+            ops::rmsnorm(&s.x[first * e..(first + m) * e], &w.output_norm, c.rms_eps, &mut s.xb[..m * e]);
+            let v = c.n_vocab;
+            matmul(pool, &w.output.view(file), &s.xb[..m * e], m, &mut s.logits[row * v..(row + m) * v], &mut s.quant)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+//! Model loading and inference errors.
+
+use hearth_quant::GgmlType;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// The GGUF file itself is malformed or missing.
+    #[error(transparent)]
+    Gguf(#[from] hearth_gguf::GgufError),
+    /// The tokenizer metadata is unusable.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] hearth_tokenizer::TokenizerError),
+    /// `general.architecture` names a model family hearth does not run.
+    #[error("unsupported architecture {0:?} (supported: llama)")]
+    UnsupportedArchitecture(String),
+    /// A hyperparameter is missing or inconsistent.
+    #[error("bad hyperparameter {key}: {reason}")]
+    BadConfig {
+        /// Metadata key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A required tensor is absent.
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    /// A tensor has the wrong shape.
+    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
+    BadShape {
+        /// Tensor name.
+        name: String,
+        /// Shape in the file (ggml order).
+        found: Vec<u64>,
+        /// Shape the hyperparameters imply.
+        expected: Vec<u64>,
+    },
+    /// A tensor type the kernels cannot compute with.
+    #[error("tensor {name} has type {ty}, which hearth cannot compute with yet (supported: {supported})")]
+    UnsupportedType {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+        /// Supported list.
+        supported: String,
+    },
+    /// A kernel rejected its operands (a bug: shapes are validated at load).
+    #[error("kernel: {0}")]
+    Kernel(#[from] hearth_kernels::KernelError),
+    /// The request does not fit the context window.
+    #[error("{0}")]
+    Context(String),
+    /// Invalid input (empty prompt, token id out of range...).
+    #[error("{0}")]
+    Input(String),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,47 @@
+//! [`Model`]: a GGUF file opened for inference — config, tokenizer, weight references.
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::weights::Weights;
+use hearth_gguf::GgufFile;
+use hearth_tokenizer::Tokenizer;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A loaded model. Weights stay in the memory-mapped file; this holds only references,
+/// the tokenizer and the (tiny) norm vectors.
+pub struct Model {
+    /// The mapped file.
+    pub file: Arc<GgufFile>,
+    /// Hyperparameters.
+    pub config: ModelConfig,
+    /// Tokenizer from the file's metadata.
+    pub tokenizer: Tokenizer,
+    /// Tensor references.
+    pub weights: Weights,
+}
+
+impl Model {
+    /// Open `path`, check architecture, hyperparameters, tensor shapes and types.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_file(Arc::new(GgufFile::open(path)?))
+    }
+
+    /// Build from an already opened file.
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Self> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::load(&file, &config)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        Ok(Self { file, config, tokenizer, weights })
+    }
+
+    /// The chat template stored in the file (`tokenizer.chat_template`), if any.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.file.get("tokenizer.chat_template").and_then(|v| v.as_str())
+    }
+
+    /// Parameter count (elements of all tensors in the file).
+    pub fn n_params(&self) -> u64 {
+        self.file.tensors().iter().map(|t| t.n_elements()).sum()
+    }
+}

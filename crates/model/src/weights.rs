@@ -1,0 +1,159 @@
+//! Named weight tensors of a llama-style model, as references into the mapped GGUF file.
+//!
+//! Nothing here copies a matrix: a [`TensorRef`] is (type, byte range, shape) and
+//! becomes a [`WeightView`] over the mapping only while a kernel runs. This is what
+//! lets later layers take views of row/column ranges (tensor parallelism) or of a
+//! window of layers (the sliding-window scheduler) without touching the rest.
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use hearth_gguf::GgufFile;
+use hearth_kernels::WeightView;
+use hearth_quant::GgmlType;
+
+/// Weight types the matmul kernels compute with directly.
+pub const MATMUL_TYPES: &[GgmlType] =
+    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+
+/// A 2-D weight matrix `[rows, cols]` (ggml shape `[cols, rows]`) located in the file.
+#[derive(Debug, Clone)]
+pub struct TensorRef {
+    /// Tensor name in the file.
+    pub name: String,
+    /// Element type.
+    pub ty: GgmlType,
+    /// Absolute byte offset in the file.
+    pub offset: usize,
+    /// Byte length.
+    pub size: usize,
+    /// Output features (ggml `ne[1]`).
+    pub rows: usize,
+    /// Input features (ggml `ne[0]`).
+    pub cols: usize,
+}
+
+impl TensorRef {
+    /// A zero-copy view of this tensor in `file`'s mapping.
+    pub fn view<'a>(&self, file: &'a GgufFile) -> WeightView<'a> {
+        let data = &file.as_bytes()[self.offset..self.offset + self.size];
+        WeightView::new(self.ty, data, self.rows, self.cols).expect("shape validated at load")
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.size / self.rows
+    }
+}
+
+/// One transformer block's tensors. Shapes in `[rows, cols]` = `[out, in]` order.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// RMSNorm weight before attention, `[n_embd]`.
+    pub attn_norm: Vec<f32>,
+    /// `wq: [n_head*head_dim, n_embd]`.
+    pub wq: TensorRef,
+    /// `wk: [n_head_kv*head_dim, n_embd]`.
+    pub wk: TensorRef,
+    /// `wv: [n_head_kv*head_dim, n_embd]`.
+    pub wv: TensorRef,
+    /// `wo: [n_embd, n_head*head_dim]`.
+    pub wo: TensorRef,
+    /// RMSNorm weight before the FFN, `[n_embd]`.
+    pub ffn_norm: Vec<f32>,
+    /// `w_gate: [n_ff, n_embd]`.
+    pub w_gate: TensorRef,
+    /// `w_up: [n_ff, n_embd]`.
+    pub w_up: TensorRef,
+    /// `w_down: [n_embd, n_ff]`.
+    pub w_down: TensorRef,
+}
+
+/// All tensors of the model.
+#[derive(Debug, Clone)]
+pub struct Weights {
+    /// Token embedding `[n_vocab, n_embd]`; rows are dequantized one token at a time.
+    pub token_embd: TensorRef,
+    /// Transformer blocks.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm weight `[n_embd]`.
+    pub output_norm: Vec<f32>,
+    /// Output head `[n_vocab, n_embd]`: `output.weight`, or `token_embd` when tied.
+    pub output: TensorRef,
+}
+
+impl Weights {
+    /// Locate and check every tensor the config implies.
+    pub fn load(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
+        let (e, q, kv, ff, v) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.n_vocab);
+        let token_embd = matrix(f, "token_embd.weight", v, e)?;
+        let output = match f.tensor("output.weight") {
+            Some(_) => matrix(f, "output.weight", v, e)?,
+            None => token_embd.clone(),
+        };
+        let layers = (0..c.n_layer)
+            .map(|i| {
+                let m = |n: &str, r, c| matrix(f, &format!("blk.{i}.{n}.weight"), r, c);
+                Ok(LayerWeights {
+                    attn_norm: vector(f, &format!("blk.{i}.attn_norm.weight"), e)?,
+                    wq: m("attn_q", q, e)?,
+                    wk: m("attn_k", kv, e)?,
+                    wv: m("attn_v", kv, e)?,
+                    wo: m("attn_output", e, q)?,
+                    ffn_norm: vector(f, &format!("blk.{i}.ffn_norm.weight"), e)?,
+                    w_gate: m("ffn_gate", ff, e)?,
+                    w_up: m("ffn_up", ff, e)?,
+                    w_down: m("ffn_down", e, ff)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { token_embd, layers, output_norm: vector(f, "output_norm.weight", e)?, output })
+    }
+
+    /// Total bytes of all matrices (what one decode step streams from memory).
+    pub fn matrix_bytes(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|t| t.size).sum::<usize>())
+            .sum();
+        per_layer + self.output.size
+    }
+}
+
+fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<TensorRef> {
+    let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+    let expected = vec![cols as u64, rows as u64];
+    if t.dims != expected {
+        return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
+    }
+    if !MATMUL_TYPES.contains(&t.ty) {
+        return Err(ModelError::UnsupportedType {
+            name: name.into(),
+            ty: t.ty,
+            supported: MATMUL_TYPES.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok(TensorRef {
+        name: name.into(),
+        ty: t.ty,
+        offset: (f.data_offset() + t.offset) as usize,
+        size: t.size as usize,
+        rows,
+        cols,
+    })
+}
+
+/// Norm weights are tiny vectors: converted to f32 once at load.
+fn vector(f: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+    let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+    if t.dims != [n as u64] {
+        return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected: vec![n as u64] });
+    }
+    let mut out = vec![0f32; n];
+    hearth_kernels::dequantize_row(t.ty, f.tensor_data(t), &mut out).map_err(|_| ModelError::UnsupportedType {
+        name: name.into(),
+        ty: t.ty,
+        supported: "f32, f16, bf16".into(),
+    })?;
+    Ok(out)
+}

@@ -1,0 +1,208 @@
+//! End-to-end checks against llama.cpp's outputs on SmolLM2-135M-Instruct
+//! (`../shared/reference/smollm2/`, produced by llama.cpp on the same files).
+//!
+//! Like is compared with like: the Q4_1 file runs with activations quantized to Q8_1
+//! (as llama.cpp does) and is checked against the Q4_1 reference; an F32 copy of the
+//! same weights runs in f32 and is checked against the F32 reference.
+
+use hearth_gguf::{GgufFile, TensorSpec, Value};
+use hearth_model::{generate, perplexity, sampler::SamplerConfig, Context, Logits, Model};
+use hearth_quant::GgmlType;
+use serde_json::Value as J;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+fn reference_dir() -> PathBuf {
+    std::env::var("HEARTH_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference"))
+        .join("smollm2")
+}
+
+fn model_path() -> PathBuf {
+    let p = std::env::var("HEARTH_MODEL").map(PathBuf::from).unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
+    p
+}
+
+fn reference() -> &'static J {
+    static R: OnceLock<J> = OnceLock::new();
+    R.get_or_init(|| {
+        let s = std::fs::read_to_string(reference_dir().join("smollm2_reference.json")).expect("reference json");
+        serde_json::from_str(&s).unwrap()
+    })
+}
+
+fn ids(v: &J) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn q4_1() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(Model::load(model_path()).unwrap())).clone()
+}
+
+/// A copy of the Q4_1 model with every tensor dequantized to `ty` (F32 or F16), made
+/// with our own GGUF writer — the same thing `llama-quantize --allow-requantize IN OUT F32`
+/// produced for the reference.
+fn converted(ty: GgmlType) -> Arc<Model> {
+    static F32: OnceLock<Arc<Model>> = OnceLock::new();
+    static F16: OnceLock<Arc<Model>> = OnceLock::new();
+    let cell = if ty == GgmlType::F32 { &F32 } else { &F16 };
+    cell.get_or_init(|| {
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("SmolLM2-135M-Instruct.{}.gguf", ty.name()));
+        if GgufFile::open(&path).is_err() {
+            let src = GgufFile::open(model_path()).unwrap();
+            let mut meta: Vec<(String, Value)> = src.metadata().to_vec();
+            for (k, v) in meta.iter_mut() {
+                if k == "general.file_type" {
+                    *v = Value::U32(if ty == GgmlType::F32 { 0 } else { 1 });
+                }
+            }
+            // Norms (1-D) stay F32, as llama-quantize keeps them.
+            let specs: Vec<TensorSpec> = src
+                .tensors()
+                .iter()
+                .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ty: if t.dims.len() == 1 { GgmlType::F32 } else { ty } })
+                .collect();
+            hearth_gguf::write_gguf_file(&path, &meta, &specs, |i, w| {
+                let t = &src.tensors()[i];
+                let mut f = vec![0f32; t.n_elements() as usize];
+                hearth_kernels::dequantize_row(t.ty, src.tensor_data(t), &mut f).unwrap();
+                let mut out = vec![0u8; specs[i].size().unwrap() as usize];
+                hearth_quant::quantize_row(specs[i].ty, &f, &mut out).unwrap();
+                w.write_all(&out)
+            })
+            .unwrap();
+        }
+        Arc::new(Model::load(&path).unwrap())
+    })
+    .clone()
+}
+
+fn prompt_text(p: &J) -> String {
+    std::fs::read_to_string(reference_dir().join(p["prompt_file"].as_str().unwrap())).unwrap()
+}
+
+/// Greedy generation must reproduce llama.cpp's ids up to the first step where llama.cpp's
+/// own top-2 margin is under 0.25 (a near-tie that summation order may flip).
+fn check_greedy(model: Arc<Model>, prompts: &J, name: &str) {
+    let greedy = SamplerConfig { temperature: 0.0, ..SamplerConfig::default() };
+    let mut report = Vec::new();
+    for p in prompts.as_array().unwrap() {
+        let text = prompt_text(p);
+        let prompt = model.tokenizer.encode(&text, true, true);
+        if let Some(want) = p.get("prompt_token_ids") {
+            assert_eq!(prompt, ids(want), "{name}: prompt ids of {:?}", p["prompt_file"]);
+        }
+        let want = ids(&p["generated_token_ids"]);
+        // How many steps must match: up to the first near-tie in llama.cpp's distribution.
+        let steps = match p.get("per_step_top5") {
+            Some(top) => top
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|s| s[0]["logit"].as_f64().unwrap() - s[1]["logit"].as_f64().unwrap() < 0.25)
+                .unwrap_or(want.len()),
+            None => want.len(),
+        };
+        let mut ctx = Context::new(model.clone(), 512, 512, 2).unwrap();
+        let got = generate(&mut ctx, &prompt, want.len(), &greedy, |_| true).unwrap().tokens;
+        report.push(format!("{:?}: {} of {} steps must match", p["prompt_file"], steps, want.len()));
+        assert_eq!(got[..steps], want[..steps], "{name}: {:?}\n got {got:?}\nwant {want:?}", p["prompt_file"]);
+    }
+    eprintln!("{name}: {}", report.join("; "));
+}
+
+/// Last-position logits: same top-1, max |Δ| < 0.05 over llama.cpp's top-100 tokens.
+fn check_logits(model: Arc<Model>, prompts: &J, prefix: &str) {
+    let mut diffs = Vec::new();
+    for (i, p) in prompts.as_array().unwrap().iter().enumerate() {
+        let bytes = std::fs::read(reference_dir().join(format!("logits/{prefix}_prompt{i}.last_logits.f32"))).unwrap();
+        let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let prompt = model.tokenizer.encode(&prompt_text(p), true, true);
+        let mut ctx = Context::new(model.clone(), 512, 512, 2).unwrap();
+        let got = ctx.eval(&prompt, Logits::Last).unwrap().to_vec();
+        assert_eq!(got.len(), want.len());
+        let mut order: Vec<usize> = (0..want.len()).collect();
+        order.sort_by(|&a, &b| want[b].total_cmp(&want[a]));
+        let top1 = hearth_model::sampler::argmax(&got) as usize;
+        assert_eq!(top1, order[0], "{prefix} prompt {i}: top-1");
+        let max_diff = order[..100].iter().map(|&t| (got[t] - want[t]).abs()).fold(0f32, f32::max);
+        diffs.push(max_diff);
+    }
+    eprintln!("{prefix}: max |Δlogit| over llama.cpp's top-100 per prompt: {diffs:?}");
+    assert!(diffs.iter().all(|&d| d < 0.05), "{prefix}: max |Δlogit| over top-100 = {diffs:?}");
+}
+
+#[test]
+fn q4_1_greedy_tokens_match_llama_cpp() {
+    check_greedy(q4_1(), &reference()["reference_q4_1"]["prompts"], "Q4_1");
+}
+
+#[test]
+fn q4_1_logits_match_llama_cpp() {
+    check_logits(q4_1(), &reference()["reference_q4_1"]["prompts"], "q4_1");
+}
+
+#[test]
+fn q4_1_perplexity_within_1_percent() {
+    let r = &reference()["perplexity"]["results"];
+    let want = r
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["model"].as_str().unwrap().contains("Q4_1"))
+        .expect("Q4_1 perplexity in reference")["ppl"]
+        .as_f64()
+        .unwrap();
+    let model = q4_1();
+    let text = std::fs::read_to_string(reference_dir().join("ppl_gpl3.txt")).unwrap();
+    let tokens = model.tokenizer.encode(&text, true, true);
+    let mut ctx = Context::new(model, 128, 128, 2).unwrap();
+    let got = perplexity(&mut ctx, &tokens, |_, _| {}).unwrap();
+    eprintln!("perplexity: hearth {:.4}, llama.cpp {want:.4}, {} chunks", got.ppl, got.running.len());
+    assert_eq!(got.running.len(), 59);
+    assert_eq!(got.scored, 3717);
+    assert!((got.ppl / want - 1.0).abs() < 0.01, "ppl {} vs {want}", got.ppl);
+}
+
+#[test]
+fn f32_copy_matches_llama_cpp_f32() {
+    let m = converted(GgmlType::F32);
+    check_logits(m.clone(), &reference()["reference_f32"]["prompts"], "f32");
+    check_greedy(m, &reference()["reference_f32"]["prompts"], "F32");
+}
+
+#[test]
+fn f16_copy_matches_llama_cpp_f16() {
+    check_greedy(converted(GgmlType::F16), &reference()["reference_other_variants_summary"]["F16"], "F16");
+}
+
+#[test]
+fn context_overflow_and_bad_tokens_are_errors() {
+    let model = q4_1();
+    let mut ctx = Context::new(model.clone(), 8, 8, 1).unwrap();
+    assert!(ctx.eval(&[1; 9], Logits::Last).is_err());
+    assert!(ctx.eval(&[], Logits::Last).is_err());
+    assert!(ctx.eval(&[u32::MAX], Logits::Last).is_err());
+    assert_eq!(ctx.n_past(), 0, "failed evals must not advance the cache");
+    assert!(ctx.eval(&[1; 8], Logits::Last).is_ok());
+    assert!(ctx.eval(&[1], Logits::Last).is_err());
+}
+
+/// Batch invariance of the whole forward pass: prefill in one batch vs one token at a time.
+#[test]
+fn chunked_prefill_matches_single_batch() {
+    let model = q4_1();
+    let prompt = model.tokenizer.encode("Once upon a time, in a land far away", true, true);
+    let mut a = Context::new(model.clone(), 64, 64, 2).unwrap();
+    let full = a.eval(&prompt, Logits::Last).unwrap().to_vec();
+    let mut b = Context::new(model.clone(), 64, 3, 1).unwrap();
+    let chunked = b.eval(&prompt, Logits::Last).unwrap().to_vec();
+    let max = full.iter().zip(&chunked).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(max < 1e-3, "max diff {max}");
+    assert_eq!(hearth_model::sampler::argmax(&full), hearth_model::sampler::argmax(&chunked));
+}
