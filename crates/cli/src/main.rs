@@ -38,6 +38,13 @@ enum Command {
 }
 
 fn main() {
+    // Like C tools, die quietly on a closed pipe (`hearth … | head`) instead of
+    // panicking in println!.
+    #[cfg(unix)]
+    // SAFETY: setting a signal disposition to its default at startup, before any threads.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => cmd::generate::run(a),

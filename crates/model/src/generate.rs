@@ -69,6 +69,19 @@ pub fn generate(
     prompt: &[u32],
     max_tokens: usize,
     sampler: &SamplerConfig,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation> {
+    generate_with(ctx, prompt, max_tokens, sampler, true, on_token)
+}
+
+/// [`generate`], optionally going on past end-of-generation tokens (`stop_at_eog = false`,
+/// llama.cpp's `--ignore-eos`, for benchmarks that need a fixed number of tokens).
+pub fn generate_with(
+    ctx: &mut Context,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &SamplerConfig,
+    stop_at_eog: bool,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<Generation> {
     if prompt.is_empty() {
@@ -95,7 +108,7 @@ pub fn generate(
             stop = StopReason::Cancelled;
             break;
         }
-        if model.tokenizer.is_eog(id) {
+        if stop_at_eog && model.tokenizer.is_eog(id) {
             stop = StopReason::EndOfGeneration;
             break;
         }

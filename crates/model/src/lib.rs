@@ -32,4 +32,4 @@ pub use kv_cache::KvCache;
 pub use model::Model;
 pub use weights::{LayerWeights, TensorRef, Weights, MATMUL_TYPES};
 mod generate;
-pub use generate::{generate, perplexity, Generation, Perplexity, StopReason, Timings};
+pub use generate::{generate, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};

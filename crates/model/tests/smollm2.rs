@@ -83,7 +83,11 @@ fn converted(ty: GgmlType) -> Arc<Model> {
 }
 
 fn prompt_text(p: &J) -> String {
-    std::fs::read_to_string(reference_dir().join(p["prompt_file"].as_str().unwrap())).unwrap()
+    // Entries name `prompts/pN.txt` or just `pN.txt`.
+    let name = p["prompt_file"].as_str().unwrap();
+    let dir = reference_dir();
+    let path = if dir.join(name).is_file() { dir.join(name) } else { dir.join("prompts").join(name) };
+    std::fs::read_to_string(path).unwrap()
 }
 
 /// Greedy generation must reproduce llama.cpp's ids up to the first step where llama.cpp's

@@ -3,7 +3,7 @@
 use crate::common::{mib, peak_rss_bytes, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::{ChatTemplate, Message};
-use hearth_model::{generate, sampler::SamplerConfig, Context, Model};
+use hearth_model::{generate_with, sampler::SamplerConfig, Context, Model};
 use hearth_tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -53,8 +53,14 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt text
-    #[arg(short, long)]
-    pub prompt: String,
+    #[arg(short, long, required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file (`-` for stdin)
+    #[arg(short = 'f', long, value_name = "PATH")]
+    pub prompt_file: Option<std::path::PathBuf>,
+    /// Keep generating past end-of-generation tokens (for benchmarks)
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Maximum number of tokens to generate
     #[arg(short = 'n', long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -79,11 +85,17 @@ pub fn render_chat(model: &Model, messages: &[Message]) -> Result<String> {
 
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
-    let prompt = if a.chat {
-        render_chat(&model, &[Message { role: "user".into(), content: a.prompt.clone() }])?
-    } else {
-        a.prompt.clone()
+    let text = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the prompt from stdin")?;
+            s
+        }
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        (None, None) => unreachable!("clap requires --prompt or --prompt-file"),
     };
+    let prompt = if a.chat { render_chat(&model, &[Message { role: "user".into(), content: text }])? } else { text };
     let ids = model.tokenizer.encode(&prompt, true, true);
     if ids.is_empty() {
         anyhow::bail!("the prompt is empty: give some text with --prompt");
@@ -96,7 +108,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let json = a.json;
     let tok = &model.tokenizer;
-    let out = generate(&mut ctx, &ids, a.max_tokens, &a.sampling.config(), |id| {
+    let out = generate_with(&mut ctx, &ids, a.max_tokens, &a.sampling.config(), !a.ignore_eos, |id| {
         if !json && !tok.is_eog(id) {
             let s = dec.push(id);
             // A closed stdout (e.g. `| head`) stops generation instead of failing.
