@@ -1,7 +1,8 @@
 //! Flags and helpers shared by subcommands: model path resolution, threads, peak RSS.
 
 use anyhow::{bail, Context as _, Result};
-use hearth_model::Model;
+use hearth_model::{Context, Model};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,32 +15,54 @@ pub struct ModelArgs {
     /// GGUF model file [default: $HEARTH_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf]
     #[arg(short, long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// Worker threads [default: number of physical cores]
-    #[arg(short, long)]
-    pub threads: Option<usize>,
-    /// Context size in tokens (KV cache positions)
-    #[arg(short = 'c', long, default_value_t = 2048)]
-    pub ctx_size: usize,
+    /// Worker threads, 1-1024 [default: number of physical cores]
+    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+    /// Context size in tokens (KV cache positions), at most the model's trained context
+    /// [default: 2048 (perplexity: 512), capped at the model's trained context]
+    #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ctx_size: Option<u32>,
     /// Maximum tokens evaluated per forward pass during prefill
-    #[arg(short = 'b', long, default_value_t = 512)]
-    pub batch_size: usize,
+    #[arg(short = 'b', long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
 }
 
 impl ModelArgs {
     /// Threads to use.
     pub fn threads(&self) -> usize {
-        self.threads.unwrap_or_else(hearth_kernels::physical_cores).max(1)
+        self.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1)
     }
 
     /// Load the model, with a one-line error that says how to get the default one.
     pub fn load(&self) -> Result<Arc<Model>> {
         let path = resolve_model(self.model.as_ref())?;
         let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-        if self.ctx_size == 0 {
-            bail!("--ctx-size must be at least 1");
-        }
         Ok(Arc::new(model))
     }
+
+    /// The context size: `--ctx-size`, else `default` capped at the model's trained context.
+    pub fn ctx_size(&self, model: &Model, default: usize) -> Result<usize> {
+        let train = model.config.n_ctx_train;
+        match self.ctx_size {
+            Some(c) if c as usize > train => {
+                bail!("--ctx-size {c} exceeds the model's trained context length of {train} tokens")
+            }
+            Some(c) => Ok(c as usize),
+            None => Ok(default.min(train)),
+        }
+    }
+
+    /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
+    pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
+        let n_ctx = self.ctx_size(model, default_ctx)?;
+        Ok(Context::new(model.clone(), n_ctx, self.batch_size as usize, self.threads())?)
+    }
+}
+
+/// Write to stdout, turning a failed write (full disk, closed stream) into an error.
+pub fn print_out(s: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes()).and_then(|_| out.flush()).context("writing to stdout")
 }
 
 /// `--model`, else `$HEARTH_MODEL`, else the default model under `./models` or the
@@ -48,7 +71,7 @@ pub fn resolve_model(arg: Option<&PathBuf>) -> Result<PathBuf> {
     if let Some(p) = arg {
         return Ok(p.clone());
     }
-    if let Ok(p) = std::env::var("HEARTH_MODEL") {
+    if let Some(p) = std::env::var_os("HEARTH_MODEL").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     let candidates = [

@@ -54,9 +54,24 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
     };
     if let Err(e) = result {
-        // One line: the error and its causes.
-        let msg = format!("{e:#}").replace('\n', " ");
-        eprintln!("error: {msg}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the previous
+/// message already ends with (typed errors often print their source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if msg.ends_with(&c) || msg.contains(&format!("{c}: ")) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&c);
+    }
+    msg.replace('\n', " ")
 }

@@ -215,3 +215,19 @@ fn perplexity_json() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["ppl"].as_f64().unwrap() > 1.0 && v["chunks"].as_u64().unwrap() >= 5);
 }
+
+#[test]
+fn bad_flags_and_paths_are_clean_errors() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    assert_clean_error(&hearth(&["generate", "-m", m, "-p", "hi", "--temperature", "-1"]), "--temperature");
+    assert_clean_error(&hearth(&["generate", "-m", m, "-p", "hi", "--top-p", "2"]), "--top-p");
+    assert_clean_error(&hearth(&["generate", "-m", m, "-p", "hi", "--repeat-penalty", "0"]), "--repeat-penalty");
+    assert_clean_error(&hearth(&["generate", "-m", m, "-p", "hi", "-c", "100000"]), "trained context length");
+    let dir = std::env::temp_dir();
+    assert_clean_error(&hearth(&["inspect", dir.to_str().unwrap()]), "is a directory");
+    let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/vocab/ggml-vocab-llama-spm.gguf");
+    if vocab.is_file() {
+        assert_clean_error(&hearth(&["generate", "-m", vocab.to_str().unwrap(), "-p", "hi"]), "vocab-only");
+    }
+}

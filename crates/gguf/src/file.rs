@@ -29,7 +29,11 @@ impl GgufFile {
         let path = path.as_ref().to_path_buf();
         let io = |source| GgufError::Io { path: path.clone(), source };
         let file = std::fs::File::open(&path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let meta = file.metadata().map_err(io)?;
+        if meta.is_dir() {
+            return Err(io(std::io::Error::other("is a directory, not a GGUF file")));
+        }
+        let len = meta.len();
         if len < 4 {
             return Err(GgufError::BadMagic { found: std::fs::read(&path).map_err(io)? });
         }

@@ -282,5 +282,18 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
             });
         }
     }
+    // Tensors must not share bytes (llama.cpp requires them packed in order; we only
+    // require that no two overlap).
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    for w in by_offset.windows(2) {
+        if w[0].offset + w[0].size > w[1].offset {
+            return Err(GgufError::Invalid {
+                field: format!("tensor {:?}", w[1].name),
+                offset: data_offset + w[1].offset,
+                reason: format!("its data overlaps tensor {:?}", w[0].name),
+            });
+        }
+    }
     Ok(Header { version, metadata, tensors, alignment, data_offset })
 }

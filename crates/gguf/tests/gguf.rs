@@ -107,6 +107,7 @@ fn absurd_tensor_fields_are_rejected() {
         (type_at, 2u32.to_le_bytes().to_vec(), "block size"),
         (off_at, (1u64 << 40).to_le_bytes().to_vec(), "beyond the end"),
         (off_at, 3u64.to_le_bytes().to_vec(), "aligned"),
+        (off_at, 0u64.to_le_bytes().to_vec(), "overlaps"),
     ];
     for (at, bytes, want) in cases {
         let mut b = full.clone();

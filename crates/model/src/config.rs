@@ -82,6 +82,11 @@ impl ModelConfig {
             arch: arch.clone(),
         };
         let bad = |k: &str, reason: String| Err(ModelError::BadConfig { key: key(k), reason });
+        if let Some(t) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+            if t != "none" {
+                return bad("rope.scaling.type", format!("RoPE scaling {t:?} is not supported yet"));
+            }
+        }
         if cfg.n_head % cfg.n_head_kv != 0 {
             return bad("attention.head_count_kv", format!("{} query heads are not a multiple of {} KV heads", n_head, n_head_kv));
         }

@@ -23,6 +23,12 @@ pub enum ModelError {
         /// What is wrong.
         reason: String,
     },
+    /// The file has no tensors at all.
+    #[error("the file has no tensors (a vocab-only GGUF?): only `hearth tokenize` can use it")]
+    VocabOnly,
+    /// The file has a tensor the architecture does not use.
+    #[error("tensor {0} is not part of the layout hearth runs for this architecture (wrong block_count, or an unsupported variant)")]
+    UnusedTensor(String),
     /// A required tensor is absent.
     #[error("missing tensor {0}")]
     MissingTensor(String),

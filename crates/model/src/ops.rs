@@ -3,7 +3,7 @@
 //! Shapes are row-major `[n_tokens, width]`. The formulas follow ggml's CPU ops so
 //! that results track llama.cpp's: RMSNorm accumulates the sum of squares in f64
 //! (`ggml_compute_forward_rms_norm_f32`), RoPE advances θ by repeated multiplication
-//! (`ggml_rope_cache_init`), and attention follows ggml's flash attention over an f16
+//! (`ggml_rope_cache_init`), SiLU uses ggml's own vectorised expf, and attention follows ggml's flash attention over an f16
 //! cache (see [`attend_one`]).
 
 use half::f16;
@@ -35,22 +35,78 @@ pub fn rope_norm(x: &mut [f32], n_heads: usize, head_dim: usize, n_rot: usize, p
             cache[i + 1] = theta.sin();
             theta *= theta_scale;
         }
-        for head in row.chunks_exact_mut(head_dim) {
-            for i in (0..n_rot).step_by(2) {
-                let (c, s) = (cache[i], cache[i + 1]);
-                let (a, b) = (head[i], head[i + 1]);
-                head[i] = a * c - b * s;
-                head[i + 1] = a * s + b * c;
-            }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the feature was just detected.
+            unsafe { x86::rotate(row, head_dim, &cache) };
+            continue;
+        }
+        rotate(row, head_dim, &cache);
+    }
+}
+
+/// Rotates the first `cache.len()` dims of each head of `row` by the `(cos, sin)` pairs in
+/// `cache`. As GCC contracts ggml's `rotate_pairs` (-ffp-contract=fast, seen in the
+/// reference build's code): the x0 products fuse, the x1 products round first.
+#[inline(always)]
+fn rotate(row: &mut [f32], head_dim: usize, cache: &[f32]) {
+    for head in row.chunks_exact_mut(head_dim) {
+        for (p, cs) in head.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
+            let (a, b, c, s) = (p[0], p[1], cs[0], cs[1]);
+            p[0] = a.mul_add(c, -(b * s));
+            p[1] = a.mul_add(s, b * c);
         }
     }
 }
 
-/// SwiGLU: `gate = silu(gate) * up`, elementwise.
+/// SwiGLU: `gate = silu(gate) * up`, elementwise, with silu(x) = x / (1 + e^−x) and e^x
+/// computed exactly as ggml's AVX-512 `ggml_v_expf` (`ggml_vec_swiglu_f32` in the
+/// reference build), not libm's `expf`: they disagree in the last bit for about a quarter
+/// of the outputs, enough to flip Q8_1 roundings in the next matmul.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+    let n = gate.len().min(up.len());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::swiglu(&mut gate[..n], &up[..n]) };
     }
+    for (g, &u) in gate[..n].iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+// Constants of ggml_v_expf (ARM optimized-routines expf): 0x1.8p23, log2(e), ln2 split
+// in two, then the polynomial's coefficients from the highest degree down.
+const EXP_SHIFT: u32 = 0x4b40_0000;
+const EXP_LOG2E: u32 = 0x3fb8_aa3b;
+const EXP_LN2_LO: u32 = 0x35bf_be8e;
+const EXP_LN2_HI: u32 = 0x3f31_7200;
+const EXP_C: [u32; 5] = [0x3c07_2010, 0x3d2b_9f17, 0x3e2a_af33, 0x3eff_fedb, 0x3f7f_fff6];
+
+/// `ggml_v_expf`'s AVX-512 variant for one lane: e^x = 2^n · j(b), b = x − n·ln2, and the
+/// final `_mm512_scalef_ps` (j · 2^n with one rounding), done here exactly in f64.
+fn expf_ggml(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(EXP_SHIFT);
+    let z = x.mul_add(f(EXP_LOG2E), r);
+    let n = z - r;
+    let b = (-n).mul_add(f(EXP_LN2_LO), (-n).mul_add(f(EXP_LN2_HI), x));
+    let u = b * b;
+    let c = EXP_C.map(f);
+    let j = c[0]
+        .mul_add(b, c[1])
+        .mul_add(u, c[2].mul_add(b, c[3]))
+        .mul_add(u, c[4].mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let p = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * p) as f32
+}
+
+/// `ggml_v_silu`: x / (1 + e^(0 − x)).
+fn silu(x: f32) -> f32 {
+    x / (1.0 + expf_ggml(0.0 - x))
 }
 
 /// `x += y`, elementwise.
@@ -98,8 +154,65 @@ pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::{EXP_C, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_SHIFT};
     use half::f16;
     use std::arch::x86_64::*;
+
+    /// [`super::expf_ggml`] on 8 lanes. `_mm512_scalef_ps(j, n)` becomes two exact-range
+    /// power-of-two multiplies, 2^⌊n/2⌋ then 2^(n−⌊n/2⌋): the first is exact, so only the
+    /// second rounds, as scalef does.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn expf_ggml(x: __m256) -> __m256 {
+        let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+        let r = c(EXP_SHIFT);
+        let z = _mm256_fmadd_ps(x, c(EXP_LOG2E), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(EXP_LN2_LO), _mm256_fnmadd_ps(n, c(EXP_LN2_HI), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_fmadd_ps(c(EXP_C[0]), b, c(EXP_C[1])), u, _mm256_fmadd_ps(c(EXP_C[2]), b, c(EXP_C[3]))),
+            u,
+            _mm256_fmadd_ps(c(EXP_C[4]), b, _mm256_set1_ps(1.0)),
+        );
+        let ni = _mm256_cvtps_epi32(n);
+        let n1 = _mm256_srai_epi32::<1>(ni);
+        let n2 = _mm256_sub_epi32(ni, n1);
+        let bias = _mm256_set1_epi32(127);
+        let p1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
+        let p2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
+        let res = _mm256_mul_ps(_mm256_mul_ps(j, p1), p2);
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(_mm256_set1_ps(-0.0), n), _mm256_set1_ps(192.0));
+        if _mm256_movemask_ps(d) == 0 {
+            return res;
+        }
+        let le0 = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+        let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le0);
+        _mm256_blendv_ps(res, alt, d)
+    }
+
+    /// [`super::rotate`] with `mul_add` as an inline FMA instruction.
+    #[target_feature(enable = "fma")]
+    pub unsafe fn rotate(row: &mut [f32], head_dim: usize, cache: &[f32]) {
+        super::rotate(row, head_dim, cache)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len();
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let p = gate.as_mut_ptr().add(i);
+            let x = _mm256_loadu_ps(p);
+            let e = expf_ggml(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))));
+            i += 8;
+        }
+        for (g, &u) in gate[i..].iter_mut().zip(&up[i..]) {
+            *g = super::silu(*g) * u;
+        }
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
@@ -297,12 +410,44 @@ mod tests {
     }
 
     #[test]
+    fn swiglu_simd_matches_scalar_and_exp() {
+        // Many magnitudes, both signs, the overflow/underflow ends, and a ragged tail.
+        let mut x: Vec<f32> = (0..20011).map(|i| ((i as f32) * 0.618).sin() * (1.0 + (i % 97) as f32 * 1.5)).collect();
+        x.extend([0.0, -0.0, 88.0, -88.0, 103.0, -103.0, 150.0, -150.0, 300.0, -300.0, 1e-30, -1e-30, 20.5]);
+        let up: Vec<f32> = (0..x.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let mut got = x.clone();
+        swiglu(&mut got, &up);
+        for ((&g, &xi), &u) in got.iter().zip(&x).zip(&up) {
+            let want = silu(xi) * u;
+            assert_eq!(g.to_bits(), want.to_bits(), "x = {xi}");
+            let exact = (xi as f64 / (1.0 + (-xi as f64).exp()) * u as f64) as f32;
+            // ggml_v_expf overflows past 88.38 (silu → −0 there).
+            if xi.abs() < 80.0 {
+                assert!((g - exact).abs() <= 4e-7 * exact.abs().max(1e-30), "x = {xi}: {g} vs {exact}");
+            }
+        }
+    }
+
+    #[test]
     fn rope_at_position_zero_is_identity_and_preserves_norm() {
         let mut x: Vec<f32> = (0..128).map(|i| i as f32 * 0.1).collect();
         let orig = x.clone();
         rope_norm(&mut x, 2, 64, 64, 0, 10000.0);
         assert_eq!(x, orig);
+        let mut portable = x.clone();
         rope_norm(&mut x, 2, 64, 64, 7, 10000.0);
+        // The FMA-instruction path and the portable one round identically.
+        let ts = 10000f32.powf(-2.0 / 64.0);
+        let cache: Vec<f32> = (0..32)
+            .scan(7f32, |th, _| {
+                let cs = [th.cos(), th.sin()];
+                *th *= ts;
+                Some(cs)
+            })
+            .flatten()
+            .collect();
+        rotate(&mut portable, 64, &cache);
+        assert_eq!(x, portable);
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = x.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() / n0 < 1e-5);

@@ -84,6 +84,9 @@ pub struct Weights {
 impl Weights {
     /// Locate and check every tensor the config implies.
     pub fn load(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
+        if f.tensors().is_empty() {
+            return Err(ModelError::VocabOnly);
+        }
         let (e, q, kv, ff, v) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.n_vocab);
         let token_embd = matrix(f, "token_embd.weight", v, e)?;
         let output = match f.tensor("output.weight") {
@@ -106,7 +109,21 @@ impl Weights {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { token_embd, layers, output_norm: vector(f, "output_norm.weight", e)?, output })
+        let w = Self { token_embd, layers, output_norm: vector(f, "output_norm.weight", e)?, output };
+        // Every tensor in the file must be one we use: an extra one means the file is a
+        // variant we would silently run wrong (e.g. Llama 3.1's rope_freqs).
+        let mut used: std::collections::HashSet<&str> =
+            [w.token_embd.name.as_str(), w.output.name.as_str(), "output_norm.weight"].into();
+        let norms: Vec<String> =
+            (0..c.n_layer).flat_map(|i| [format!("blk.{i}.attn_norm.weight"), format!("blk.{i}.ffn_norm.weight")]).collect();
+        used.extend(norms.iter().map(String::as_str));
+        for l in &w.layers {
+            used.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(|t| t.name.as_str()));
+        }
+        if let Some(t) = f.tensors().iter().find(|t| !used.contains(t.name.as_str())) {
+            return Err(ModelError::UnusedTensor(t.name.clone()));
+        }
+        Ok(w)
     }
 
     /// Total bytes of all matrices (what one decode step streams from memory).

@@ -5,12 +5,13 @@ use super::generate::{render_chat, SamplingArgs};
 use crate::common::ModelArgs;
 use anyhow::Result;
 use hearth_chat::Message;
-use hearth_model::{generate, Context};
+use hearth_model::{generate, StopReason};
 use hearth_tokenizer::StreamDecoder;
 use std::io::{BufRead, Write};
 
 /// Flags of `hearth chat`.
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -26,14 +27,16 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
-    let mut ctx = Context::new(model.clone(), a.model.ctx_size, a.model.batch_size, a.model.threads())?;
-    let sampler = a.sampling.config();
+    let mut ctx = a.model.context(&model, 2048)?;
+    let sampler = a.sampling.config()?;
     let mut messages: Vec<Message> = Vec::new();
     if let Some(s) = &a.system {
         messages.push(Message { role: "system".into(), content: s.clone() });
     }
+    // Fail now, not after the first message, if the template cannot render.
+    render_chat(&model, &[Message { role: "user".into(), content: "hi".into() }])?;
     let mut cached: Vec<u32> = Vec::new(); // tokens whose K/V are in ctx
-    eprintln!("hearth chat — type a message, Enter to send; Ctrl-D or /exit to quit, /reset to start over.");
+    eprintln!("hearth chat — type a message, Enter to send; /reset starts over, /exit or Ctrl-D quits.");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -43,6 +46,10 @@ pub fn run(a: Args) -> Result<()> {
         match line.trim() {
             "" => continue,
             "/exit" | "/quit" => break,
+            "/help" => {
+                eprintln!("/reset: forget the conversation · /exit: quit · anything else is sent to the model");
+                continue;
+            }
             "/reset" => {
                 messages.retain(|m| m.role == "system");
                 cached.clear();
@@ -68,17 +75,26 @@ pub fn run(a: Args) -> Result<()> {
         let g = match result {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("error: {e} — use /reset to start a new conversation");
+                eprintln!("error: {e}");
+                if !cached.is_empty() {
+                    eprintln!("(/reset starts a new conversation with an empty context)");
+                }
                 messages.pop();
                 continue;
             }
         };
         let _ = writeln!(out, "{}", dec.flush());
+        match g.stop {
+            StopReason::ContextFull => eprintln!("[the context is full: /reset to start over]"),
+            StopReason::Length => eprintln!("[reply cut at --max-tokens {}]", a.max_tokens),
+            _ => {}
+        }
         let reply: Vec<u32> = g.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();
         messages.push(Message { role: "assistant".into(), content: tok.decode(&reply) });
         cached = ids;
         cached.extend(&g.tokens);
         cached.truncate(ctx.n_past());
     }
+    eprintln!();
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! `hearth generate`: prefill a prompt, stream the completion to stdout, summary to stderr.
 
-use crate::common::{mib, peak_rss_bytes, ModelArgs};
+use crate::common::{mib, peak_rss_bytes, print_out, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::{ChatTemplate, Message};
-use hearth_model::{generate_with, sampler::SamplerConfig, Context, Model};
+use hearth_model::{generate_with, sampler::SamplerConfig, Model};
 use hearth_tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -31,11 +31,25 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn config(&self) -> SamplerConfig {
+    /// Checked sampler settings.
+    pub fn config(&self) -> Result<SamplerConfig> {
+        let bad = |flag: &str, v: f32, want: &str| anyhow::anyhow!("--{flag} {v} is out of range: it must be {want}");
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(bad("temperature", self.temperature, "a number >= 0 (0 = greedy)"));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(bad("top-p", self.top_p, "in (0, 1] (1 = off)"));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(bad("min-p", self.min_p, "in [0, 1] (0 = off)"));
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(bad("repeat-penalty", self.repeat_penalty, "a number > 0 (1 = off)"));
+        }
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        SamplerConfig {
+        Ok(SamplerConfig {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -43,12 +57,13 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             seed,
             ..SamplerConfig::default()
-        }
+        })
     }
 }
 
 /// Flags of `hearth generate`.
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -100,22 +115,29 @@ pub fn run(a: Args) -> Result<()> {
     if ids.is_empty() {
         anyhow::bail!("the prompt is empty: give some text with --prompt");
     }
-    if ids.len() > a.model.ctx_size {
-        anyhow::bail!("the prompt has {} tokens, more than --ctx-size {}", ids.len(), a.model.ctx_size);
+    let mut ctx = a.model.context(&model, 2048)?;
+    if ids.len() > ctx.n_ctx() {
+        anyhow::bail!("the prompt has {} tokens, more than the context size {} (--ctx-size)", ids.len(), ctx.n_ctx());
     }
-    let mut ctx = Context::new(model.clone(), a.model.ctx_size, a.model.batch_size, a.model.threads())?;
     let mut dec = StreamDecoder::new(&model.tokenizer);
     let mut stdout = std::io::stdout().lock();
     let json = a.json;
     let tok = &model.tokenizer;
-    let out = generate_with(&mut ctx, &ids, a.max_tokens, &a.sampling.config(), !a.ignore_eos, |id| {
+    let sampler = a.sampling.config()?;
+    let mut write_err = None;
+    let out = generate_with(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, |id| {
         if !json && !tok.is_eog(id) {
             let s = dec.push(id);
-            // A closed stdout (e.g. `| head`) stops generation instead of failing.
-            return stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()).is_ok();
+            if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()) {
+                write_err = Some(e);
+                return false;
+            }
         }
         true
     })?;
+    if let Some(e) = write_err {
+        return Err(e).context("writing to stdout");
+    }
     let t = &out.timings;
     let rss = peak_rss_bytes().unwrap_or(0);
     if json {
@@ -133,11 +155,13 @@ pub fn run(a: Args) -> Result<()> {
                 "decode_tok_s": t.decode_tok_s(),
             },
             "peak_rss_bytes": rss,
+            "seed": sampler.seed,
         });
-        println!("{v}");
+        drop(stdout);
+        print_out(&format!("{v}\n"))?;
     } else {
         let tail = dec.flush();
-        let _ = writeln!(stdout, "{tail}");
+        writeln!(stdout, "{tail}").context("writing to stdout")?;
         eprintln!(
             "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms, peak RSS {} ({} threads, stop: {:?})",
             t.prompt_tokens,

@@ -1,6 +1,8 @@
 //! `hearth inspect`: metadata (long arrays summarised), tensor table, totals per type.
 
+use crate::common::print_out;
 use anyhow::Result;
+use std::fmt::Write as _;
 use hearth_gguf::GgufFile;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,31 +52,29 @@ pub fn run(a: Args) -> Result<()> {
             .iter()
             .map(|(k, (n, el, b))| (k.to_string(), serde_json::json!({"tensors": n, "elements": el, "bytes": b})))
             .collect();
-        println!(
-            "{}",
-            serde_json::json!({"version": f.version(), "alignment": f.alignment(), "data_offset": f.data_offset(),
-                "metadata": meta, "tensors": tensors, "totals": by_type})
-        );
-        return Ok(());
+        let v = serde_json::json!({"version": f.version(), "alignment": f.alignment(), "data_offset": f.data_offset(),
+            "metadata": meta, "tensors": tensors, "totals": by_type});
+        return print_out(&format!("{v}\n"));
     }
-    println!("GGUF v{} · {} metadata keys · {} tensors · data at offset {}", f.version(), f.metadata().len(), f.tensors().len(), f.data_offset());
-    println!("\nmetadata:");
+    let mut o = String::new();
+    writeln!(o, "GGUF v{} · {} metadata keys · {} tensors · data at offset {}", f.version(), f.metadata().len(), f.tensors().len(), f.data_offset())?;
+    writeln!(o, "\nmetadata:")?;
     for (k, v) in f.metadata() {
-        println!("  {k:<44} {}", v.summary(a.max_items));
+        writeln!(o, "  {k:<44} {}", v.summary(a.max_items))?;
     }
     if !f.tensors().is_empty() {
-        println!("\n{:<36} {:>7} {:>20} {:>12}", "tensor", "type", "shape", "bytes");
+        writeln!(o, "\n{:<36} {:>7} {:>20} {:>12}", "tensor", "type", "shape", "bytes")?;
         for t in f.tensors() {
             let shape = t.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x ");
-            println!("{:<36} {:>7} {:>20} {:>12}", t.name, t.ty.name(), shape, t.size);
+            writeln!(o, "{:<36} {:>7} {:>20} {:>12}", t.name, t.ty.name(), shape, t.size)?;
         }
     }
-    println!("\n{:<8} {:>8} {:>14} {:>14}", "type", "tensors", "elements", "bytes");
+    writeln!(o, "\n{:<8} {:>8} {:>14} {:>14}", "type", "tensors", "elements", "bytes")?;
     let (mut n_all, mut el_all, mut b_all) = (0, 0, 0);
     for (ty, (n, el, b)) in &totals {
-        println!("{ty:<8} {n:>8} {el:>14} {b:>14}");
+        writeln!(o, "{ty:<8} {n:>8} {el:>14} {b:>14}")?;
         (n_all, el_all, b_all) = (n_all + n, el_all + el, b_all + b);
     }
-    println!("{:<8} {n_all:>8} {el_all:>14} {b_all:>14}", "total");
-    Ok(())
+    writeln!(o, "{:<8} {n_all:>8} {el_all:>14} {b_all:>14}", "total")?;
+    print_out(&o)
 }

@@ -1,7 +1,7 @@
 //! `hearth tokenize`: text → token ids. Needs only the tokenizer metadata, so it works
 //! on vocab-only GGUF files.
 
-use crate::common::{parse_bool, resolve_model};
+use crate::common::{parse_bool, print_out, resolve_model};
 use anyhow::{Context as _, Result};
 use hearth_gguf::GgufFile;
 use hearth_tokenizer::Tokenizer;
@@ -46,12 +46,10 @@ pub fn run(a: Args) -> Result<()> {
         (None, None) => unreachable!("clap requires --text or --file"),
     };
     let ids = tok.encode(&text, a.add_special, a.parse_special);
-    if a.json {
-        println!("{}", serde_json::to_string(&ids)?);
+    let out = if a.json {
+        serde_json::to_string(&ids)? + "\n"
     } else {
-        for id in ids {
-            println!("{id:>6} -> {:?}", String::from_utf8_lossy(&tok.piece(id, true)));
-        }
-    }
-    Ok(())
+        ids.iter().map(|&id| format!("{id:>6} -> {:?}\n", String::from_utf8_lossy(&tok.piece(id, true)))).collect()
+    };
+    print_out(&out)
 }
