@@ -1,1 +1,475 @@
-//! Elementwise and attention ops (lead).
+//! Elementwise ops and attention over an f16 KV cache.
+//!
+//! Shapes are row-major `[n_tokens, width]`. The formulas follow ggml's CPU ops so
+//! that results track llama.cpp's: RMSNorm accumulates the sum of squares in f64
+//! (`ggml_compute_forward_rms_norm_f32`), RoPE advances θ by repeated multiplication
+//! (`ggml_rope_cache_init`), SiLU uses ggml's own vectorised expf, and attention follows ggml's flash attention over an f16
+//! cache (see [`attend_one`]).
+
+use half::f16;
+
+/// `out = x / sqrt(mean(x²) + eps) * w` for each row of `x: [n, w.len()]`.
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let ss: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((ss / n as f64) as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// Rotary position embedding, "normal" layout (adjacent pairs rotate), as ggml's
+/// `GGML_ROPE_TYPE_NORM` used by the llama architecture.
+///
+/// `x: [n_tokens, n_heads * head_dim]`; token `t` sits at position `pos0 + t`; the first
+/// `n_rot` dims of each head rotate with θ_i = pos · base^(−2i/n_rot) (RoFormer, eq. 15).
+pub fn rope_norm(x: &mut [f32], n_heads: usize, head_dim: usize, n_rot: usize, pos0: usize, base: f32) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut cache = vec![0f32; n_rot];
+    for (t, row) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
+        let mut theta = (pos0 + t) as f32;
+        for i in (0..n_rot).step_by(2) {
+            cache[i] = theta.cos();
+            cache[i + 1] = theta.sin();
+            theta *= theta_scale;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the feature was just detected.
+            unsafe { x86::rotate(row, head_dim, &cache) };
+            continue;
+        }
+        rotate(row, head_dim, &cache);
+    }
+}
+
+/// Rotates the first `cache.len()` dims of each head of `row` by the `(cos, sin)` pairs in
+/// `cache`. As GCC contracts ggml's `rotate_pairs` (-ffp-contract=fast, seen in the
+/// reference build's code): the x0 products fuse, the x1 products round first.
+#[inline(always)]
+fn rotate(row: &mut [f32], head_dim: usize, cache: &[f32]) {
+    for head in row.chunks_exact_mut(head_dim) {
+        for (p, cs) in head.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
+            let (a, b, c, s) = (p[0], p[1], cs[0], cs[1]);
+            p[0] = a.mul_add(c, -(b * s));
+            p[1] = a.mul_add(s, b * c);
+        }
+    }
+}
+
+/// SwiGLU: `gate = silu(gate) * up`, elementwise, with silu(x) = x / (1 + e^−x) and e^x
+/// computed exactly as ggml's AVX-512 `ggml_v_expf` (`ggml_vec_swiglu_f32` in the
+/// reference build), not libm's `expf`: they disagree in the last bit for about a quarter
+/// of the outputs, enough to flip Q8_1 roundings in the next matmul.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::swiglu(&mut gate[..n], &up[..n]) };
+    }
+    for (g, &u) in gate[..n].iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+// Constants of ggml_v_expf (ARM optimized-routines expf): 0x1.8p23, log2(e), ln2 split
+// in two, then the polynomial's coefficients from the highest degree down.
+const EXP_SHIFT: u32 = 0x4b40_0000;
+const EXP_LOG2E: u32 = 0x3fb8_aa3b;
+const EXP_LN2_LO: u32 = 0x35bf_be8e;
+const EXP_LN2_HI: u32 = 0x3f31_7200;
+const EXP_C: [u32; 5] = [0x3c07_2010, 0x3d2b_9f17, 0x3e2a_af33, 0x3eff_fedb, 0x3f7f_fff6];
+
+/// `ggml_v_expf`'s AVX-512 variant for one lane: e^x = 2^n · j(b), b = x − n·ln2, and the
+/// final `_mm512_scalef_ps` (j · 2^n with one rounding), done here exactly in f64.
+fn expf_ggml(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(EXP_SHIFT);
+    let z = x.mul_add(f(EXP_LOG2E), r);
+    let n = z - r;
+    let b = (-n).mul_add(f(EXP_LN2_LO), (-n).mul_add(f(EXP_LN2_HI), x));
+    let u = b * b;
+    let c = EXP_C.map(f);
+    let j = c[0]
+        .mul_add(b, c[1])
+        .mul_add(u, c[2].mul_add(b, c[3]))
+        .mul_add(u, c[4].mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let p = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * p) as f32
+}
+
+/// `ggml_v_silu`: x / (1 + e^(0 − x)).
+fn silu(x: f32) -> f32 {
+    x / (1.0 + expf_ggml(0.0 - x))
+}
+
+/// `x += y`, elementwise.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Dot product of `a` (f32 holding f16-representable values) with an f16 vector.
+///
+/// Summation order is that of ggml's `ggml_vec_dot_f16` as built with AVX-512 (the
+/// reference llama.cpp build): four 16-lane accumulators over steps of 64 elements,
+/// reduced as `(s0+s2) + (s1+s3)` and then `_mm512_reduce_add_ps`'s halving tree; the
+/// tail past a multiple of 64 is added in f64. Products of f16 values are exact in f32,
+/// so matching the order makes the result bit-identical.
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::dot_f16(a, b) };
+    }
+    let n = a.len().min(b.len());
+    let np = n & !63;
+    let mut s = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, acc) in s.iter_mut().enumerate() {
+            for (l, v) in acc.iter_mut().enumerate() {
+                *v = a[i + 16 * j + l].mul_add(b[i + 16 * j + l].to_f32(), *v);
+            }
+        }
+    }
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+    }
+    let t3: [f32; 8] = std::array::from_fn(|k| x[8 + k] + x[k]);
+    let t6: [f32; 4] = std::array::from_fn(|m| t3[4 + m] + t3[m]);
+    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+    for i in np..n {
+        sum += (a[i] * b[i].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{EXP_C, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_SHIFT};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// [`super::expf_ggml`] on 8 lanes. `_mm512_scalef_ps(j, n)` becomes two exact-range
+    /// power-of-two multiplies, 2^⌊n/2⌋ then 2^(n−⌊n/2⌋): the first is exact, so only the
+    /// second rounds, as scalef does.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn expf_ggml(x: __m256) -> __m256 {
+        let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+        let r = c(EXP_SHIFT);
+        let z = _mm256_fmadd_ps(x, c(EXP_LOG2E), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(EXP_LN2_LO), _mm256_fnmadd_ps(n, c(EXP_LN2_HI), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_fmadd_ps(c(EXP_C[0]), b, c(EXP_C[1])), u, _mm256_fmadd_ps(c(EXP_C[2]), b, c(EXP_C[3]))),
+            u,
+            _mm256_fmadd_ps(c(EXP_C[4]), b, _mm256_set1_ps(1.0)),
+        );
+        let ni = _mm256_cvtps_epi32(n);
+        let n1 = _mm256_srai_epi32::<1>(ni);
+        let n2 = _mm256_sub_epi32(ni, n1);
+        let bias = _mm256_set1_epi32(127);
+        let p1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
+        let p2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
+        let res = _mm256_mul_ps(_mm256_mul_ps(j, p1), p2);
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(_mm256_set1_ps(-0.0), n), _mm256_set1_ps(192.0));
+        if _mm256_movemask_ps(d) == 0 {
+            return res;
+        }
+        let le0 = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+        let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le0);
+        _mm256_blendv_ps(res, alt, d)
+    }
+
+    /// [`super::rotate`] with `mul_add` as an inline FMA instruction.
+    #[target_feature(enable = "fma")]
+    pub unsafe fn rotate(row: &mut [f32], head_dim: usize, cache: &[f32]) {
+        super::rotate(row, head_dim, cache)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len();
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let p = gate.as_mut_ptr().add(i);
+            let x = _mm256_loadu_ps(p);
+            let e = expf_ggml(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))));
+            i += 8;
+        }
+        for (g, &u) in gate[i..].iter_mut().zip(&up[i..]) {
+            *g = super::silu(*g) * u;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+        let n = a.len().min(b.len());
+        let np = n & !63;
+        // s[j] = one 16-lane accumulator as two 8-lane halves.
+        let mut s = [[_mm256_setzero_ps(); 2]; 4];
+        let mut i = 0;
+        while i < np {
+            for (j, acc) in s.iter_mut().enumerate() {
+                for (h, v) in acc.iter_mut().enumerate() {
+                    let off = i + 16 * j + 8 * h;
+                    let bv = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(off) as *const __m128i));
+                    *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(off)), bv, *v);
+                }
+            }
+            i += 64;
+        }
+        let half = |h: usize| {
+            _mm256_add_ps(_mm256_add_ps(s[0][h], s[2][h]), _mm256_add_ps(s[1][h], s[3][h]))
+        };
+        let t3 = _mm256_add_ps(half(1), half(0));
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
+        let mut sum = (_mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(t8, t8))) as f64;
+        for k in np..n {
+            sum += (a[k] * b[k].to_f32()) as f64;
+        }
+        sum as f32
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scale_f16(acc: &mut [f16], s: f32) {
+        let sv = _mm256_set1_ps(s);
+        let mut i = 0;
+        while i + 8 <= acc.len() {
+            let p = acc.as_mut_ptr().add(i) as *mut __m128i;
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(p));
+            _mm_storeu_si128(p, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(a, sv)));
+            i += 8;
+        }
+        for a in &mut acc[i..] {
+            *a = f16::from_f32(a.to_f32() * s);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mad_f16(acc: &mut [f16], v: &[f16], w: f32) {
+        let n = acc.len().min(v.len());
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i + 8 <= n {
+            let p = acc.as_mut_ptr().add(i) as *mut __m128i;
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(p));
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
+            _mm_storeu_si128(p, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_fmadd_ps(x, wv, a)));
+            i += 8;
+        }
+        for (a, &x) in acc[i..n].iter_mut().zip(&v[i..n]) {
+            *a = f16::from_f32(x.to_f32().mul_add(w, a.to_f32()));
+        }
+    }
+
+}
+
+/// Dimensions of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads (each serves `n_head / n_head_kv` query heads).
+    pub n_head_kv: usize,
+    /// Head width.
+    pub head_dim: usize,
+}
+
+/// Causal attention of one query row (one token, one head) against cache rows
+/// `0..n_kv`. `k`, `v`: `[n_ctx, n_head_kv * head_dim]`.
+///
+/// The arithmetic is that of ggml's CPU flash attention with an f16 cache
+/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): Q is rounded to f16, scores
+/// use an online softmax (running max `M`, running sum `S`), and the weighted sum of V
+/// is accumulated in f16 (`ggml_vec_mad_f16`, rescaled by `ggml_vec_scale_f16` when the
+/// max grows), then divided by `S`. Reproducing it keeps hearth's logits within a few
+/// hundredths of llama.cpp's. `acc` is scratch of `head_dim` f16 values.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_one(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    kv_head: usize,
+    n_kv: usize,
+    s: AttnShape,
+    acc: &mut [f16],
+    out: &mut [f32],
+) {
+    let kv_dim = s.n_head_kv * s.head_dim;
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let off = kv_head * s.head_dim;
+    let mut qh = [0f32; 512];
+    let qh = &mut qh[..s.head_dim];
+    for (d, &x) in qh.iter_mut().zip(q) {
+        *d = f16::from_f32(x).to_f32();
+    }
+    let acc = &mut acc[..s.head_dim];
+    acc.fill(f16::ZERO);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for j in 0..n_kv {
+        let row = j * kv_dim + off;
+        let score = dot_f16(qh, &k[row..row + s.head_dim]) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            let m_old = m;
+            m = score;
+            ms = (m_old - m).exp();
+            scale_f16(acc, ms);
+        } else {
+            vs = (score - m).exp();
+        }
+        mad_f16(acc, &v[row..row + s.head_dim], vs);
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, a) in out.iter_mut().zip(acc.iter()) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+/// `acc[i] = f16(acc[i] * s)` (`ggml_vec_scale_f16`).
+pub fn scale_f16(acc: &mut [f16], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::scale_f16(acc, s) };
+    }
+    for a in acc.iter_mut() {
+        *a = f16::from_f32(a.to_f32() * s);
+    }
+}
+
+/// `acc[i] = f16(fma(v[i], w, acc[i]))` (`ggml_vec_mad_f16`).
+pub fn mad_f16(acc: &mut [f16], v: &[f16], w: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::mad_f16(acc, v, w) };
+    }
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a = f16::from_f32(x.to_f32().mul_add(w, a.to_f32()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_helpers_match_scalar() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f16> = (0..37).map(|i| f16::from_f32((i as f32 * 0.11).cos())).collect();
+        let want: f32 = a.iter().zip(&b).map(|(&x, &y)| x * y.to_f32()).sum();
+        assert!((dot_f16(&a, &b) - want).abs() < 1e-4);
+        // The SIMD path and the portable one share ggml's summation order exactly.
+        let a: Vec<f32> = (0..200).map(|i| f16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
+        let b: Vec<f16> = (0..200).map(|i| f16::from_f32((i as f32 * 0.11).cos() * 3.0)).collect();
+        let simd = dot_f16(&a, &b);
+        let np = 192;
+        let mut s = [[0f32; 16]; 4];
+        for i in (0..np).step_by(64) {
+            for j in 0..4 {
+                for l in 0..16 {
+                    s[j][l] += a[i + 16 * j + l] * b[i + 16 * j + l].to_f32();
+                }
+            }
+        }
+        let x: Vec<f32> = (0..16).map(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l])).collect();
+        let t3: Vec<f32> = (0..8).map(|k| x[8 + k] + x[k]).collect();
+        let t6: Vec<f32> = (0..4).map(|m| t3[4 + m] + t3[m]).collect();
+        let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+        for i in np..200 {
+            sum += (a[i] * b[i].to_f32()) as f64;
+        }
+        assert_eq!(simd, sum as f32);
+        let mut acc: Vec<f16> = (0..37).map(|i| f16::from_f32(i as f32 * 0.25)).collect();
+        let mut want = acc.clone();
+        for (a, &x) in want.iter_mut().zip(&b) {
+            *a = f16::from_f32(x.to_f32().mul_add(0.5, a.to_f32()));
+        }
+        mad_f16(&mut acc, &b, 0.5);
+        assert_eq!(acc, want);
+        scale_f16(&mut acc, 0.75);
+        for (a, w) in acc.iter().zip(&want) {
+            assert_eq!(*a, f16::from_f32(w.to_f32() * 0.75));
+        }
+    }
+
+    #[test]
+    fn swiglu_simd_matches_scalar_and_exp() {
+        // Many magnitudes, both signs, the overflow/underflow ends, and a ragged tail.
+        let mut x: Vec<f32> = (0..20011).map(|i| ((i as f32) * 0.618).sin() * (1.0 + (i % 97) as f32 * 1.5)).collect();
+        x.extend([0.0, -0.0, 88.0, -88.0, 103.0, -103.0, 150.0, -150.0, 300.0, -300.0, 1e-30, -1e-30, 20.5]);
+        let up: Vec<f32> = (0..x.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let mut got = x.clone();
+        swiglu(&mut got, &up);
+        for ((&g, &xi), &u) in got.iter().zip(&x).zip(&up) {
+            let want = silu(xi) * u;
+            assert_eq!(g.to_bits(), want.to_bits(), "x = {xi}");
+            let exact = (xi as f64 / (1.0 + (-xi as f64).exp()) * u as f64) as f32;
+            // ggml_v_expf overflows past 88.38 (silu → −0 there).
+            if xi.abs() < 80.0 {
+                assert!((g - exact).abs() <= 4e-7 * exact.abs().max(1e-30), "x = {xi}: {g} vs {exact}");
+            }
+        }
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let mut x: Vec<f32> = (0..128).map(|i| i as f32 * 0.1).collect();
+        let orig = x.clone();
+        rope_norm(&mut x, 2, 64, 64, 0, 10000.0);
+        assert_eq!(x, orig);
+        let mut portable = x.clone();
+        rope_norm(&mut x, 2, 64, 64, 7, 10000.0);
+        // The FMA-instruction path and the portable one round identically.
+        let ts = 10000f32.powf(-2.0 / 64.0);
+        let cache: Vec<f32> = (0..32)
+            .scan(7f32, |th, _| {
+                let cs = [th.cos(), th.sin()];
+                *th *= ts;
+                Some(cs)
+            })
+            .flatten()
+            .collect();
+        rotate(&mut portable, 64, &cache);
+        assert_eq!(x, portable);
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() / n0 < 1e-5);
+    }
+
+    #[test]
+    fn rmsnorm_unit_rms() {
+        let x = vec![3.0f32, -4.0, 0.0, 5.0];
+        let mut o = vec![0f32; 4];
+        rmsnorm(&x, &[1.0; 4], 0.0, &mut o);
+        let rms = (o.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn attention_single_position_returns_v() {
+        let s = AttnShape { n_head: 1, n_head_kv: 1, head_dim: 4 };
+        let k: Vec<f16> = [1.0, 0.0, 0.0, 0.0].iter().map(|&x| f16::from_f32(x)).collect();
+        let v: Vec<f16> = [0.5, 1.0, -2.0, 3.0].iter().map(|&x| f16::from_f32(x)).collect();
+        let mut acc = vec![f16::ZERO; 4];
+        let mut out = vec![0f32; 4];
+        attend_one(&[1.0, 2.0, 3.0, 4.0], &k, &v, 0, 1, s, &mut acc, &mut out);
+        assert_eq!(out, vec![0.5, 1.0, -2.0, 3.0]);
+    }
+}

@@ -4,7 +4,7 @@
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
-use crate::ops::{self, AttnShape};
+use hearth_kernels::ops::{self, AttnShape};
 use hearth_kernels::{matmul, ThreadPool};
 use half::f16;
 use std::sync::{Arc, Mutex};

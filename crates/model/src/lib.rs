@@ -21,7 +21,6 @@ mod context;
 mod error;
 mod kv_cache;
 mod model;
-pub mod ops;
 pub mod sampler;
 mod weights;
 

@@ -91,8 +91,9 @@ fn prompt_text(p: &J) -> String {
 }
 
 /// Greedy generation must reproduce llama.cpp's ids up to the first step where llama.cpp's
-/// own top-2 margin is under 0.25 (a near-tie that summation order may flip).
-fn check_greedy(model: Arc<Model>, prompts: &J, name: &str) {
+/// own top-2 margin is under 0.25 (a near-tie that summation order may flip), or every
+/// id when `exact` (the Q4_1 path reproduces llama.cpp's arithmetic bit for bit).
+fn check_greedy(model: Arc<Model>, prompts: &J, name: &str, exact: bool) {
     let greedy = SamplerConfig { temperature: 0.0, ..SamplerConfig::default() };
     let mut report = Vec::new();
     for p in prompts.as_array().unwrap() {
@@ -103,7 +104,7 @@ fn check_greedy(model: Arc<Model>, prompts: &J, name: &str) {
         }
         let want = ids(&p["generated_token_ids"]);
         // How many steps must match: up to the first near-tie in llama.cpp's distribution.
-        let steps = match p.get("per_step_top5") {
+        let steps = match p.get("per_step_top5").filter(|_| !exact) {
             Some(top) => top
                 .as_array()
                 .unwrap()
@@ -143,7 +144,7 @@ fn check_logits(model: Arc<Model>, prompts: &J, prefix: &str) {
 
 #[test]
 fn q4_1_greedy_tokens_match_llama_cpp() {
-    check_greedy(q4_1(), &reference()["reference_q4_1"]["prompts"], "Q4_1");
+    check_greedy(q4_1(), &reference()["reference_q4_1"]["prompts"], "Q4_1", true);
 }
 
 #[test]
@@ -177,12 +178,12 @@ fn q4_1_perplexity_within_1_percent() {
 fn f32_copy_matches_llama_cpp_f32() {
     let m = converted(GgmlType::F32);
     check_logits(m.clone(), &reference()["reference_f32"]["prompts"], "f32");
-    check_greedy(m, &reference()["reference_f32"]["prompts"], "F32");
+    check_greedy(m, &reference()["reference_f32"]["prompts"], "F32", false);
 }
 
 #[test]
 fn f16_copy_matches_llama_cpp_f16() {
-    check_greedy(converted(GgmlType::F16), &reference()["reference_other_variants_summary"]["F16"], "F16");
+    check_greedy(converted(GgmlType::F16), &reference()["reference_other_variants_summary"]["F16"], "F16", false);
 }
 
 #[test]
