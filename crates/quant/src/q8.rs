@@ -92,60 +92,54 @@ pub fn q8_scale(x: &[f32]) -> (f32, f32) {
     (d, if d != 0.0 { 1.0 / d } else { 0.0 })
 }
 
-/// `quantize_row_q8_0_ref`: `q = roundf(x * id)` (half away from zero).
-pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
+/// One block's scale and integer quants: `(d, qs, sum(qs))`, with the rounding given.
+#[inline]
+fn q8_block(x: &[f32], (d, id): (f32, f32), round: fn(f32) -> f32) -> (f32, [i8; QK8], i32) {
+    let mut qs = [0i8; QK8];
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = round(v * id) as i8;
+        sum += *q as i32;
+    }
+    (d, qs, sum)
+}
+
+fn q8_0_row(src: &[f32], dst: &mut [u8], scale: fn(&[f32]) -> (f32, f32), round: fn(f32) -> f32) {
     for (x, out) in src.chunks_exact(QK8).zip(dst.chunks_exact_mut(BlockQ8_0::SIZE)) {
-        let (d, id) = q8_scale(x);
-        let mut qs = [0i8; QK8];
-        for (q, &v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round() as i8;
-        }
+        let (d, qs, _) = q8_block(x, scale(x), round);
         BlockQ8_0 { d: f16::from_f32(d), qs }.write(out);
     }
 }
 
-/// `quantize_row_q8_1_ref`: as Q8_0, plus `s = f16(sum(q) * d)`.
-pub fn quantize_row_q8_1(src: &[f32], dst: &mut [u8]) {
+fn q8_1_row(src: &[f32], dst: &mut [u8], scale: fn(&[f32]) -> (f32, f32), round: fn(f32) -> f32) {
     for (x, out) in src.chunks_exact(QK8).zip(dst.chunks_exact_mut(BlockQ8_1::SIZE)) {
-        let (d, id) = q8_scale(x);
-        let mut qs = [0i8; QK8];
-        let mut sum = 0i32;
-        for (q, &v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
-        }
+        let (d, qs, sum) = q8_block(x, scale(x), round);
         BlockQ8_1 { d: f16::from_f32(d), s: f16::from_f32(sum as f32 * d), qs }.write(out);
     }
+}
+
+/// `quantize_row_q8_0_ref`: `q = roundf(x * id)` (half away from zero).
+pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
+    q8_0_row(src, dst, q8_scale, f32::round)
+}
+
+/// `quantize_row_q8_1_ref`: as Q8_0, plus `s = f16(sum(q) * d)`.
+pub fn quantize_row_q8_1(src: &[f32], dst: &mut [u8]) {
+    q8_1_row(src, dst, q8_scale, f32::round)
 }
 
 /// Activation quantizer to Q8_0 with the arithmetic of ggml's x86 SIMD `quantize_row_q8_0`
 /// (ggml-cpu/arch/x86/quants.c), which is what llama.cpp runs on activations:
 /// `id = 127 / amax` (not `1 / d`) and round-half-to-even (`_MM_ROUND_NEAREST`).
-/// Matching it keeps our quantized-activation path bit-close to llama.cpp's; the `_ref`
-/// functions above stay the byte-exact file format quantizers.
+/// Matching it keeps our quantized-activation path bit-identical to llama.cpp's; the
+/// `_ref` functions above stay the byte-exact file-format quantizers.
 pub fn quantize_row_q8_0_act(src: &[f32], dst: &mut [u8]) {
-    for (x, out) in src.chunks_exact(QK8).zip(dst.chunks_exact_mut(BlockQ8_0::SIZE)) {
-        let (d, id) = q8_scale_act(x);
-        let mut qs = [0i8; QK8];
-        for (q, &v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round_ties_even() as i8;
-        }
-        BlockQ8_0 { d: f16::from_f32(d), qs }.write(out);
-    }
+    q8_0_row(src, dst, q8_scale_act, f32::round_ties_even)
 }
 
 /// As [`quantize_row_q8_0_act`] for Q8_1, with `s = f16(d * sum(q))`.
 pub fn quantize_row_q8_1_act(src: &[f32], dst: &mut [u8]) {
-    for (x, out) in src.chunks_exact(QK8).zip(dst.chunks_exact_mut(BlockQ8_1::SIZE)) {
-        let (d, id) = q8_scale_act(x);
-        let mut qs = [0i8; QK8];
-        let mut sum = 0i32;
-        for (q, &v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round_ties_even() as i8;
-            sum += *q as i32;
-        }
-        BlockQ8_1 { d: f16::from_f32(d), s: f16::from_f32(d * sum as f32), qs }.write(out);
-    }
+    q8_1_row(src, dst, q8_scale_act, f32::round_ties_even)
 }
 
 /// `(d, id)` as ggml's SIMD activation quantizers compute them: `d = amax / 127`, `id = 127 / amax`.
