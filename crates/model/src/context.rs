@@ -50,11 +50,6 @@ fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
     if on {
         let sum: f64 = x.iter().map(|&v| v as f64).sum();
         eprintln!("trace {name}-{il} {sum:.6}");
-        if std::env::var_os("HEARTH_TRACE_ROWS").is_some() {
-            for r in x.chunks(576) {
-                eprintln!("   {:?} {:?}", &r[..3], &r[r.len() - 3..]);
-            }
-        }
     }
 }
 
