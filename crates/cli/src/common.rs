@@ -89,12 +89,9 @@ pub fn resolve_model(arg: Option<&PathBuf>) -> Result<PathBuf> {
     )
 }
 
-/// Peak resident set size of this process in bytes (`VmHWM` in /proc/self/status).
+/// Peak resident set size of this process in bytes (`VmHWM`).
 pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    hearth_memory::ProcMemory::read().map(|m| m.peak_rss_bytes)
 }
 
 /// Bytes as MiB with one decimal.
@@ -110,3 +107,37 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
         _ => Err(format!("expected true or false, got {s:?}")),
     }
 }
+
+/// llama.cpp's `llama_ftype` values with the names `llama-bench` prints
+/// (`general.file_type`: what most of a file's tensors are).
+const FILE_TYPES: &[(u32, &str)] = &[
+    (0, "F32"), (1, "F16"), (2, "Q4_0"), (3, "Q4_1"), (7, "Q8_0"), (8, "Q5_0"), (9, "Q5_1"),
+    (10, "Q2_K"), (11, "Q3_K_S"), (12, "Q3_K_M"), (13, "Q3_K_L"), (14, "Q4_K_S"), (15, "Q4_K_M"),
+    (16, "Q5_K_S"), (17, "Q5_K_M"), (18, "Q6_K"), (19, "IQ2_XXS"), (20, "IQ2_XS"), (21, "Q2_K_S"),
+    (22, "IQ3_XS"), (23, "IQ3_XXS"), (24, "IQ1_S"), (25, "IQ4_NL"), (26, "IQ3_S"), (27, "IQ3_M"),
+    (28, "IQ2_S"), (29, "IQ2_M"), (30, "IQ4_XS"), (31, "IQ1_M"), (32, "BF16"), (36, "TQ1_0"),
+    (37, "TQ2_0"), (38, "MXFP4_MOE"),
+];
+
+/// The name of a `general.file_type` value, e.g. 3 → `Q4_1`.
+pub fn file_type_name(ftype: u32) -> String {
+    FILE_TYPES.iter().find(|(id, _)| *id == ftype).map(|(_, n)| n.to_string()).unwrap_or_else(|| format!("ftype {ftype}"))
+}
+
+/// The `general.file_type` of a file whose weights are all `ty` (the `_S` variant for
+/// K-quants, which llama.cpp uses for "mostly this type"), or `None` when ggml has none.
+pub fn file_type_of(ty: hearth_quant::GgmlType) -> Option<u32> {
+    use hearth_quant::GgmlType::*;
+    Some(match ty {
+        F32 => 0, F16 => 1, Q4_0 => 2, Q4_1 => 3, Q8_0 => 7, Q5_0 => 8, Q5_1 => 9, Q2_K => 10,
+        Q3_K => 11, Q4_K => 14, Q5_K => 16, Q6_K => 18, IQ4_NL => 25, IQ4_XS => 30, BF16 => 32,
+        TQ1_0 => 36, TQ2_0 => 37,
+        _ => return None,
+    })
+}
+
+/// Parameter count as llama.cpp prints it: `134.52 M`, `6.74 B`.
+pub fn params_label(n: u64) -> String {
+    if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
+}
+

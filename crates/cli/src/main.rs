@@ -35,6 +35,11 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Print a GGUF file's metadata and tensor table.
     Inspect(cmd::inspect::Args),
+    /// Measure prefill/decode speed as llama-bench does, with decode's weight bandwidth
+    /// against the measured memory read bandwidth (or only the latter, with --membw).
+    Bench(cmd::bench::Args),
+    /// Write a random-weight llama GGUF of a standard shape (1b, 7b, 13b, 70b) for benchmarks.
+    Synth(cmd::synth::Args),
 }
 
 fn main() {
@@ -52,6 +57,8 @@ fn main() {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -111,12 +111,20 @@ pub(crate) struct Kernels {
     pub quantize_q8_0: QuantFn,
     pub quantize_q8_1: QuantFn,
     pub quantize_f16: QuantFn,
+    pub quantize_q8_k: QuantFn,
     pub panel_q4_0: PanelFn,
     pub panel_q4_1: PanelFn,
     pub panel_q8_0: PanelFn,
     pub panel_f32: PanelFn,
     pub panel_f16: PanelFn,
     pub panel_bf16: PanelFn,
+    pub panel_q5_0: PanelFn,
+    pub panel_q5_1: PanelFn,
+    pub panel_q2_k: PanelFn,
+    pub panel_q3_k: PanelFn,
+    pub panel_q4_k: PanelFn,
+    pub panel_q5_k: PanelFn,
+    pub panel_q6_k: PanelFn,
 }
 
 impl Kernels {
@@ -129,6 +137,13 @@ impl Kernels {
             GgmlType::F32 => self.panel_f32,
             GgmlType::F16 => self.panel_f16,
             GgmlType::BF16 => self.panel_bf16,
+            GgmlType::Q5_0 => self.panel_q5_0,
+            GgmlType::Q5_1 => self.panel_q5_1,
+            GgmlType::Q2_K => self.panel_q2_k,
+            GgmlType::Q3_K => self.panel_q3_k,
+            GgmlType::Q4_K => self.panel_q4_k,
+            GgmlType::Q5_K => self.panel_q5_k,
+            GgmlType::Q6_K => self.panel_q6_k,
             _ => return None,
         })
     }
@@ -139,6 +154,7 @@ impl Kernels {
             GgmlType::Q8_0 => self.quantize_q8_0,
             GgmlType::Q8_1 => self.quantize_q8_1,
             GgmlType::F16 => self.quantize_f16,
+            GgmlType::Q8_K => self.quantize_q8_k,
             GgmlType::F32 => hearth_quant::float::quantize_row_f32,
             GgmlType::BF16 => hearth_quant::float::quantize_row_bf16,
             _ => return None,

@@ -3,19 +3,27 @@
 //! tested against.
 
 use crate::dispatch::{Kernels, Panel, SimdLevel};
-use hearth_quant::{float, q8, vec_dot_fn, vec_dot_type};
+use hearth_quant::{float, k, q8, vec_dot_fn, vec_dot_type};
 
 pub(crate) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Scalar,
     quantize_q8_0: q8::quantize_row_q8_0_act,
     quantize_q8_1: q8::quantize_row_q8_1_act,
     quantize_f16: float::quantize_row_f16,
+    quantize_q8_k: k::quantize_row_q8_k,
     panel_q4_0: panel,
     panel_q4_1: panel,
     panel_q8_0: panel,
     panel_f32: panel,
     panel_f16: panel,
     panel_bf16: panel,
+    panel_q5_0: panel,
+    panel_q5_1: panel,
+    panel_q2_k: panel,
+    panel_q3_k: panel,
+    panel_q4_k: panel,
+    panel_q5_k: panel,
+    panel_q6_k: panel,
 };
 
 /// Every (row, token) pair through the reference `vec_dot`.

@@ -10,6 +10,18 @@ use rand::{Rng, SeedableRng};
 const WTYPES: [GgmlType; 6] =
     [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
+/// Types whose rows are made by quantizing random floats (their scales are
+/// derived data, so random bytes would be unrepresentative).
+const QTYPES: [GgmlType; 7] = [
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
 }
@@ -68,9 +80,28 @@ fn raw_row(ty: GgmlType, n: usize, rng: &mut impl Rng, zero: bool) -> Vec<u8> {
         GgmlType::BF16 => b.chunks_mut(2).for_each(|c| {
             c.copy_from_slice(&hearth_quant::float::f32_to_bf16(rng.gen_range(-4f32..4.0)).to_le_bytes())
         }),
-        _ => unreachable!(),
+        _ => {
+            // Quantize random floats at a random magnitude (2^-10 .. 2^10).
+            let s = 2f32.powi(rng.gen_range(-10..=10));
+            let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1f32..1.0) * s).collect();
+            quantize_row(ty, &x, &mut b).unwrap();
+        }
     }
     b
+}
+
+/// `w` with its quant bits zeroed (so it dequantizes to the minimum terms alone).
+fn zero_quants(wty: GgmlType, w: &[u8]) -> Vec<u8> {
+    let mut z = w.to_vec();
+    let (size, q) = match wty {
+        GgmlType::Q2_K => (84, 16..80),
+        GgmlType::Q4_K => (144, 16..144),
+        GgmlType::Q5_K => (176, 16..176),
+        GgmlType::Q5_1 => (24, 4..24),
+        _ => return vec![0; w.len()],
+    };
+    z.chunks_mut(size).for_each(|c| c[q.clone()].fill(0));
+    z
 }
 
 /// Sum of |terms| of the reference dot (the scale for its rounding error).
@@ -100,10 +131,19 @@ fn magnitude(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f64 {
             }
         }
         _ => {
-            let (mut wf, mut af) = (vec![0f32; n], vec![0f32; n]);
+            // Products of dequantized values, and of the minimum terms apart
+            // (the dots sum scale and minimum terms separately: they may cancel).
+            let (mut wf, mut af, mut mf) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
             hearth_quant::dequantize_row(wty, w, &mut wf).unwrap();
-            hearth_quant::dequantize_row(wty, a, &mut af).unwrap();
-            m = wf.iter().zip(&af).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+            hearth_quant::dequantize_row(vec_dot_type(wty), a, &mut af).unwrap();
+            hearth_quant::dequantize_row(wty, &zero_quants(wty, w), &mut mf).unwrap();
+            m = wf.iter().zip(&af).zip(&mf).map(|((&x, &y), &z)| (x.abs() as f64 + z.abs() as f64) * (y as f64).abs()).sum();
+            if wty == GgmlType::Q5_1 {
+                // The dot uses Q8_1's stored s = d * sum(q), not the quants.
+                for (wb, ab) in w.chunks(24).zip(a.chunks(36)) {
+                    m += (h(wb, 2) * h(ab, 2)).abs();
+                }
+            }
         }
     }
     m
@@ -143,15 +183,19 @@ proptest! {
     #[test]
     fn simd_panels_match_reference(
         seed in any::<u64>(),
-        ti in 0usize..6,
+        ti in 0usize..9,
         rows in 1usize..=16,
         nb in 1usize..=20,
         tokens in prop::sample::select(vec![1usize, 2, 3, 4, 5, 7, 16, 32]),
         zero in prop::bool::weighted(0.1),
     ) {
-        let wty = WTYPES[ti];
+        let wty = if ti < 6 { WTYPES[ti] } else { QTYPES[(seed % 7) as usize] };
         // Float types also get lengths that are not a multiple of the vector width.
-        let cols = if wty.block_size() == 1 { nb * 32 - (seed % 17) as usize } else { nb * 32 };
+        let cols = match wty.block_size() {
+            1 => nb * 32 - (seed % 17) as usize,
+            256 => (nb % 3 + 1) * 256,
+            bs => nb * bs,
+        };
         check_panels(seed, wty, rows, cols, tokens, zero);
     }
 
@@ -312,7 +356,7 @@ fn matmul_rejects_bad_shapes() {
     assert!(e.to_string().contains("x length"), "{e}");
     let e = crate::matmul(&pool, &v, &[0f32; 32], 1, &mut out[..1], &mut Vec::new()).unwrap_err();
     assert!(e.to_string().contains("out length"), "{e}");
-    let k = WeightView { ty: GgmlType::Q4_K, data: &[0u8; 144], rows: 1, cols: 256, row_stride: 144 };
+    let k = WeightView { ty: GgmlType::IQ4_XS, data: &[0u8; 136], rows: 1, cols: 256, row_stride: 136 };
     assert!(crate::matmul(&pool, &k, &[0f32; 256], 1, &mut out[..1], &mut Vec::new()).is_err());
     let mut bad = v;
     bad.rows = 3;
@@ -326,4 +370,159 @@ fn env_var_caps_the_level() {
     assert_eq!(SimdLevel::from_name("scalar"), Some(SimdLevel::Scalar));
     assert!(SimdLevel::Scalar.is_available());
     assert!(levels().contains(&SimdLevel::active()));
+}
+
+#[test]
+fn new_types_edge_shapes_and_end_to_end() {
+    let pool = ThreadPool::new(2);
+    for (i, &wty) in QTYPES.iter().enumerate() {
+        let cols = 2 * wty.block_size().max(128);
+        for &(rows, tokens) in &[(1, 1), (3, 1), (5, 3), (17, 7), (2, 33)] {
+            check_panels_split(i as u64 * 1000 + rows as u64, wty, rows, cols, tokens);
+        }
+        check_panels(7, wty, 4, cols, 4, true);
+        // matmul end to end, and thread / batch invariance.
+        let (rows, tokens) = (21, 6);
+        let (w, x) = problem(wty, rows, cols, tokens, 5);
+        let view = WeightView::new(wty, &w, rows, cols).unwrap();
+        let aty = vec_dot_type(wty);
+        let arb = nbytes(aty, cols);
+        let mut act = vec![0u8; tokens * arb];
+        for (xt, at) in x.chunks(cols).zip(act.chunks_mut(arb)) {
+            crate::matmul::quantize_with(SimdLevel::Scalar, wty, xt, at).unwrap();
+        }
+        for level in levels() {
+            let mut base = vec![0f32; rows * tokens];
+            matmul_with(level, &pool, &view, &x, tokens, &mut base, &mut Vec::new()).unwrap();
+            for t in 0..tokens {
+                for r in 0..rows {
+                    let ar = &act[t * arb..(t + 1) * arb];
+                    let want = hearth_quant::vec_dot(wty, view.row(r), ar, cols).unwrap();
+                    let tol = 1e-5 * magnitude(wty, view.row(r), ar, cols);
+                    let got = base[t * rows + r];
+                    assert!(((got - want) as f64).abs() <= tol, "{level:?} {wty} r{r} t{t}: {got} vs {want}");
+                }
+            }
+            let one = ThreadPool::new(1);
+            let mut out = vec![0f32; rows * tokens];
+            matmul_with(level, &one, &view, &x, tokens, &mut out, &mut Vec::new()).unwrap();
+            assert!(bits(&out) == bits(&base), "{level:?} {wty}: thread count changes results");
+            let mut out = vec![0f32; rows];
+            matmul_with(level, &pool, &view, &x[3 * cols..4 * cols], 1, &mut out, &mut Vec::new()).unwrap();
+            assert!(bits(&out) == bits(&base[3 * rows..4 * rows]), "{level:?} {wty}: batch changes results");
+        }
+    }
+}
+
+#[test]
+fn q8_k_activations_are_the_reference_on_every_level() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut x: Vec<f32> = (0..1024).map(|_| rng.gen_range(-3f32..3.0)).collect();
+    x[256..512].fill(0.0);
+    let mut want = vec![0u8; nbytes(GgmlType::Q8_K, x.len())];
+    quantize_row(GgmlType::Q8_K, &x, &mut want).unwrap();
+    for level in levels() {
+        let mut got = vec![0xAAu8; want.len()];
+        crate::matmul::quantize_with(level, GgmlType::Q4_K, &x, &mut got).unwrap();
+        assert_eq!(got, want, "{level:?}");
+    }
+    assert!(crate::supports(GgmlType::Q4_K) && crate::supports(GgmlType::Q6_K) && crate::supports(GgmlType::Q5_0));
+}
+
+
+/// ggml's `hsum_float_8`: `(s0 + s2) + (s1 + s3)` with `s_i = v_i + v_{i+4}`.
+fn hsum8(v: [f32; 8]) -> f32 {
+    let s: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`, lane by lane in scalar code: 8 i32
+/// lanes (lane k: bytes 4k..4k+3 of every 32-byte group), one fma per block,
+/// min terms in 4 lanes.
+#[allow(clippy::needless_range_loop)] // lane-indexed, as the intrinsics are
+fn ggml_avx2_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    use hearth_quant::{k::get_scale_min_k4, BlockQ4K, BlockQ8K};
+    let (mut acc, mut acc_m) = ([0f32; 8], [0f32; 4]);
+    for i in 0..n / 256 {
+        let x = BlockQ4K::read(&w[i * 144..]);
+        let y = BlockQ8K::read(&a[i * 292..]);
+        let (d, dmin) = (y.d * x.d.to_f32(), -y.d * x.dmin.to_f32());
+        let sm: Vec<(i32, i32)> = (0..8).map(|j| get_scale_min_k4(j, &x.scales)).map(|(s, m)| (s as i32, m as i32)).collect();
+        for l in 0..4 {
+            let b = |j: usize| y.bsums[j] as i32;
+            let p = sm[2 * l].1 * (b(4 * l) + b(4 * l + 1)) + sm[2 * l + 1].1 * (b(4 * l + 2) + b(4 * l + 3));
+            acc_m[l] = dmin.mul_add(p as f32, acc_m[l]);
+        }
+        let q = |e: usize| ((x.qs[32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 15) as i32;
+        for k in 0..8 {
+            let mut s = 0i32;
+            for sb in 0..8 {
+                for b in 0..4 {
+                    let e = 32 * sb + 4 * k + b;
+                    s += sm[sb].0 * q(e) * y.qs[e] as i32;
+                }
+            }
+            acc[k] = d.mul_add(s as f32, acc[k]);
+        }
+    }
+    hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+/// ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, lane by lane.
+#[allow(clippy::needless_range_loop)]
+fn ggml_avx2_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    use hearth_quant::{BlockQ6K, BlockQ8K};
+    let mut acc = [0f32; 8];
+    for i in 0..n / 256 {
+        let x = BlockQ6K::read(&w[i * 210..]);
+        let y = BlockQ8K::read(&a[i * 292..]);
+        let d = y.d * x.d.to_f32();
+        // Element e = 128h + 32g + l: low 4 bits from ql, high 2 from qh.
+        let q = |e: usize| {
+            let (h, g, l) = (e / 128, (e % 128) / 32, e % 32);
+            let lo = (x.ql[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
+            let hi = (x.qh[32 * h + l] >> (2 * g)) & 3;
+            (lo | (hi << 4)) as i32 - 32
+        };
+        for k in 0..8 {
+            let mut s = 0i32;
+            for grp in 0..8 {
+                for b in 0..4 {
+                    let e = 32 * grp + 4 * k + b;
+                    s += x.scales[e / 16] as i32 * q(e) * y.qs[e] as i32;
+                }
+            }
+            acc[k] = d.mul_add(s as f32, acc[k]);
+        }
+    }
+    hsum8(acc)
+}
+
+#[test]
+fn avx2_k_dots_are_bit_identical_to_ggml_avx2_order() {
+    if !SimdLevel::Avx2.is_available() {
+        return;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    for (wty, emulate) in [(GgmlType::Q4_K, ggml_avx2_q4_k as fn(&[u8], &[u8], usize) -> f32), (GgmlType::Q6_K, ggml_avx2_q6_k)] {
+        for case in 0..20 {
+            let (rows, cols, tokens) = (3, 256 * (1 + case % 4), 2);
+            let (wrb, arb) = (nbytes(wty, cols), nbytes(GgmlType::Q8_K, cols));
+            let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, false)).collect();
+            let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(GgmlType::Q8_K, cols, &mut rng, false)).collect();
+            for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
+                let k = Kernels::for_level(level).unwrap();
+                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };
+                let mut out = vec![f32::NAN; rows * tokens];
+                (k.panel(wty).unwrap())(&p, &mut out);
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let want = emulate(&w[r * wrb..(r + 1) * wrb], &a[t * arb..(t + 1) * arb], cols);
+                        let got = out[t * rows + r];
+                        assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
 }

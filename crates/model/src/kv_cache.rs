@@ -29,7 +29,12 @@ impl KvCache {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.n_ctx * self.kv_dim * std::mem::size_of::<f16>()
+        Self::bytes_for(self.k.len(), self.n_ctx, self.kv_dim)
+    }
+
+    /// Bytes a cache of this shape takes: `2 · n_layer · n_ctx · kv_dim · 2` (f16 K and V).
+    pub fn bytes_for(n_layer: usize, n_ctx: usize, kv_dim: usize) -> usize {
+        2 * n_layer * n_ctx * kv_dim * std::mem::size_of::<f16>()
     }
 
     /// Store rows `k, v: [n, kv_dim]` at positions `pos0..pos0+n` of `layer`.
@@ -46,5 +51,14 @@ impl KvCache {
     /// Keys and values of `layer`, `[n_ctx, kv_dim]` each.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         (&self.k[layer], &self.v[layer])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn smollm2_cache_is_11_25_mib_at_512() {
+        // llama.cpp reports 11.25 MiB for SmolLM2-135M (30 layers, 3 KV heads × 64) at n_ctx 512.
+        assert_eq!(super::KvCache::bytes_for(30, 512, 192), 11_796_480);
     }
 }

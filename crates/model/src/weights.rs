@@ -13,7 +13,7 @@ use hearth_quant::GgmlType;
 
 /// Weight types the matmul kernels compute with directly.
 pub const MATMUL_TYPES: &[GgmlType] =
-    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 /// A 2-D weight matrix `[rows, cols]` (ggml shape `[cols, rows]`) located in the file.
 #[derive(Debug, Clone)]

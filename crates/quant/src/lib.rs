@@ -10,12 +10,17 @@
 //! - [`vec_dot`]: one weight row against one activation row, where the
 //!   activations are already in [`vec_dot_type`]`(weight type)` (Q8_0 for Q4_0,
 //!   Q8_1 for Q4_1, ... as ggml's `type_traits_cpu[..].vec_dot_type`).
-//! - Block structs ([`BlockQ4_0`], [`BlockQ4_1`], [`BlockQ8_0`], [`BlockQ8_1`])
-//!   are `#[repr(C)]` with asserted sizes; they are read from and written to
-//!   byte slices, never cast from pointers (GGUF data may be unaligned).
+//! - Block structs ([`BlockQ4_0`], [`BlockQ4_1`], [`BlockQ5_0`], [`BlockQ5_1`],
+//!   [`BlockQ8_0`], [`BlockQ8_1`], [`BlockQ4K`], [`BlockQ6K`], ...) are
+//!   `#[repr(C)]` with asserted sizes; they are read from and written to byte
+//!   slices (field by field, or as an unaligned copy of the whole plain-data
+//!   struct), never referenced in place (GGUF data may be unaligned).
 //!
-//! Layout: one module per family (`float`, `q4`, `q8`); a new family
-//! (K-quants, Q5_x) is a new module plus arms in the three dispatchers below.
+//! - K-quants ([`k`]): Q2_K..Q6_K weights with 256-element super-blocks, and
+//!   Q8_K, the activation format they dot with.
+//!
+//! Layout: one module per family (`float`, `q4`, `q5`, `q8`, `k`); a new family
+//! is a new module plus arms in the three dispatchers below.
 //!
 //! ```
 //! use hearth_quant::{quantize_row, dequantize_row, vec_dot, vec_dot_type, GgmlType};
@@ -38,12 +43,16 @@
 
 mod error;
 pub mod float;
+pub mod k;
 pub mod q4;
+pub mod q5;
 pub mod q8;
 mod types;
 
 pub use error::{QuantError, QuantErrorKind};
+pub use k::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 pub use q4::{BlockQ4_0, BlockQ4_1};
+pub use q5::{BlockQ5_0, BlockQ5_1};
 pub use q8::{BlockQ8_0, BlockQ8_1};
 pub use types::{GgmlType, QK_K};
 
@@ -76,7 +85,7 @@ fn check_row(ty: GgmlType, what: &'static str, n: usize, bytes: usize) -> Result
 /// Decode one row of `ty` into `dst` (`dst.len()` elements from exactly
 /// `ty.row_bytes(dst.len())` bytes of `src`).
 ///
-/// Supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q8_1.
+/// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     use GgmlType::*;
     let f: fn(&[u8], &mut [f32]) = match ty {
@@ -87,6 +96,14 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q4_1 => q4::dequantize_row_q4_1,
         Q8_0 => q8::dequantize_row_q8_0,
         Q8_1 => q8::dequantize_row_q8_1,
+        Q5_0 => q5::dequantize_row_q5_0,
+        Q5_1 => q5::dequantize_row_q5_1,
+        Q2_K => k::dequantize_row_q2_k,
+        Q3_K => k::dequantize_row_q3_k,
+        Q4_K => k::dequantize_row_q4_k,
+        Q5_K => k::dequantize_row_q5_k,
+        Q6_K => k::dequantize_row_q6_k,
+        Q8_K => k::dequantize_row_q8_k,
         _ => return Err(QuantError::unsupported("dequantize", ty)),
     };
     check_row(ty, "src", dst.len(), src.len())?;
@@ -97,7 +114,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// Encode `src` as one row of `ty` into exactly `ty.row_bytes(src.len())` bytes,
 /// byte-identical to ggml's `quantize_row_*_ref`.
 ///
-/// Supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q8_1.
+/// Supported: as [`dequantize_row`].
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     use GgmlType::*;
     let f: fn(&[f32], &mut [u8]) = match ty {
@@ -108,6 +125,14 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q4_1 => q4::quantize_row_q4_1,
         Q8_0 => q8::quantize_row_q8_0,
         Q8_1 => q8::quantize_row_q8_1,
+        Q5_0 => q5::quantize_row_q5_0,
+        Q5_1 => q5::quantize_row_q5_1,
+        Q2_K => k::quantize_row_q2_k,
+        Q3_K => k::quantize_row_q3_k,
+        Q4_K => k::quantize_row_q4_k,
+        Q5_K => k::quantize_row_q5_k,
+        Q6_K => k::quantize_row_q6_k,
+        Q8_K => k::quantize_row_q8_k,
         _ => return Err(QuantError::unsupported("quantize", ty)),
     };
     check_row(ty, "dst", src.len(), dst.len())?;
@@ -119,7 +144,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 /// (`w_row`) against activations already quantized to [`vec_dot_type`]`(wty)`
 /// (`act`). Both slices must be exactly one row of `n` elements.
 ///
-/// Supported weight types: F32, F16, BF16, Q4_0, Q4_1, Q8_0. Float types sum in
+/// Supported weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// Q2_K..Q6_K. Float types sum in
 /// f64 (ggml's scalar `ggml_float`); block types sum per-block f32 terms in
 /// block order, as ggml's `*_generic` functions.
 pub fn vec_dot(wty: GgmlType, w_row: &[u8], act: &[u8], n: usize) -> Result<f32, QuantError> {
@@ -143,6 +169,13 @@ pub fn vec_dot_fn(wty: GgmlType) -> Option<VecDotFn> {
         Q4_0 => q4::vec_dot_q4_0_q8_0,
         Q4_1 => q4::vec_dot_q4_1_q8_1,
         Q8_0 => q8::vec_dot_q8_0_q8_0,
+        Q5_0 => q5::vec_dot_q5_0_q8_0,
+        Q5_1 => q5::vec_dot_q5_1_q8_1,
+        Q2_K => k::vec_dot_q2_k_q8_k,
+        Q3_K => k::vec_dot_q3_k_q8_k,
+        Q4_K => k::vec_dot_q4_k_q8_k,
+        Q5_K => k::vec_dot_q5_k_q8_k,
+        Q6_K => k::vec_dot_q6_k_q8_k,
         _ => return None,
     })
 }

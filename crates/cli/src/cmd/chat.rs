@@ -3,7 +3,9 @@
 
 use super::generate::{render_chat, SamplingArgs};
 use crate::common::ModelArgs;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use hearth_chat::Message;
 use hearth_model::{generate, StopReason};
 use hearth_tokenizer::StreamDecoder;
@@ -36,7 +38,22 @@ pub fn run(a: Args) -> Result<()> {
     // Fail now, not after the first message, if the template cannot render.
     render_chat(&model, &[Message { role: "user".into(), content: "hi".into() }])?;
     let mut cached: Vec<u32> = Vec::new(); // tokens whose K/V are in ctx
-    eprintln!("hearth chat — type a message, Enter to send; /reset starts over, /exit or Ctrl-D quits.");
+    // Ctrl-C while a reply streams stops that reply; at the prompt it quits.
+    let replying = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (replying, interrupted) = (replying.clone(), interrupted.clone());
+        ctrlc::set_handler(move || {
+            if replying.load(Ordering::SeqCst) {
+                interrupted.store(true, Ordering::SeqCst);
+            } else {
+                eprintln!();
+                std::process::exit(130);
+            }
+        })
+        .context("installing the Ctrl-C handler")?;
+    }
+    eprintln!("hearth chat — type a message, Enter to send; Ctrl-C stops a reply; /reset starts over; /exit or Ctrl-D quits.");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -65,13 +82,16 @@ pub fn run(a: Args) -> Result<()> {
         let mut dec = StreamDecoder::new(&model.tokenizer);
         let mut out = std::io::stdout().lock();
         let tok = &model.tokenizer;
+        interrupted.store(false, Ordering::SeqCst);
+        replying.store(true, Ordering::SeqCst);
         let result = generate(&mut ctx, &ids[common..], a.max_tokens, &sampler, |id| {
             if !tok.is_eog(id) {
                 let _ = out.write_all(dec.push(id).as_bytes());
                 let _ = out.flush();
             }
-            true
+            !interrupted.load(Ordering::SeqCst)
         });
+        replying.store(false, Ordering::SeqCst);
         let g = match result {
             Ok(g) => g,
             Err(e) => {
@@ -87,6 +107,7 @@ pub fn run(a: Args) -> Result<()> {
         match g.stop {
             StopReason::ContextFull => eprintln!("[the context is full: /reset to start over]"),
             StopReason::Length => eprintln!("[reply cut at --max-tokens {}]", a.max_tokens),
+            StopReason::Cancelled => eprintln!("[interrupted]"),
             _ => {}
         }
         let reply: Vec<u32> = g.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();

@@ -1,6 +1,6 @@
 //! `hearth generate`: prefill a prompt, stream the completion to stdout, summary to stderr.
 
-use crate::common::{mib, peak_rss_bytes, print_out, ModelArgs};
+use crate::common::{mib, print_out, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::{ChatTemplate, Message};
 use hearth_model::{generate_with, sampler::SamplerConfig, Model};
@@ -139,7 +139,8 @@ pub fn run(a: Args) -> Result<()> {
         return Err(e).context("writing to stdout");
     }
     let t = &out.timings;
-    let rss = peak_rss_bytes().unwrap_or(0);
+    let mem = hearth_memory::ProcMemory::read().unwrap_or_default();
+    let rss = mem.peak_rss_bytes;
     if json {
         let text_ids: Vec<u32> = out.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();
         let v = serde_json::json!({
@@ -155,6 +156,13 @@ pub fn run(a: Args) -> Result<()> {
                 "decode_tok_s": t.decode_tok_s(),
             },
             "peak_rss_bytes": rss,
+            "memory": {
+                "peak_rss_bytes": rss,
+                "rss_file_bytes": mem.rss_file_bytes,
+                "rss_anon_bytes": mem.rss_anon_bytes,
+                "kv_cache_bytes": ctx.kv_bytes(),
+                "model_file_bytes": model.file.as_bytes().len(),
+            },
             "seed": sampler.seed,
         });
         drop(stdout);
@@ -163,15 +171,19 @@ pub fn run(a: Args) -> Result<()> {
         let tail = dec.flush();
         writeln!(stdout, "{tail}").context("writing to stdout")?;
         eprintln!(
-            "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms, peak RSS {} ({} threads, stop: {:?})",
+            "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms ({} threads, stop: {:?})\n\
+             peak RSS {} (now: {} file-backed weights/code, {} anonymous incl. {} KV cache)",
             t.prompt_tokens,
             t.prefill_tok_s(),
             out.tokens.len(),
             t.decode_tok_s(),
             t.ttft_ms,
-            mib(rss),
             a.model.threads(),
-            out.stop
+            out.stop,
+            mib(rss),
+            mib(mem.rss_file_bytes),
+            mib(mem.rss_anon_bytes),
+            mib(ctx.kv_bytes() as u64),
         );
     }
     Ok(())

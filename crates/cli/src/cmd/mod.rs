@@ -1,6 +1,8 @@
 //! One module per subcommand.
+pub mod bench;
 pub mod chat;
 pub mod generate;
 pub mod inspect;
 pub mod perplexity;
+pub mod synth;
 pub mod tokenize;

@@ -1,4 +1,5 @@
-//! AVX2 + FMA + F16C kernels.
+//! AVX2 + FMA + F16C kernels (Q5_x and K-quant weights are in `avx2_k`;
+//! Q2_K and Q3_K have no SIMD path yet and use the scalar reference).
 //!
 //! Integer dots use ggml's `_mm256_maddubs_epi16` (u8 × i8 → pairs of i16)
 //! then `_mm256_madd_epi16` with ones (→ 8 × i32). Q4 nibbles (0..15) are the
@@ -15,6 +16,7 @@
 //! keeps activation re-quantization (where one rounding flip moves a value by a
 //! whole step) from making our logits drift from llama.cpp's.
 
+use super::avx2_k;
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
@@ -25,12 +27,22 @@ pub(super) static KERNELS: Kernels = Kernels {
     quantize_q8_0,
     quantize_q8_1,
     quantize_f16,
+    // ggml's x86 build quantizes Q8_K activations with the reference code.
+    quantize_q8_k: hearth_quant::k::quantize_row_q8_k,
     panel_q4_0: |p, o| panel::<Q4_0>(p, o, GgmlType::Q8_0),
     panel_q4_1: |p, o| panel::<Q4_1>(p, o, GgmlType::Q8_1),
     panel_q8_0: |p, o| panel::<Q8_0>(p, o, GgmlType::Q8_0),
     panel_f32: |p, o| panel::<F32>(p, o, GgmlType::F32),
     panel_f16: |p, o| panel::<F16>(p, o, GgmlType::F16),
     panel_bf16: |p, o| panel::<BF16>(p, o, GgmlType::BF16),
+    panel_q5_0: |p, o| panel::<avx2_k::Q5_0>(p, o, GgmlType::Q8_0),
+    panel_q5_1: |p, o| panel::<avx2_k::Q5_1>(p, o, GgmlType::Q8_1),
+    panel_q4_k: |p, o| panel::<avx2_k::Q4K>(p, o, GgmlType::Q8_K),
+    panel_q6_k: |p, o| panel::<avx2_k::Q6K>(p, o, GgmlType::Q8_K),
+    panel_q5_k: |p, o| panel::<avx2_k::Q5K>(p, o, GgmlType::Q8_K),
+    // No SIMD path yet: the scalar reference.
+    panel_q2_k: crate::generic::panel,
+    panel_q3_k: crate::generic::panel,
 };
 
 #[inline(always)]

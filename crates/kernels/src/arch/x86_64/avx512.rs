@@ -8,6 +8,7 @@
 //! registers, so tiles can be 4 rows × 4 tokens. Float dots use 512-bit FMA.
 
 use super::avx2::{self, nibbles, rd_bf16, rd_f16, rd_f32};
+use super::avx2_k;
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
@@ -19,12 +20,22 @@ pub(super) static KERNELS: Kernels = Kernels {
     quantize_q8_0: avx2::quantize_q8_0,
     quantize_q8_1: avx2::quantize_q8_1,
     quantize_f16: avx2::quantize_f16,
+    quantize_q8_k: avx2::KERNELS.quantize_q8_k,
     panel_q4_0: |p, o| panel::<avx2::Q4_0>(p, o, GgmlType::Q8_0),
     panel_q4_1: |p, o| panel::<avx2::Q4_1>(p, o, GgmlType::Q8_1),
     panel_q8_0: |p, o| panel::<avx2::Q8_0>(p, o, GgmlType::Q8_0),
     panel_f32: |p, o| panel::<F32>(p, o, GgmlType::F32),
     panel_f16: |p, o| panel::<F16>(p, o, GgmlType::F16),
     panel_bf16: |p, o| panel::<BF16>(p, o, GgmlType::BF16),
+    // AVX2 integer arithmetic (same results as the avx2 level), 4×4 tiles.
+    panel_q5_0: |p, o| panel::<avx2_k::Q5_0>(p, o, GgmlType::Q8_0),
+    panel_q5_1: |p, o| panel::<avx2_k::Q5_1>(p, o, GgmlType::Q8_1),
+    panel_q4_k: |p, o| panel::<avx2_k::Q4K>(p, o, GgmlType::Q8_K),
+    // Q5_K/Q6_K unpack more per pair: 4×4 tiles measured slower than AVX2's 2×4.
+    panel_q6_k: avx2::KERNELS.panel_q6_k,
+    panel_q5_k: avx2::KERNELS.panel_q5_k,
+    panel_q2_k: avx2::KERNELS.panel_q2_k,
+    panel_q3_k: avx2::KERNELS.panel_q3_k,
 };
 
 /// AVX-512 with VNNI.

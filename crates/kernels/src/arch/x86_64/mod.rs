@@ -10,6 +10,7 @@
 use crate::dispatch::{Kernels, SimdLevel};
 
 mod avx2;
+mod avx2_k;
 mod avx512;
 mod tile;
 

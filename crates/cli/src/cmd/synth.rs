@@ -1,0 +1,424 @@
+//! `hearth synth`: write a random-weight llama-architecture GGUF of a standard shape, to
+//! benchmark shapes whose real weights we do not have (speed does not depend on values).
+//!
+//! The file is what llama.cpp's converter writes for a Llama model: standard tensor names
+//! and order, `llama.*` hyperparameters, `general.file_type`, and the tokenizer copied
+//! from a real model (so the vocabulary, and with it the embedding and output shapes, are
+//! that model's). Norms are 1.0 (F32); every matrix is random f32 values (uniform, σ 0.02
+//! like an initialised model) quantized row by row with `hearth_quant::quantize_row`, so
+//! every block is valid. Rows are seeded from (seed, tensor, row): the output does not
+//! depend on the thread count. Free space is checked before writing, and the writer
+//! renames a finished temporary file into place.
+
+use crate::common::{file_type_of, mib, params_label, print_out, resolve_model};
+use anyhow::{bail, Context as _, Result};
+use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec, Value};
+use hearth_quant::GgmlType;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Named shapes (llama.cpp's baseline used the 1B and 7B ones).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// n_embd 256, 2 layers, 4 heads, 2 KV heads, n_ff 512 (for tests)
+    Tiny,
+    /// TinyLlama 1.1B: n_embd 2048, 22 layers, 32 heads, 4 KV heads, n_ff 5632
+    #[value(name = "1b")]
+    B1,
+    /// Llama 2 7B: n_embd 4096, 32 layers, 32 heads, 32 KV heads, n_ff 11008
+    #[value(name = "7b")]
+    B7,
+    /// Llama 2 13B: n_embd 5120, 40 layers, 40 heads, 40 KV heads, n_ff 13824
+    #[value(name = "13b")]
+    B13,
+    /// Llama 2 70B: n_embd 8192, 80 layers, 64 heads, 8 KV heads, n_ff 28672
+    #[value(name = "70b")]
+    B70,
+}
+
+/// Hyperparameters of the file to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub n_embd: u64,
+    pub n_layer: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub n_ff: u64,
+}
+
+impl Shape {
+    fn dims(self) -> Dims {
+        let d = |n_embd, n_layer, n_head, n_head_kv, n_ff| Dims { n_embd, n_layer, n_head, n_head_kv, n_ff };
+        match self {
+            Shape::Tiny => d(256, 2, 4, 2, 512),
+            Shape::B1 => d(2048, 22, 32, 4, 5632),
+            Shape::B7 => d(4096, 32, 32, 32, 11008),
+            Shape::B13 => d(5120, 40, 40, 40, 13824),
+            Shape::B70 => d(8192, 80, 64, 8, 28672),
+        }
+    }
+}
+
+fn parse_type(s: &str) -> Result<GgmlType, String> {
+    GgmlType::from_name(s).ok_or_else(|| format!("unknown tensor type {s:?} (e.g. f32, f16, bf16, q4_0, q4_1, q8_0)"))
+}
+
+/// Flags of `hearth synth`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Named shape; --n-embd etc. override single values of it
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub shape: Shape,
+    /// Residual width [default: from --shape]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_embd: Option<u64>,
+    /// Transformer blocks [default: from --shape]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_layer: Option<u64>,
+    /// Query heads [default: from --shape]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_head: Option<u64>,
+    /// Key/value heads, dividing --n-head [default: from --shape]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_head_kv: Option<u64>,
+    /// FFN hidden width [default: from --shape]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_ff: Option<u64>,
+    /// Type of the embedding and the layer matrices (any type hearth can quantize to)
+    #[arg(long = "type", value_name = "TYPE", default_value = "q4_0", value_parser = parse_type)]
+    pub ty: GgmlType,
+    /// Type of output.weight [default: the --type]
+    #[arg(long, value_name = "TYPE", value_parser = parse_type)]
+    pub output_type: Option<GgmlType>,
+    /// GGUF whose tokenizer.* metadata is copied (its vocabulary sets n_vocab)
+    /// [default: $HEARTH_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(long, value_name = "MODEL.gguf")]
+    pub tokenizer_from: Option<PathBuf>,
+    /// Output file (written to OUT.tmp-PID, then renamed)
+    #[arg(long, value_name = "FILE.gguf")]
+    pub out: PathBuf,
+    /// Trained context length written to llama.context_length
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub context_length: u64,
+    /// Seed of the random weights (the same seed and shape give the same file)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Worker threads [default: number of physical cores]
+    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+    /// Print the shape, parameter count and file size as JSON, and write nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Tensor headers in the order llama.cpp's converter writes them. Norms are F32.
+pub fn tensor_specs(d: &Dims, n_vocab: u64, ty: GgmlType, out_ty: GgmlType) -> Vec<TensorSpec> {
+    let head_dim = d.n_embd / d.n_head;
+    let (q, kv) = (d.n_head * head_dim, d.n_head_kv * head_dim);
+    let t = |name: String, dims: Vec<u64>, ty| TensorSpec { name, dims, ty };
+    let mut v = vec![t("token_embd.weight".into(), vec![d.n_embd, n_vocab], ty)];
+    for i in 0..d.n_layer {
+        let b = |s: &str| format!("blk.{i}.{s}.weight");
+        v.push(t(b("attn_norm"), vec![d.n_embd], GgmlType::F32));
+        v.push(t(b("attn_q"), vec![d.n_embd, q], ty));
+        v.push(t(b("attn_k"), vec![d.n_embd, kv], ty));
+        v.push(t(b("attn_v"), vec![d.n_embd, kv], ty));
+        v.push(t(b("attn_output"), vec![q, d.n_embd], ty));
+        v.push(t(b("ffn_norm"), vec![d.n_embd], GgmlType::F32));
+        v.push(t(b("ffn_gate"), vec![d.n_embd, d.n_ff], ty));
+        v.push(t(b("ffn_up"), vec![d.n_embd, d.n_ff], ty));
+        v.push(t(b("ffn_down"), vec![d.n_ff, d.n_embd], ty));
+    }
+    v.push(t("output_norm.weight".into(), vec![d.n_embd], GgmlType::F32));
+    v.push(t("output.weight".into(), vec![d.n_embd, n_vocab], out_ty));
+    v
+}
+
+/// Exact size of the GGUF file `write_gguf` produces for this metadata and these tensors
+/// (default alignment 32).
+pub fn file_bytes(metadata: &[(String, Value)], tensors: &[TensorSpec]) -> Result<u64> {
+    const ALIGN: u64 = hearth_gguf::DEFAULT_ALIGNMENT;
+    // Magic, version, tensor count, metadata count; key/value records; tensor infos
+    // (name, n_dims, dims, type, offset); padding; then each tensor padded.
+    let kv: u64 = metadata.iter().map(|(k, v)| record_bytes(k, v)).sum();
+    let infos: u64 = tensors.iter().map(|t| 8 + t.name.len() as u64 + 4 + 8 * t.dims.len() as u64 + 4 + 8).sum();
+    let mut total = (24 + kv + infos).div_ceil(ALIGN) * ALIGN;
+    for t in tensors {
+        total += t.size()?.div_ceil(ALIGN) * ALIGN;
+    }
+    Ok(total)
+}
+
+/// Serialized bytes of one metadata key/value record.
+fn record_bytes(k: &str, v: &Value) -> u64 {
+    fn value_bytes(v: &Value) -> u64 {
+        match v {
+            Value::U8(_) | Value::I8(_) | Value::Bool(_) => 1,
+            Value::U16(_) | Value::I16(_) => 2,
+            Value::U32(_) | Value::I32(_) | Value::F32(_) => 4,
+            Value::U64(_) | Value::I64(_) | Value::F64(_) => 8,
+            Value::String(s) => 8 + s.len() as u64,
+            Value::Array { items, .. } => 4 + 8 + items.iter().map(value_bytes).sum::<u64>(),
+        }
+    }
+    8 + k.len() as u64 + 4 + value_bytes(v)
+}
+
+/// Bytes available to an unprivileged writer on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).context("path contains a NUL byte")?;
+    // SAFETY: `c` is a valid C string; `st` is plain data filled by statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", dir.display()));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Refuse when `needed` bytes do not fit in `available` (with 64 MiB to spare).
+pub fn check_space(out: &Path, needed: u64, available: u64) -> Result<()> {
+    const SPARE: u64 = 64 << 20;
+    if needed + SPARE > available {
+        bail!(
+            "not enough disk space for {}: it needs {needed} bytes ({}) plus {} spare, but only {available} bytes ({}) are free there",
+            out.display(),
+            gib(needed),
+            mib(SPARE),
+            gib(available)
+        );
+    }
+    Ok(())
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// splitmix64: a fast, well-mixed hash to seed each row.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fill `row` with uniform values of standard deviation 0.02 (xorshift64* stream).
+fn random_row(seed: u64, row: &mut [f32]) {
+    let mut s = splitmix(seed) | 1;
+    const A: f32 = 0.02 * 1.732_050_8; // uniform on [-A, A] has σ = A / √3
+    for x in row {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        // 24 random bits → [0, 1) → [-A, A)
+        *x = ((r >> 40) as f32 * (1.0 / (1u32 << 24) as f32) * 2.0 - 1.0) * A;
+    }
+}
+
+/// Write tensor `ti`'s bytes: rows quantized in parallel, a chunk of rows at a time.
+fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn Write, pb: &ProgressBar) -> std::io::Result<()> {
+    if t.dims.len() == 1 {
+        // A norm: all ones.
+        let ones: Vec<u8> = (0..t.dims[0]).flat_map(|_| 1f32.to_le_bytes()).collect();
+        pb.inc(ones.len() as u64);
+        return w.write_all(&ones);
+    }
+    let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+    let row_bytes = t.ty.row_bytes(cols as u64).expect("checked by TensorSpec::size") as usize;
+    let chunk_rows = ((64usize << 20) / row_bytes).clamp(threads, rows.max(1));
+    let mut buf = vec![0u8; chunk_rows * row_bytes];
+    let tseed = splitmix(seed ^ splitmix(ti as u64));
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = chunk_rows.min(rows - r0);
+        let out = &mut buf[..n * row_bytes];
+        let per = n.div_ceil(threads);
+        let err = std::thread::scope(|s| {
+            let hs: Vec<_> = out
+                .chunks_mut(per * row_bytes)
+                .enumerate()
+                .map(|(k, part)| {
+                    s.spawn(move || -> Result<(), hearth_quant::QuantError> {
+                        let mut x = vec![0f32; cols];
+                        for (j, dst) in part.chunks_mut(row_bytes).enumerate() {
+                            random_row(tseed ^ splitmix((r0 + k * per + j) as u64), &mut x);
+                            hearth_quant::quantize_row(t.ty, &x, dst)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("quantize thread panicked")).find_map(Result::err)
+        });
+        if let Some(e) = err {
+            return Err(std::io::Error::other(e));
+        }
+        w.write_all(out)?;
+        pb.inc(out.len() as u64);
+        r0 += n;
+    }
+    Ok(())
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let base = a.shape.dims();
+    let d = Dims {
+        n_embd: a.n_embd.unwrap_or(base.n_embd),
+        n_layer: a.n_layer.unwrap_or(base.n_layer),
+        n_head: a.n_head.unwrap_or(base.n_head),
+        n_head_kv: a.n_head_kv.unwrap_or(base.n_head_kv),
+        n_ff: a.n_ff.unwrap_or(base.n_ff),
+    };
+    if !d.n_embd.is_multiple_of(d.n_head) {
+        bail!("--n-embd {} is not a multiple of --n-head {}", d.n_embd, d.n_head);
+    }
+    if !d.n_head.is_multiple_of(d.n_head_kv) {
+        bail!("--n-head {} is not a multiple of --n-head-kv {}", d.n_head, d.n_head_kv);
+    }
+    let head_dim = d.n_embd / d.n_head;
+    if !head_dim.is_multiple_of(2) {
+        bail!("head size {head_dim} (--n-embd / --n-head) must be even for RoPE");
+    }
+    let out_ty = a.output_type.unwrap_or(a.ty);
+    for (flag, ty) in [("--type", a.ty), ("--output-type", out_ty)] {
+        let probe = vec![0f32; ty.block_size()];
+        let mut dst = vec![0u8; ty.type_size()];
+        if hearth_quant::quantize_row(ty, &probe, &mut dst).is_err() {
+            bail!("{flag} {ty}: hearth cannot quantize to this type yet");
+        }
+    }
+    let ftype = file_type_of(a.ty).with_context(|| format!("--type {}: llama.cpp has no file type for it", a.ty))?;
+
+    let tok_path = resolve_model(a.tokenizer_from.as_ref())?;
+    let src = GgufFile::open(&tok_path).with_context(|| format!("reading the tokenizer from {}", tok_path.display()))?;
+    let n_vocab = src.get_array("tokenizer.ggml.tokens").with_context(|| format!("{} has no tokenizer", tok_path.display()))?.len() as u64;
+
+    let u32v = |v: u64| Value::U32(v as u32);
+    let name = format!("hearth-synth {} {}", shape_label(&a, &d), a.ty.name().to_uppercase());
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String("llama".into())),
+        ("general.name".into(), Value::String(name)),
+        ("general.file_type".into(), Value::U32(ftype)),
+        ("general.quantization_version".into(), Value::U32(2)),
+        ("llama.vocab_size".into(), u32v(n_vocab)),
+        ("llama.context_length".into(), u32v(a.context_length)),
+        ("llama.embedding_length".into(), u32v(d.n_embd)),
+        ("llama.block_count".into(), u32v(d.n_layer)),
+        ("llama.feed_forward_length".into(), u32v(d.n_ff)),
+        ("llama.rope.dimension_count".into(), u32v(head_dim)),
+        ("llama.attention.head_count".into(), u32v(d.n_head)),
+        ("llama.attention.head_count_kv".into(), u32v(d.n_head_kv)),
+        ("llama.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
+        ("llama.rope.freq_base".into(), Value::F32(10000.0)),
+    ];
+    meta.extend(src.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned());
+    let tensors = tensor_specs(&d, n_vocab, a.ty, out_ty);
+    for t in &tensors {
+        t.size().with_context(|| format!("{} needs every row to be whole blocks", t.ty))?;
+    }
+    let needed = file_bytes(&meta, &tensors)?;
+    let n_params: u64 = tensors.iter().map(|t| t.dims.iter().product::<u64>()).sum();
+    if a.dry_run {
+        let v = serde_json::json!({"n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
+            "n_ff": d.n_ff, "n_vocab": n_vocab, "type": a.ty.name(), "output_type": out_ty.name(),
+            "n_params": n_params, "file_bytes": needed});
+        return print_out(&format!("{v}\n"));
+    }
+    let dir = match a.out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    check_space(&a.out, needed, free_bytes(&dir)?)?;
+
+    let threads = a.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1);
+    let data: u64 = tensors.iter().map(|t| t.size().unwrap_or(0)).sum();
+    let pb = ProgressBar::new(data);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    pb.set_message(format!("writing {}", a.out.display()));
+    let seed = a.seed;
+    write_gguf_file(&a.out, &meta, &tensors, |i, w| fill_tensor(&tensors[i], i, seed, threads, w, &pb))
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    pb.finish_and_clear();
+    eprintln!(
+        "wrote {}: {} params, {} layers, n_embd {}, n_vocab {n_vocab}, {} ({} bytes)",
+        a.out.display(),
+        params_label(n_params),
+        d.n_layer,
+        d.n_embd,
+        gib(needed),
+        needed
+    );
+    Ok(())
+}
+
+fn shape_label(a: &Args, d: &Dims) -> String {
+    let named = a.shape.dims() == *d;
+    match (named, a.shape) {
+        (true, Shape::Tiny) => "tiny".into(),
+        (true, Shape::B1) => "1B".into(),
+        (true, Shape::B7) => "7B".into(),
+        (true, Shape::B13) => "13B".into(),
+        (true, Shape::B70) => "70B".into(),
+        (false, _) => format!("{}x{}", d.n_layer, d.n_embd),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_gguf::write_gguf;
+
+    fn meta() -> Vec<(String, Value)> {
+        vec![
+            ("general.architecture".into(), Value::String("llama".into())),
+            ("llama.block_count".into(), Value::U32(2)),
+            ("tokenizer.ggml.tokens".into(), hearth_gguf::string_array(["a", "bc", "def"])),
+        ]
+    }
+
+    #[test]
+    fn file_bytes_is_exact() {
+        let d = Shape::Tiny.dims();
+        let d = Dims { n_embd: 64, n_ff: 96, ..d };
+        for ty in [GgmlType::F32, GgmlType::Q4_0, GgmlType::Q8_0] {
+            let specs = tensor_specs(&d, 32, ty, GgmlType::F16);
+            let bytes = write_gguf(Vec::new(), &meta(), &specs, |i, w| {
+                w.write_all(&vec![0u8; specs[i].size().unwrap() as usize])
+            })
+            .unwrap();
+            assert_eq!(file_bytes(&meta(), &specs).unwrap(), bytes.len() as u64, "{ty}");
+        }
+    }
+
+    #[test]
+    fn big_shapes_have_the_published_sizes() {
+        // llama.cpp baseline: 7B Q4_0 + Q6_K output, vocab 49152 → 6.88 B params; 1B → 1.17 B.
+        let n = |s: Shape| tensor_specs(&s.dims(), 49152, GgmlType::Q4_0, GgmlType::Q4_0).iter().map(|t| t.dims.iter().product::<u64>()).sum::<u64>();
+        assert_eq!((n(Shape::B7) as f64 / 1e7).round(), 688.0);
+        assert_eq!((n(Shape::B1) as f64 / 1e7).round(), 117.0);
+    }
+
+    #[test]
+    fn refuses_what_does_not_fit() {
+        let e = check_space(Path::new("/x/70b.gguf"), 280_000_000_000, 60_000_000_000).unwrap_err().to_string();
+        assert!(e.contains("280000000000 bytes") && e.contains("60000000000 bytes"), "{e}");
+        check_space(Path::new("x"), 1 << 20, 1 << 30).unwrap();
+    }
+
+    #[test]
+    fn rows_are_reproducible_and_scaled() {
+        let (mut a, mut b) = (vec![0f32; 4096], vec![0f32; 4096]);
+        random_row(7, &mut a);
+        random_row(7, &mut b);
+        assert_eq!(a, b);
+        let var = a.iter().map(|x| x * x).sum::<f32>() / a.len() as f32;
+        assert!((var.sqrt() - 0.02).abs() < 0.002, "{}", var.sqrt());
+    }
+}
