@@ -40,6 +40,10 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Write a random-weight llama GGUF of a standard shape (1b, 7b, 13b, 70b) for benchmarks.
     Synth(cmd::synth::Args),
+    /// Requantize a GGUF file to another type (f16, q8_0, q4_k, ...), as llama-quantize does.
+    Quantize(cmd::quantize::Args),
+    /// Predict peak memory and the decode speed bound from metadata; say whether it fits.
+    Plan(cmd::plan::Args),
 }
 
 fn main() {
@@ -59,6 +63,8 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Quantize(a) => cmd::quantize::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -6,7 +6,14 @@
 //! state, the tokenizer). Quantized weights mapped from the file show up as `rss_file`,
 //! never as anonymous memory: a dequantized copy would appear as anonymous growth.
 //! Field meanings: proc(5), `/proc/[pid]/status`.
+//!
+//! [`plan`] predicts a run's peak RSS and decode speed bound from GGUF metadata or a
+//! named shape ([`ModelSummary`], [`Plan`]); [`available_bytes`] reads how much memory
+//! this machine (and its cgroup) can give. See docs/MEMORY.md for each term's source.
 #![deny(missing_docs)]
+
+pub mod plan;
+pub use plan::{available_bytes, preset, ModelShape, ModelSummary, Plan, PlanParams, TensorSummary};
 
 use serde::Serialize;
 

@@ -23,6 +23,7 @@ mod kv_cache;
 mod model;
 pub mod sampler;
 mod weights;
+pub mod quantize;
 
 pub use config::{ModelConfig, SUPPORTED_ARCHS};
 pub use context::{Context, Logits};

@@ -9,7 +9,7 @@
 //! precedes the samples of each test. Rates are tokens / seconds per sample; the mean and
 //! sample standard deviation are over the samples.
 
-mod membw;
+pub(crate) mod membw;
 
 use crate::common::{file_type_name, params_label, print_out, resolve_model};
 use anyhow::{bail, Context as _, Result};

@@ -4,5 +4,7 @@ pub mod chat;
 pub mod generate;
 pub mod inspect;
 pub mod perplexity;
+pub mod quantize;
+pub mod plan;
 pub mod synth;
 pub mod tokenize;

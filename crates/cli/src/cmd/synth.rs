@@ -10,6 +10,7 @@
 //! depend on the thread count. Free space is checked before writing, and the writer
 //! renames a finished temporary file into place.
 
+use clap::ValueEnum as _;
 use crate::common::{file_type_of, mib, params_label, print_out, resolve_model};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec, Value};
@@ -48,15 +49,12 @@ pub struct Dims {
 }
 
 impl Shape {
+    /// The preset's hyperparameters (one table, shared with `hearth plan`).
     fn dims(self) -> Dims {
-        let d = |n_embd, n_layer, n_head, n_head_kv, n_ff| Dims { n_embd, n_layer, n_head, n_head_kv, n_ff };
-        match self {
-            Shape::Tiny => d(256, 2, 4, 2, 512),
-            Shape::B1 => d(2048, 22, 32, 4, 5632),
-            Shape::B7 => d(4096, 32, 32, 32, 11008),
-            Shape::B13 => d(5120, 40, 40, 40, 13824),
-            Shape::B70 => d(8192, 80, 64, 8, 28672),
-        }
+        let name = self.to_possible_value().expect("no skipped variants").get_name().to_string();
+        let p = hearth_memory::preset(&name).expect("every --shape value has a preset");
+        let n = |v: usize| v as u64;
+        Dims { n_embd: n(p.n_embd), n_layer: n(p.n_layer), n_head: n(p.n_head), n_head_kv: n(p.n_head_kv), n_ff: n(p.n_ff) }
     }
 }
 

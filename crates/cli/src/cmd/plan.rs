@@ -1,0 +1,110 @@
+//! `hearth plan`: predict peak RSS and the decode speed bound of a model from its GGUF
+//! header (or a named shape) and compare with this machine's available memory. The
+//! prediction lives in `hearth_memory::plan`; this module parses flags and formats.
+
+use crate::common::{print_out, resolve_model};
+use anyhow::{bail, Context as _, Result};
+use hearth_gguf::GgufFile;
+use hearth_memory::plan::{plan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
+use hearth_quant::GgmlType;
+use std::path::PathBuf;
+
+/// Flags of `hearth plan`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// GGUF model file (only its header is read) [default: $HEARTH_MODEL, else the default model]
+    #[arg(short, long, value_name = "PATH", conflicts_with = "shape")]
+    pub model: Option<PathBuf>,
+    /// Named shape instead of a file: tiny, 1b, 7b, 13b, 70b (vocab 49152, as synth writes)
+    #[arg(long)]
+    pub shape: Option<String>,
+    /// Weight type with --shape (also used for output.weight)
+    #[arg(long = "type", value_name = "TYPE", default_value = "q4_0")]
+    pub ty: String,
+    /// Context size in tokens [default: 2048, capped at the model's trained context]
+    #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ctx_size: Option<u32>,
+    /// Batch size (as generate's -b)
+    #[arg(short = 'b', long = "batch", alias = "batch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Worker threads [default: number of physical cores]
+    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+    /// Memory read bandwidth in GB/s [default: measured, 256 MiB buffer]
+    #[arg(long, value_name = "GBPS")]
+    pub membw: Option<f64>,
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn gb(b: u64) -> String {
+    format!("{:.2} GB", b as f64 / 1e9)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let threads = a.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1);
+    let (summary, n_ctx_train, what) = match &a.shape {
+        Some(s) => {
+            let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;
+            let ty = GgmlType::from_name(&a.ty).with_context(|| format!("unknown --type {:?}", a.ty))?;
+            let m = ModelSummary::from_shape(shape, ty, ty)
+                .with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
+            (m, 4096, format!("shape {s} {ty}"))
+        }
+        None => {
+            let path = resolve_model(a.model.as_ref())?;
+            let f = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
+            let m = ModelSummary::from_gguf(&f).with_context(|| format!("reading {}", path.display()))?;
+            let train = hearth_model::ModelConfig::from_gguf(&f)?.n_ctx_train;
+            (m, train, path.display().to_string())
+        }
+    };
+    let n_ctx = match a.ctx_size {
+        Some(c) if c as usize > n_ctx_train => bail!("--ctx-size {c} exceeds the model's trained context length of {n_ctx_train} tokens"),
+        Some(c) => c as usize,
+        None => 2048.min(n_ctx_train),
+    };
+    let (membw, membw_src) = match a.membw {
+        Some(g) if g > 0.0 && g.is_finite() => (g, "--membw"),
+        Some(g) => bail!("--membw {g} must be a positive number"),
+        None => {
+            let g = super::bench::membw::measure(threads, 256 << 20, 3);
+            if g > 0.0 { (g, "measured") } else { (DEFAULT_MEMBW_GBPS, "default") }
+        }
+    };
+    let available = hearth_memory::available_bytes().unwrap_or(0);
+    let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads }, available, membw);
+    if a.json {
+        let mut v = serde_json::to_value(&p)?;
+        v["model"] = serde_json::json!(what);
+        v["membw_source"] = serde_json::json!(membw_src);
+        return print_out(&format!("{v}\n"));
+    }
+    let s = &p.shape;
+    let mut o = format!("plan for {what}: n_ctx {n_ctx}, n_batch {}, {threads} threads\n\n", p.n_batch);
+    o += &format!("  weights     {:>12}  ({} bytes; {})\n", gb(p.weights_bytes), p.weights_bytes,
+        p.weights_by_type.iter().map(|(t, b)| format!("{t} {}", gb(*b))).collect::<Vec<_>>().join(", "));
+    o += &format!("  file pages  {:>12}  mapped GGUF (whole file after a decode)\n", gb(p.file_bytes));
+    o += &format!("  KV cache    {:>12}  2 · {} layers · {n_ctx} ctx · {} kv_dim · 2 bytes (f16)\n", gb(p.kv_cache_bytes), s.n_layer, s.kv_dim());
+    o += &format!("  scratch     {:>12}  4 · {} batch · (2·{} + 2·{} + 2·{} + 2·{}) + 4 · {} logits + quantized activations + per-thread accumulators\n",
+        gb(p.scratch_bytes), p.n_batch, s.n_embd, s.q_dim(), s.kv_dim(), s.n_ff, s.n_vocab);
+    o += &format!("  overhead    {:>12}  {OVERHEAD_BASE} + {OVERHEAD_PER_VOCAB} · {} vocab (measured fit)\n", gb(p.overhead_bytes), s.n_vocab);
+    o += &format!("  peak RSS    {:>12}  = file pages + KV cache + scratch + overhead\n", gb(p.peak_rss_bytes));
+    o += &format!("  available   {:>12}  (MemAvailable, capped by the cgroup limit)\n\n", gb(p.available_bytes));
+    if p.fits {
+        o += &format!("fits with {} headroom\n", gb(p.headroom_bytes as u64));
+    } else {
+        o += &format!(
+            "does not fit: {} short. A sliding-window mode (streaming layers from disk) does not exist yet;\n\
+             its minimum budget would be the largest layer + KV cache + scratch = {}\n",
+            gb(p.headroom_bytes.unsigned_abs()),
+            gb(p.min_window_bytes)
+        );
+    }
+    o += &format!(
+        "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices + output head; KV reads add up to {} at a full context)\n",
+        p.decode_tok_s_bound, membw, gb(p.bytes_per_token), gb(p.kv_cache_bytes)
+    );
+    print_out(&o)
+}

@@ -1,0 +1,193 @@
+//! `hearth quantize` end to end on SmolLM2-135M: Q4_1 → F16 → Q8_0 / Q4_K_M, each file
+//! loaded, generated from and scored; metadata and tensor types checked; bad requests
+//! refused with a one-line error and nothing left behind.
+
+use hearth_gguf::{GgufFile, Value};
+use hearth_quant::GgmlType;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn model() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
+    p
+}
+
+fn reference_dir() -> PathBuf {
+    std::env::var("HEARTH_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference"))
+        .join("smollm2")
+}
+
+fn hearth(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()
+}
+
+fn ok(out: Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A fresh, empty directory for one test.
+fn dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("quantize").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn quantize(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> String {
+    let mut args = vec!["quantize", s(input), s(out), "--type", ty, "-t", "2"];
+    args.extend_from_slice(extra);
+    let o = hearth(&args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    err
+}
+
+/// Greedy completion token ids for the standard prompt.
+fn greedy(m: &Path, n: usize) -> Vec<u64> {
+    let n = n.to_string();
+    let out = ok(hearth(&["generate", "-m", s(m), "-p", "The capital of France is", "--temperature", "0", "-n", &n, "--json", "-t", "2"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+fn perplexity(m: &Path, text: &Path) -> f64 {
+    let out = ok(hearth(&["perplexity", "-m", s(m), "-f", s(text), "-c", "128", "--json", "-t", "2"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["ppl"].as_f64().unwrap()
+}
+
+/// The first ~4,000 characters of the llama.cpp perplexity text (7 chunks of 128 tokens).
+fn excerpt(d: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(reference_dir().join("ppl_gpl3.txt")).unwrap();
+    let cut = text[..4000].rfind(char::is_whitespace).unwrap();
+    let p = d.join("ppl_excerpt.txt");
+    std::fs::write(&p, &text[..cut]).unwrap();
+    p
+}
+
+fn types(f: &GgufFile) -> std::collections::HashMap<String, GgmlType> {
+    f.tensors().iter().map(|t| (t.name.clone(), t.ty)).collect()
+}
+
+#[test]
+fn f16_then_q8_0_and_q4_k_load_generate_and_score() {
+    let d = dir("chain");
+    let (f16, q8, q4k) = (d.join("f16.gguf"), d.join("q8_0.gguf"), d.join("q4_k.gguf"));
+    let summary = quantize(&model(), &f16, "f16", &["--allow-requantize"]);
+    assert!(summary.contains("MiB") && summary.contains("f16") && summary.contains(" s"), "{summary}");
+    quantize(&f16, &q8, "q8_0", &[]);
+    quantize(&f16, &q4k, "q4_k", &[]);
+    // Nothing but the three outputs: no temporary files left.
+    let mut names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["f16.gguf", "q4_k.gguf", "q8_0.gguf"]);
+
+    // Metadata copied, file type updated, norms F32, matrices as the recipe says.
+    let src = GgufFile::open(model()).unwrap();
+    for (path, ftype) in [(&f16, 1u32), (&q8, 7), (&q4k, 15)] {
+        let f = GgufFile::open(path).unwrap();
+        assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
+        assert_eq!(f.get("general.file_type"), Some(&Value::U32(ftype)), "{}", path.display());
+        assert_eq!(f.alignment(), src.alignment());
+        for key in ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.chat_template", "llama.rope.freq_base"] {
+            assert_eq!(f.get(key), src.get(key), "{key} in {}", path.display());
+        }
+        assert_eq!(f.tensors().len(), src.tensors().len());
+        for t in f.tensors().iter().filter(|t| t.dims.len() == 1) {
+            assert_eq!(t.ty, GgmlType::F32, "{}", t.name);
+        }
+    }
+    let ty16 = types(&GgufFile::open(&f16).unwrap());
+    assert!(ty16.iter().all(|(n, t)| *t == if n.contains("norm") { GgmlType::F32 } else { GgmlType::F16 }));
+    let ty8 = types(&GgufFile::open(&q8).unwrap());
+    assert!(ty8.iter().all(|(n, t)| *t == if n.contains("norm") { GgmlType::F32 } else { GgmlType::Q8_0 }));
+    // Q4_K_M on 576-wide rows: llama.cpp's fallbacks (Q4_K → Q5_0, Q6_K → Q8_0); ffn_down
+    // (1536 wide) keeps K-quants; the tied embedding is the output head (Q8_0 on 576).
+    let ty4 = types(&GgufFile::open(&q4k).unwrap());
+    assert_eq!(ty4["token_embd.weight"], GgmlType::Q8_0);
+    assert_eq!(ty4["blk.0.attn_q.weight"], GgmlType::Q5_0);
+    assert_eq!(ty4["blk.0.ffn_down.weight"], GgmlType::Q6_K); // use_more_bits(0, 30)
+    assert_eq!(ty4["blk.4.ffn_down.weight"], GgmlType::Q4_K);
+    assert_eq!(ty4["blk.0.attn_v.weight"], GgmlType::Q8_0);
+
+    // F16 of the Q4_1 model generates what the Q4_1 model does; the others generate.
+    let want = greedy(&model(), 8);
+    assert_eq!(want[0], 7042); // " Paris"
+    assert_eq!(greedy(&f16, 8)[..4], want[..4]);
+    assert_eq!(greedy(&q8, 4)[0], 7042);
+    assert_eq!(greedy(&q4k, 4).len(), 4);
+
+    // Perplexity on a 6-chunk excerpt. The issue's criteria (Q8_0 within 1% of F16,
+    // Q4_K_M within 10%) hold on the whole text (the ignored test below); on 6 chunks
+    // even llama.cpp's own Q8_0 and F16 files differ by 3.3% (21.7157 vs 22.4659 in
+    // smollm2_reference.json), so Q8_0 gets 4% here.
+    let text = excerpt(&d);
+    let (p16, p8, p4) = (perplexity(&f16, &text), perplexity(&q8, &text), perplexity(&q4k, &text));
+    eprintln!("perplexity on the excerpt: f16 {p16:.4}, q8_0 {p8:.4}, q4_k {p4:.4}");
+    assert!(p16 > 5.0 && p16 < 60.0, "{p16}");
+    assert!((p8 / p16 - 1.0).abs() < 0.04, "q8_0 {p8} vs f16 {p16}");
+    assert!((p4 / p16 - 1.0).abs() < 0.10, "q4_k {p4} vs f16 {p16}");
+}
+
+/// The issue's acceptance criteria on the whole llama.cpp perplexity text (59 chunks of
+/// 128; about a minute per model at opt-level 2 on two cores, hence ignored by default).
+#[test]
+#[ignore]
+fn full_text_perplexity_meets_the_issue_criteria() {
+    let d = dir("full");
+    let (f16, q8, q4k) = (d.join("f16.gguf"), d.join("q8_0.gguf"), d.join("q4_k.gguf"));
+    quantize(&model(), &f16, "f16", &["--allow-requantize"]);
+    quantize(&f16, &q8, "q8_0", &[]);
+    quantize(&f16, &q4k, "q4_k", &[]);
+    let text = reference_dir().join("ppl_gpl3.txt");
+    let (p16, p8, p4) = (perplexity(&f16, &text), perplexity(&q8, &text), perplexity(&q4k, &text));
+    eprintln!("perplexity on ppl_gpl3.txt: f16 {p16:.4}, q8_0 {p8:.4}, q4_k {p4:.4}");
+    assert!((p8 / p16 - 1.0).abs() < 0.01, "q8_0 {p8} vs f16 {p16}");
+    assert!((p4 / p16 - 1.0).abs() < 0.10, "q4_k {p4} vs f16 {p16}");
+}
+
+/// A clean failure: exit 1, one line on stderr starting with `error:`.
+fn assert_clean_error(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.starts_with("error:"), "{err}");
+    assert!(err.to_lowercase().contains(&want.to_lowercase()), "expected {want:?} in {err}");
+}
+
+#[test]
+fn bad_requests_fail_cleanly_and_leave_nothing() {
+    let d = dir("errors");
+    let m = model();
+    let out = d.join("out.gguf");
+    let o = hearth(&["quantize", s(&m), s(&out), "--type", "iq4_xs", "--allow-requantize"]);
+    assert_clean_error(&o, "supported: f32, f16, bf16, q4_0");
+    let o = hearth(&["quantize", s(&m), s(&out), "--type", "q9_9"]);
+    assert_clean_error(&o, "unknown type");
+    let o = hearth(&["quantize", s(&m), s(&out), "--type", "q8_0", "--output-type", "iq2_xxs", "--allow-requantize"]);
+    assert_clean_error(&o, "--output-type iq2_xxs");
+    // Requantizing needs --allow-requantize.
+    let o = hearth(&["quantize", s(&m), s(&out), "--type", "q8_0"]);
+    assert_clean_error(&o, "--allow-requantize");
+    // Unwritable paths: a missing directory, a directory, the input itself.
+    let missing = d.join("no/such/dir/out.gguf");
+    let o = hearth(&["quantize", s(&m), s(&missing), "--type", "q8_0", "--allow-requantize"]);
+    assert_clean_error(&o, "cannot write");
+    let o = hearth(&["quantize", s(&m), s(&d), "--type", "q8_0", "--allow-requantize"]);
+    assert_clean_error(&o, "is a directory");
+    let o = hearth(&["quantize", s(&m), s(&m), "--type", "q8_0", "--allow-requantize"]);
+    assert_clean_error(&o, "is the input file");
+    // A missing input.
+    let o = hearth(&["quantize", s(&d.join("nope.gguf")), s(&out), "--type", "q8_0"]);
+    assert_clean_error(&o, "nope.gguf");
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "files left behind in {}", d.display());
+}

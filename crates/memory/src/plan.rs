@@ -1,0 +1,397 @@
+//! Memory and speed planning from metadata only.
+//!
+//! Peak RSS of a `hearth generate` run is predicted as the sum of four terms:
+//!
+//! * **model file pages**: the mapped GGUF file (tensor bytes, `ggml_nbytes` from the
+//!   type table of ggml-common.h, plus the header). A decode reads every matrix, so the
+//!   whole file ends up resident; untied token embeddings are touched one row per token,
+//!   so for files with a separate `output.weight` this is an upper bound.
+//! * **KV cache**: [`hearth_model::KvCache::bytes_for`] (f16 K and V, fully written at
+//!   allocation, so fully resident).
+//! * **compute scratch**: exactly the buffers `hearth_model::Context::new` and its first
+//!   eval allocate (see [`scratch_bytes`]). The f32 buffers come from zeroed allocations
+//!   whose pages become resident only when written: the full size is reached once a
+//!   prompt fills a whole batch, which is the peak we predict.
+//! * **runtime overhead**: binary, shared libraries, tokenizer tables, thread stacks and
+//!   allocator slack, fitted on measured runs as `OVERHEAD_BASE + OVERHEAD_PER_VOCAB ·
+//!   n_vocab` (docs/MEMORY.md has the data).
+//!
+//! Nothing here reads tensor data: [`ModelSummary::from_gguf`] uses only the header that
+//! `GgufFile::open` parses.
+
+use hearth_gguf::GgufFile;
+use hearth_model::{KvCache, ModelConfig};
+use hearth_quant::{vec_dot_type, GgmlType};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Constant part of the runtime overhead (bytes): binary and library pages, thread
+/// stacks, allocator. Least-squares fit over six measured runs (docs/MEMORY.md).
+pub const OVERHEAD_BASE: u64 = 6_600_000;
+/// Per-vocabulary-entry part of the runtime overhead (bytes per token): tokenizer
+/// tables (token strings, lookup maps, BPE merge ranks). Same fit.
+pub const OVERHEAD_PER_VOCAB: u64 = 368;
+/// Memory read bandwidth assumed when neither `--membw` nor a measurement is given
+/// (GB/s): a single DDR4-3200 channel.
+pub const DEFAULT_MEMBW_GBPS: f64 = 25.6;
+
+/// Hyperparameters that decide sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ModelShape {
+    /// Residual width.
+    pub n_embd: usize,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// FFN hidden width.
+    pub n_ff: usize,
+    /// Vocabulary size.
+    pub n_vocab: usize,
+}
+
+impl ModelShape {
+    /// `n_head · head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    /// `n_head_kv · head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// Named shapes (`hearth synth --shape`), with SmolLM2's 49152-token vocabulary, which
+/// synth copies by default: `tiny`, `1b` (TinyLlama 1.1B), `7b`, `13b`, `70b` (Llama 2).
+pub fn preset(name: &str) -> Option<ModelShape> {
+    let d = |n_embd, n_layer, n_head, n_head_kv, n_ff| ModelShape {
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        head_dim: n_embd / n_head,
+        n_ff,
+        n_vocab: 49152,
+    };
+    Some(match name {
+        "tiny" => d(256, 2, 4, 2, 512),
+        "1b" => d(2048, 22, 32, 4, 5632),
+        "7b" => d(4096, 32, 32, 32, 11008),
+        "13b" => d(5120, 40, 40, 40, 13824),
+        "70b" => d(8192, 80, 64, 8, 28672),
+        _ => return None,
+    })
+}
+
+/// One tensor's header facts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSummary {
+    /// Name, e.g. `blk.3.ffn_up.weight`.
+    pub name: String,
+    /// Element type.
+    pub ty: GgmlType,
+    /// `dims[0]` (input features of a matrix).
+    pub cols: u64,
+    /// Number of dimensions.
+    pub n_dims: usize,
+    /// `ggml_nbytes`.
+    pub bytes: u64,
+}
+
+/// What the planner needs to know about a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSummary {
+    /// Hyperparameters.
+    pub shape: ModelShape,
+    /// Every tensor.
+    pub tensors: Vec<TensorSummary>,
+    /// Bytes that end up mapped: the file length (or, for a shape, the tensor bytes).
+    pub file_bytes: u64,
+}
+
+impl ModelSummary {
+    /// From a parsed GGUF header (tensor data is never read).
+    pub fn from_gguf(f: &GgufFile) -> hearth_model::Result<Self> {
+        let c = ModelConfig::from_gguf(f)?;
+        let shape = ModelShape {
+            n_embd: c.n_embd,
+            n_layer: c.n_layer,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            n_ff: c.n_ff,
+            n_vocab: c.n_vocab,
+        };
+        let tensors = f
+            .tensors()
+            .iter()
+            .map(|t| TensorSummary {
+                name: t.name.clone(),
+                ty: t.ty,
+                cols: t.dims.first().copied().unwrap_or(1),
+                n_dims: t.dims.len(),
+                bytes: t.size,
+            })
+            .collect();
+        Ok(Self { shape, tensors, file_bytes: f.as_bytes().len() as u64 })
+    }
+
+    /// The tensors `hearth synth` writes for `shape` (norms F32, matrices `ty`, output
+    /// `out_ty`). `None` when a row is not whole blocks of the type.
+    pub fn from_shape(shape: ModelShape, ty: GgmlType, out_ty: GgmlType) -> Option<Self> {
+        let s = shape;
+        let (e, q, kv, ff, v) = (s.n_embd as u64, s.q_dim() as u64, s.kv_dim() as u64, s.n_ff as u64, s.n_vocab as u64);
+        let t = |name: String, cols: u64, rows: u64, ty: GgmlType| -> Option<TensorSummary> {
+            let n_dims = if rows == 1 { 1 } else { 2 };
+            Some(TensorSummary { name, ty, cols, n_dims, bytes: ty.row_bytes(cols)?.checked_mul(rows)? })
+        };
+        let mut v_ = vec![t("token_embd.weight".into(), e, v, ty)?];
+        for i in 0..s.n_layer {
+            let b = |n: &str| format!("blk.{i}.{n}.weight");
+            v_.push(t(b("attn_norm"), e, 1, GgmlType::F32)?);
+            v_.push(t(b("attn_q"), e, q, ty)?);
+            v_.push(t(b("attn_k"), e, kv, ty)?);
+            v_.push(t(b("attn_v"), e, kv, ty)?);
+            v_.push(t(b("attn_output"), q, e, ty)?);
+            v_.push(t(b("ffn_norm"), e, 1, GgmlType::F32)?);
+            v_.push(t(b("ffn_gate"), e, ff, ty)?);
+            v_.push(t(b("ffn_up"), e, ff, ty)?);
+            v_.push(t(b("ffn_down"), ff, e, ty)?);
+        }
+        v_.push(t("output_norm.weight".into(), e, 1, GgmlType::F32)?);
+        v_.push(t("output.weight".into(), e, v, out_ty)?);
+        // Each tensor is padded to the default 32-byte alignment in the file.
+        let file_bytes = v_.iter().map(|t| t.bytes.div_ceil(32) * 32).sum();
+        Some(Self { shape, tensors: v_, file_bytes })
+    }
+
+    /// Sum of tensor bytes.
+    pub fn weights_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.bytes).sum()
+    }
+
+    /// Tensor bytes per type name.
+    pub fn weights_by_type(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for t in &self.tensors {
+            *m.entry(t.ty.name().to_string()).or_insert(0) += t.bytes;
+        }
+        m
+    }
+
+    /// The output head: `output.weight`, else the tied `token_embd.weight`.
+    fn output(&self) -> Option<&TensorSummary> {
+        let find = |n: &str| self.tensors.iter().find(|t| t.name == n);
+        find("output.weight").or_else(|| find("token_embd.weight"))
+    }
+
+    /// Bytes one decode step streams: every layer matrix plus the output head
+    /// (`Weights::matrix_bytes`).
+    pub fn bytes_per_token(&self) -> u64 {
+        let layers: u64 = self.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.n_dims == 2).map(|t| t.bytes).sum();
+        layers + self.output().map_or(0, |t| t.bytes)
+    }
+
+    /// Bytes of the largest transformer block.
+    pub fn largest_layer_bytes(&self) -> u64 {
+        let mut per: BTreeMap<usize, u64> = BTreeMap::new();
+        for t in &self.tensors {
+            if let Some(i) = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse().ok()) {
+                *per.entry(i).or_insert(0) += t.bytes;
+            }
+        }
+        per.values().copied().max().unwrap_or(0)
+    }
+
+    /// Largest activation-quantization buffer `matmul` grows to: `n_batch` rows of
+    /// `vec_dot_type(ty)` for a layer matrix's input width, or one row for the output
+    /// head (only the last token's logits are computed).
+    fn quant_scratch_bytes(&self, n_batch: usize) -> u64 {
+        let arb = |t: &TensorSummary| vec_dot_type(t.ty).row_bytes(t.cols).unwrap_or(0);
+        let layers = self.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.n_dims == 2).map(arb).max().unwrap_or(0);
+        (n_batch as u64 * layers).max(self.output().map_or(0, arb))
+    }
+}
+
+/// Run settings the plan depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanParams {
+    /// Context size (KV positions).
+    pub n_ctx: usize,
+    /// Batch size (`-b`); clamped to `1..=n_ctx` as `Context::new` does.
+    pub n_batch: usize,
+    /// Threads.
+    pub n_threads: usize,
+}
+
+/// Bytes `Context::new` allocates plus what the first eval grows (logits, quant):
+/// `4 · n_batch · (2·n_embd + 2·q_dim + 2·kv_dim + 2·n_ff)` f32 activations,
+/// `4 · n_vocab` logits (last token only), the activation-quantization buffer, and
+/// `2 · head_dim` f16 per thread for the attention accumulators.
+pub fn scratch_bytes(m: &ModelSummary, p: PlanParams) -> u64 {
+    let s = &m.shape;
+    let nb = p.n_batch.clamp(1, p.n_ctx.max(1));
+    let per_row = 2 * s.n_embd + 2 * s.q_dim() + 2 * s.kv_dim() + 2 * s.n_ff;
+    let act = 4 * (nb * per_row) as u64;
+    let logits = 4 * s.n_vocab as u64;
+    let acc = (p.n_threads.max(1) * s.head_dim * 2) as u64;
+    act + logits + m.quant_scratch_bytes(nb) + acc
+}
+
+/// Runtime overhead fit: `OVERHEAD_BASE + OVERHEAD_PER_VOCAB · n_vocab`.
+pub fn overhead_bytes(n_vocab: usize) -> u64 {
+    OVERHEAD_BASE + OVERHEAD_PER_VOCAB * n_vocab as u64
+}
+
+/// The prediction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// Hyperparameters.
+    pub shape: ModelShape,
+    /// Context size used.
+    pub n_ctx: usize,
+    /// Batch size used (clamped).
+    pub n_batch: usize,
+    /// Threads.
+    pub n_threads: usize,
+    /// Sum of tensor bytes.
+    pub weights_bytes: u64,
+    /// Tensor bytes per type.
+    pub weights_by_type: BTreeMap<String, u64>,
+    /// Mapped file bytes (resident after a decode).
+    pub file_bytes: u64,
+    /// KV cache bytes.
+    pub kv_cache_bytes: u64,
+    /// Compute scratch bytes.
+    pub scratch_bytes: u64,
+    /// Runtime overhead bytes (fit).
+    pub overhead_bytes: u64,
+    /// `file_bytes + kv_cache_bytes + scratch_bytes + overhead_bytes`.
+    pub peak_rss_bytes: u64,
+    /// Memory this process may use (MemAvailable, capped by a cgroup limit).
+    pub available_bytes: u64,
+    /// `peak_rss_bytes <= available_bytes`.
+    pub fits: bool,
+    /// `available_bytes - peak_rss_bytes` (negative: the shortfall).
+    pub headroom_bytes: i64,
+    /// Largest layer + KV cache + scratch: the least a future sliding window needs.
+    pub min_window_bytes: u64,
+    /// Bytes streamed per decoded token.
+    pub bytes_per_token: u64,
+    /// Memory read bandwidth used (GB/s).
+    pub membw_gbps: f64,
+    /// `membw_gbps · 1e9 / bytes_per_token`.
+    pub decode_tok_s_bound: f64,
+}
+
+/// Predict peak RSS and the decode bound of `m` with `p` on a machine with
+/// `available` bytes and `membw_gbps` GB/s of read bandwidth.
+pub fn plan(m: &ModelSummary, p: PlanParams, available: u64, membw_gbps: f64) -> Plan {
+    let s = m.shape;
+    let kv = KvCache::bytes_for(s.n_layer, p.n_ctx, s.kv_dim()) as u64;
+    let scratch = scratch_bytes(m, p);
+    let overhead = overhead_bytes(s.n_vocab);
+    let peak = m.file_bytes + kv + scratch + overhead;
+    let bpt = m.bytes_per_token();
+    Plan {
+        shape: s,
+        n_ctx: p.n_ctx,
+        n_batch: p.n_batch.clamp(1, p.n_ctx.max(1)),
+        n_threads: p.n_threads,
+        weights_bytes: m.weights_bytes(),
+        weights_by_type: m.weights_by_type(),
+        file_bytes: m.file_bytes,
+        kv_cache_bytes: kv,
+        scratch_bytes: scratch,
+        overhead_bytes: overhead,
+        peak_rss_bytes: peak,
+        available_bytes: available,
+        fits: peak <= available,
+        headroom_bytes: available as i64 - peak as i64,
+        min_window_bytes: m.largest_layer_bytes() + kv + scratch,
+        bytes_per_token: bpt,
+        membw_gbps,
+        decode_tok_s_bound: if bpt == 0 { 0.0 } else { membw_gbps * 1e9 / bpt as f64 },
+    }
+}
+
+/// `MemAvailable` from the text of `/proc/meminfo`, in bytes.
+pub fn parse_meminfo_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line["MemAvailable:".len()..].split_whitespace().next()?.parse::<u64>().ok()? * 1024)
+}
+
+/// A cgroup limit file's value (`max` or an absurd v1 "unlimited" → `None`).
+pub fn parse_cgroup_limit(s: &str) -> Option<u64> {
+    let v: u64 = s.trim().parse().ok()?;
+    (v < 1 << 60).then_some(v)
+}
+
+/// Bytes this process can still use: `MemAvailable`, capped by the cgroup's limit minus
+/// its current usage (v2 `memory.max`/`memory.current`, v1
+/// `memory.limit_in_bytes`/`memory.usage_in_bytes`) where one applies.
+pub fn available_bytes() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let mem = parse_meminfo_available(&read("/proc/meminfo")?)?;
+    let cg = [
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ]
+    .iter()
+    .find_map(|(lim, cur)| {
+        let lim = parse_cgroup_limit(&read(lim)?)?;
+        let cur = read(cur).and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+        Some(lim.saturating_sub(cur))
+    });
+    Some(cg.map_or(mem, |c| c.min(mem)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(n_ctx: usize, n_batch: usize) -> PlanParams {
+        PlanParams { n_ctx, n_batch, n_threads: 2 }
+    }
+
+    #[test]
+    fn seven_b_q4_0_matches_the_synth_layout() {
+        let m = ModelSummary::from_shape(preset("7b").unwrap(), GgmlType::Q4_0, GgmlType::Q4_0).unwrap();
+        // 6.88 B parameters (vocab 49152) at 18 bytes / 32 weights, norms f32:
+        // 3,870,310,400 bytes (synth --dry-run file_bytes 3,872,096,864 adds metadata).
+        let n_params: u64 = 6_878_924_800;
+        assert_eq!(m.tensors.iter().map(|t| t.bytes).sum::<u64>(), m.weights_bytes());
+        let matrices = n_params - (2 * 32 + 1) * 4096;
+        assert_eq!(m.weights_bytes(), matrices / 32 * 18 + (2 * 32 + 1) * 4096 * 4);
+        assert_eq!(m.largest_layer_bytes(), (4 * 4096 * 4096 + 3 * 4096 * 11008) / 32 * 18 + 2 * 4096 * 4);
+    }
+
+    #[test]
+    fn smollm2_kv_and_scratch() {
+        // SmolLM2-135M: 576 wide, 30 layers, 9 heads / 3 KV heads of 64, n_ff 1536.
+        let shape = ModelShape { n_embd: 576, n_layer: 30, n_head: 9, n_head_kv: 3, head_dim: 64, n_ff: 1536, n_vocab: 49152 };
+        let m = ModelSummary::from_shape(shape, GgmlType::Q4_1, GgmlType::Q4_1).unwrap();
+        let pl = plan(&m, p(512, 512), 1 << 40, 10.0);
+        assert_eq!(pl.kv_cache_bytes, 11_796_480);
+        // 5760 f32 per row; q8_1 rows of 1536 (n_ff) are 48 blocks of 36 bytes.
+        assert_eq!(pl.scratch_bytes, 4 * 512 * 5760 + 4 * 49152 + 512 * 48 * 36 + 2 * 64 * 2);
+        assert!(pl.fits && pl.headroom_bytes > 0);
+        // Batch is clamped to the context.
+        assert_eq!(plan(&m, p(16, 512), 0, 10.0).n_batch, 16);
+        assert!(!plan(&m, p(16, 512), 0, 10.0).fits);
+    }
+
+    #[test]
+    fn presets_and_parsers() {
+        assert!(preset("70b").is_some() && preset("3b").is_none());
+        assert_eq!(parse_meminfo_available("MemTotal: 10 kB\nMemAvailable:    2048 kB\n"), Some(2 << 20));
+        assert_eq!(parse_cgroup_limit("max\n"), None);
+        assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_cgroup_limit("1073741824\n"), Some(1 << 30));
+        assert!(available_bytes().is_none_or(|b| b > 0));
+    }
+}

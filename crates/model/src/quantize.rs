@@ -1,0 +1,492 @@
+//! Requantizing a GGUF file to another weight type, as `llama-quantize` does.
+//!
+//! Two halves: [`plan_quantize`] picks each tensor's output type (pure, no I/O), and
+//! [`write_quantized`] streams the file tensor by tensor (dequantize a row to f32,
+//! quantize it to the new type), in parallel over rows, holding at most one chunk of
+//! output rows and one f32 row per thread — never a whole model, nor a whole f32 tensor.
+//!
+//! Type choice follows llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp) where it
+//! applies to the llama architecture, so a file quantized here has the tensor types of
+//! the one llama-quantize would write:
+//!
+//! - 1-D tensors (norms) become F32; tensors not named `*weight` are copied unchanged.
+//! - Float targets (f32, f16, bf16): every matrix to that type.
+//! - Quantized targets: every matrix to the target, except the output head
+//!   (`output.weight`, or `token_embd.weight` when the embedding is tied) which becomes
+//!   Q6_K (Q8_0 when its rows are not whole target blocks; unchanged for a Q8_0 target),
+//!   and the K-quant "mix" tweaks: q2_k = Q2_K (attn_v Q4_K when n_head/n_head_kv ≥ 4 else
+//!   Q3_K; attn_output, ffn_down Q3_K); q3_k = Q3_K_M (attn_v Q5_K for the first two layers
+//!   else Q4_K; ffn_down Q5_K for the first 1/16 of layers, else Q4_K; attn_output Q4_K);
+//!   q4_k = Q4_K_M and q5_k = Q5_K_M (attn_v and ffn_down Q6_K on `use_more_bits` layers);
+//!   q6_k = Q6_K. `pure` turns these tweaks off (llama-quantize `--pure`).
+//! - `--token-embedding-type` / `--output-type` override the choice for those tensors.
+//! - Fallback, as llama.cpp, when a row is not a whole number of the chosen type's blocks
+//!   (K-quants need 256; SmolLM2's n_embd is 576): Q4_K → Q5_0, Q5_K → Q5_1,
+//!   Q6_K → Q8_0; Q2_K and Q3_K → Q4_0 (llama.cpp uses IQ4_NL, which hearth cannot
+//!   write yet; Q4_0 has the same 4.5 bits per weight); if that still does not fit, F16.
+//!   Other types whose blocks do not fit (llama.cpp refuses) also fall back to F16.
+//!
+//! Quantizing an already-quantized tensor to another type compounds the rounding errors,
+//! so it is refused unless `allow_requantize` is set (llama-quantize's
+//! `--allow-requantize`). A tensor whose chosen type equals its source type is copied
+//! byte for byte. Quantization uses ggml's reference (no importance matrix) kernels,
+//! which is what llama-quantize runs without `--imatrix`.
+
+use hearth_gguf::{write_gguf_file, GgufError, GgufFile, TensorSpec, Value};
+use hearth_quant::{dequantize_row, quantize_row, GgmlType, QuantError};
+use std::io::Write;
+use std::path::Path;
+
+/// Types [`plan_quantize`] accepts as a target (and as an override).
+pub const QUANTIZE_TARGETS: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// llama.cpp's `llama_ftype` for a target (`general.file_type`): K-quant targets are the
+/// `_M` mixes the recipe implements (Q3_K_M = 12, Q4_K_M = 15, Q5_K_M = 17), the rest the
+/// `MOSTLY_*` values. `None` for types that are not targets.
+pub fn target_file_type(ty: GgmlType) -> Option<u32> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => 0,
+        F16 => 1,
+        Q4_0 => 2,
+        Q4_1 => 3,
+        Q8_0 => 7,
+        Q5_0 => 8,
+        Q5_1 => 9,
+        Q2_K => 10,
+        Q3_K => 12,
+        Q4_K => 15,
+        Q5_K => 17,
+        Q6_K => 18,
+        BF16 => 32,
+        _ => return None,
+    })
+}
+
+/// The names of [`QUANTIZE_TARGETS`], comma-separated.
+pub fn quantize_target_names() -> String {
+    QUANTIZE_TARGETS.iter().map(|t| t.name().to_ascii_lowercase()).collect::<Vec<_>>().join(", ")
+}
+
+/// Why a file could not be quantized.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuantizeError {
+    /// The target (or an override) is not a type hearth can quantize to.
+    #[error("{flag} {ty}: hearth cannot quantize to this type (supported: {supported})")]
+    UnsupportedTarget {
+        /// Which option named it (`--type`, `--output-type`, ...).
+        flag: String,
+        /// The type as given.
+        ty: String,
+        /// Supported types.
+        supported: String,
+    },
+    /// A quantized source tensor would be requantized without permission.
+    #[error("tensor {name} is already quantized ({ty}); requantizing it loses quality, pass --allow-requantize to do it anyway")]
+    Requantize {
+        /// Tensor name.
+        name: String,
+        /// Its type in the source file.
+        ty: GgmlType,
+    },
+    /// A source tensor's type cannot be decoded.
+    #[error("tensor {name} has type {ty}, which hearth cannot dequantize")]
+    UnsupportedSource {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// Reading or writing the GGUF file failed.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// A row failed to convert (a bug: shapes are checked when planning).
+    #[error("quantize: {0}")]
+    Quant(#[from] QuantError),
+}
+
+/// Options of [`plan_quantize`].
+#[derive(Debug, Clone)]
+pub struct QuantizeOptions {
+    /// Target type of the weight matrices.
+    pub ty: GgmlType,
+    /// Type of the output head [default: the recipe's choice].
+    pub output_type: Option<GgmlType>,
+    /// Type of `token_embd.weight` [default: the recipe's choice].
+    pub token_embedding_type: Option<GgmlType>,
+    /// Allow converting already-quantized tensors to another type.
+    pub allow_requantize: bool,
+    /// Every matrix to `ty` (still with the block-size fallback): llama-quantize `--pure`.
+    pub pure: bool,
+}
+
+impl QuantizeOptions {
+    /// Defaults for target `ty`.
+    pub fn new(ty: GgmlType) -> Self {
+        Self { ty, output_type: None, token_embedding_type: None, allow_requantize: false, pure: false }
+    }
+}
+
+/// One tensor's conversion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorPlan {
+    /// Tensor name.
+    pub name: String,
+    /// Shape in ggml order.
+    pub dims: Vec<u64>,
+    /// Type in the source file.
+    pub src: GgmlType,
+    /// Type in the output file.
+    pub dst: GgmlType,
+    /// Whether `dst` is a fallback because the rows are not whole blocks of the recipe's type.
+    pub fallback: bool,
+}
+
+fn check_target(flag: &str, ty: GgmlType) -> Result<(), QuantizeError> {
+    if QUANTIZE_TARGETS.contains(&ty) {
+        Ok(())
+    } else {
+        Err(QuantizeError::UnsupportedTarget { flag: flag.into(), ty: ty.name().into(), supported: quantize_target_names() })
+    }
+}
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of layers, and every third between.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2
+}
+
+/// llama.cpp's fallback for a type whose blocks do not fit a row of `cols`.
+fn fallback(ty: GgmlType, cols: u64) -> (GgmlType, bool) {
+    if cols.is_multiple_of(ty.block_size() as u64) {
+        return (ty, false);
+    }
+    let f = match ty {
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
+        GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
+        _ => GgmlType::F16,
+    };
+    (if cols.is_multiple_of(f.block_size() as u64) { f } else { GgmlType::F16 }, true)
+}
+
+/// Choose every tensor's output type (see the module docs for the recipe), and check
+/// that each conversion is possible and allowed.
+pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan>, QuantizeError> {
+    use GgmlType::*;
+    check_target("--type", o.ty)?;
+    if let Some(t) = o.output_type {
+        check_target("--output-type", t)?;
+    }
+    if let Some(t) = o.token_embedding_type {
+        check_target("--token-embedding-type", t)?;
+    }
+    let arch = f.get_str("general.architecture").unwrap_or("llama").to_string();
+    let n_head = f.get_u64(&format!("{arch}.attention.head_count")).unwrap_or(1).max(1);
+    let n_gqa = f.get_u64(&format!("{arch}.attention.head_count_kv")).map(|kv| n_head / kv.max(1)).unwrap_or(1);
+    let has_output = f.tensor("output.weight").is_some();
+    let n_wv = f.tensors().iter().filter(|t| t.name.contains("attn_v.weight")).count();
+    let n_down = f.tensors().iter().filter(|t| t.name.contains("ffn_down")).count();
+    let (mut i_wv, mut i_down) = (0usize, 0usize);
+    let quantized_target = !is_float(o.ty);
+
+    let mut plan = Vec::with_capacity(f.tensors().len());
+    for t in f.tensors() {
+        let name = t.name.as_str();
+        let matrix = t.dims.len() >= 2 && name.ends_with("weight");
+        let (dst, fell_back) = if t.dims.len() == 1 && is_float(t.ty) {
+            (F32, false)
+        } else if !matrix {
+            (t.ty, false)
+        } else {
+            let cols = t.dims[0];
+            let is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
+            let mut ty = o.ty;
+            if quantized_target && !o.pure {
+                if is_output {
+                    if !cols.is_multiple_of(o.ty.block_size() as u64) {
+                        ty = Q8_0;
+                    } else if o.ty != Q8_0 {
+                        ty = Q6_K;
+                    }
+                } else if name.contains("attn_v.weight") {
+                    ty = match o.ty {
+                        Q2_K if n_gqa >= 4 => Q4_K,
+                        Q2_K => Q3_K,
+                        Q3_K if i_wv < 2 => Q5_K,
+                        Q3_K => Q4_K,
+                        Q4_K | Q5_K if use_more_bits(i_wv, n_wv) => Q6_K,
+                        t => t,
+                    };
+                    i_wv += 1;
+                } else if name.contains("ffn_down") {
+                    ty = match o.ty {
+                        Q2_K => Q3_K,
+                        Q3_K if i_down < n_down / 16 => Q5_K,
+                        Q3_K => Q4_K,
+                        Q4_K | Q5_K if use_more_bits(i_down, n_down) => Q6_K,
+                        t => t,
+                    };
+                    i_down += 1;
+                } else if name.contains("attn_output.weight") {
+                    ty = match o.ty {
+                        Q2_K => Q3_K,
+                        Q3_K => Q4_K,
+                        t => t,
+                    };
+                }
+            }
+            if name == "token_embd.weight" {
+                ty = o.token_embedding_type.unwrap_or(ty);
+            }
+            if name == "output.weight" {
+                ty = o.output_type.unwrap_or(ty);
+            }
+            fallback(ty, cols)
+        };
+        if dst != t.ty {
+            if !is_float(t.ty) && !o.allow_requantize {
+                return Err(QuantizeError::Requantize { name: name.into(), ty: t.ty });
+            }
+            let probe = vec![0u8; t.ty.type_size()];
+            let mut out = vec![0f32; t.ty.block_size()];
+            if dequantize_row(t.ty, &probe, &mut out).is_err() {
+                return Err(QuantizeError::UnsupportedSource { name: name.into(), ty: t.ty });
+            }
+        }
+        plan.push(TensorPlan { name: name.into(), dims: t.dims.clone(), src: t.ty, dst, fallback: fell_back });
+    }
+    Ok(plan)
+}
+
+/// The source metadata with `general.file_type` set for target `ty` (and
+/// `general.quantization_version` 2, as llama-quantize writes); everything else,
+/// `general.alignment` included, is copied unchanged and in order.
+pub fn quantized_metadata(f: &GgufFile, ty: GgmlType) -> Vec<(String, Value)> {
+    let mut meta = f.metadata().to_vec();
+    let mut set = |k: &str, v: Value| match meta.iter_mut().find(|(key, _)| key == k) {
+        Some(slot) => slot.1 = v,
+        None => meta.push((k.to_string(), v)),
+    };
+    if let Some(ft) = target_file_type(ty) {
+        set("general.file_type", Value::U32(ft));
+    }
+    set("general.quantization_version", Value::U32(2));
+    meta
+}
+
+/// Write `f`'s tensors converted as `plan` says, with `meta`, to `out` atomically (a
+/// temporary file renamed into place; nothing is left behind on error). `progress` is
+/// called with the number of output bytes written so far in each step.
+pub fn write_quantized(
+    f: &GgufFile,
+    out: &Path,
+    meta: &[(String, Value)],
+    plan: &[TensorPlan],
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), QuantizeError> {
+    let specs: Vec<TensorSpec> =
+        plan.iter().map(|p| TensorSpec { name: p.name.clone(), dims: p.dims.clone(), ty: p.dst }).collect();
+    write_gguf_file(out, meta, &specs, |i, w| {
+        let p = &plan[i];
+        let t = f.tensor(&p.name).expect("planned from this file");
+        convert_tensor(p, f.tensor_data(t), threads, w, progress)
+    })?;
+    Ok(())
+}
+
+/// Convert one tensor's bytes (`src`, of type `p.src`) to `p.dst` and write them to `w`.
+pub fn convert_tensor(
+    p: &TensorPlan,
+    src: &[u8],
+    threads: usize,
+    w: &mut dyn Write,
+    progress: &(dyn Fn(u64) + Sync),
+) -> std::io::Result<()> {
+    if p.src == p.dst {
+        progress(src.len() as u64);
+        return w.write_all(src);
+    }
+    let cols = p.dims[0] as usize;
+    let rows: usize = p.dims[1..].iter().product::<u64>() as usize;
+    let bad = |what| std::io::Error::other(format!("tensor {}: {what}", p.name));
+    let (src_rb, dst_rb) = match (p.src.row_bytes(cols as u64), p.dst.row_bytes(cols as u64)) {
+        (Some(a), Some(b)) => (a as usize, b as usize),
+        _ => return Err(bad("rows are not whole blocks")),
+    };
+    if src.len() != src_rb * rows {
+        return Err(bad("data size does not match its shape"));
+    }
+    let threads = threads.max(1);
+    // About 16 MiB of output per step, at least one row per thread.
+    let chunk_rows = ((16usize << 20) / dst_rb.max(1)).clamp(threads.min(rows.max(1)), rows.max(1));
+    let mut buf = vec![0u8; chunk_rows * dst_rb];
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = chunk_rows.min(rows - r0);
+        let out = &mut buf[..n * dst_rb];
+        let input = &src[r0 * src_rb..(r0 + n) * src_rb];
+        let per = n.div_ceil(threads);
+        let err = std::thread::scope(|s| {
+            let hs: Vec<_> = out
+                .chunks_mut(per * dst_rb)
+                .zip(input.chunks(per * src_rb))
+                .map(|(o, i)| {
+                    s.spawn(move || -> Result<(), QuantError> {
+                        let mut x = vec![0f32; cols];
+                        for (dst, srow) in o.chunks_mut(dst_rb).zip(i.chunks(src_rb)) {
+                            dequantize_row(p.src, srow, &mut x)?;
+                            quantize_row(p.dst, &x, dst)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("quantize thread panicked")).find_map(Result::err)
+        });
+        if let Some(e) = err {
+            return Err(bad(&e.to_string()));
+        }
+        w.write_all(out)?;
+        progress(out.len() as u64);
+        r0 += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_gguf::write_gguf;
+
+    /// A tiny llama-shaped file: 576-wide embedding (tied), 2 layers, ffn 512.
+    fn file(ty: GgmlType) -> GgufFile {
+        let meta = vec![
+            ("general.architecture".to_string(), Value::String("llama".into())),
+            ("general.alignment".to_string(), Value::U32(64)),
+            ("llama.attention.head_count".to_string(), Value::U32(9)),
+            ("llama.attention.head_count_kv".to_string(), Value::U32(3)),
+        ];
+        let s = |name: &str, dims: Vec<u64>, ty| TensorSpec { name: name.into(), dims, ty };
+        let mut specs = vec![s("token_embd.weight", vec![576, 8], ty)];
+        for i in 0..2 {
+            specs.push(s(&format!("blk.{i}.attn_norm.weight"), vec![576], GgmlType::F32));
+            specs.push(s(&format!("blk.{i}.attn_v.weight"), vec![576, 4], ty));
+            specs.push(s(&format!("blk.{i}.ffn_down.weight"), vec![512, 576], ty));
+        }
+        let bytes = write_gguf(Vec::new(), &meta, &specs, |i, w| {
+            let t = &specs[i];
+            let cols = t.dims[0] as usize;
+            let rows: u64 = t.dims[1..].iter().product();
+            let x: Vec<f32> = (0..cols).map(|j| ((j * 7 + i) % 13) as f32 / 13.0 - 0.5).collect();
+            let mut row = vec![0u8; t.ty.row_bytes(cols as u64).unwrap() as usize];
+            quantize_row(t.ty, &x, &mut row).unwrap();
+            (0..rows).try_for_each(|_| w.write_all(&row))
+        })
+        .unwrap();
+        GgufFile::from_vec(bytes).unwrap()
+    }
+
+    fn types(plan: &[TensorPlan]) -> Vec<(String, GgmlType)> {
+        plan.iter().map(|p| (p.name.clone(), p.dst)).collect()
+    }
+
+    #[test]
+    fn k_quants_follow_llama_cpp_with_fallback() {
+        let f = file(GgmlType::F16);
+        let plan = plan_quantize(&f, &QuantizeOptions::new(GgmlType::Q4_K)).unwrap();
+        let got = types(&plan);
+        let want = [
+            ("token_embd.weight", GgmlType::Q8_0), // tied output: Q6_K, falls back on 576
+            ("blk.0.attn_norm.weight", GgmlType::F32),
+            ("blk.0.attn_v.weight", GgmlType::Q5_0), // Q4_K falls back on 576
+            ("blk.0.ffn_down.weight", GgmlType::Q4_K), // 512 wide: fits
+            ("blk.1.attn_norm.weight", GgmlType::F32),
+            ("blk.1.attn_v.weight", GgmlType::Q8_0), // use_more_bits(1, 2): Q6_K, falls back
+            ("blk.1.ffn_down.weight", GgmlType::Q6_K),
+        ];
+        assert_eq!(got, want.map(|(n, t)| (n.to_string(), t)));
+        assert!(plan[2].fallback && !plan[3].fallback && !plan[0].fallback); // the head picks Q8_0 itself
+
+        let pure = QuantizeOptions { pure: true, ..QuantizeOptions::new(GgmlType::Q4_K) };
+        let plan = plan_quantize(&f, &pure).unwrap();
+        assert_eq!(plan[0].dst, GgmlType::Q5_0);
+        assert_eq!(plan[3].dst, GgmlType::Q4_K);
+        let q2 = plan_quantize(&f, &QuantizeOptions { pure: true, ..QuantizeOptions::new(GgmlType::Q2_K) }).unwrap();
+        assert_eq!(q2[0].dst, GgmlType::Q4_0);
+    }
+
+    #[test]
+    fn simple_types_and_overrides() {
+        let f = file(GgmlType::F32);
+        let plan = plan_quantize(&f, &QuantizeOptions::new(GgmlType::Q4_0)).unwrap();
+        assert_eq!(plan[0].dst, GgmlType::Q8_0); // tied output head: Q6_K, falls back on 576
+        assert!(plan[1..].iter().all(|p| p.dst == if p.dims.len() == 1 { GgmlType::F32 } else { GgmlType::Q4_0 }));
+        let o = QuantizeOptions { token_embedding_type: Some(GgmlType::F16), ..QuantizeOptions::new(GgmlType::Q8_0) };
+        let plan = plan_quantize(&f, &o).unwrap();
+        assert_eq!(plan[0].dst, GgmlType::F16);
+        let plan = plan_quantize(&f, &QuantizeOptions::new(GgmlType::BF16)).unwrap();
+        assert!(plan.iter().all(|p| p.dst == if p.dims.len() == 1 { GgmlType::F32 } else { GgmlType::BF16 }));
+    }
+
+    #[test]
+    fn requantize_and_bad_targets_are_refused() {
+        let f = file(GgmlType::Q4_1);
+        let e = plan_quantize(&f, &QuantizeOptions::new(GgmlType::Q8_0)).unwrap_err();
+        assert!(matches!(e, QuantizeError::Requantize { ty: GgmlType::Q4_1, .. }), "{e}");
+        assert!(e.to_string().contains("--allow-requantize"));
+        // Same type: copied, no permission needed.
+        let plan = plan_quantize(&f, &QuantizeOptions { pure: true, ..QuantizeOptions::new(GgmlType::Q4_1) }).unwrap();
+        assert!(plan.iter().all(|p| p.dst == p.src));
+        let e = plan_quantize(&f, &QuantizeOptions::new(GgmlType::IQ4_XS)).unwrap_err().to_string();
+        assert!(e.contains("iq4_xs") && e.contains("q4_k") && e.contains("q8_0"), "{e}");
+    }
+
+    #[test]
+    fn metadata_keeps_alignment_and_sets_file_type() {
+        let f = file(GgmlType::F32);
+        let meta = quantized_metadata(&f, GgmlType::Q4_K);
+        let get = |k: &str| meta.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        assert_eq!(get("general.file_type"), Some(Value::U32(15)));
+        assert_eq!(get("general.alignment"), Some(Value::U32(64)));
+        assert_eq!(get("general.architecture"), Some(Value::String("llama".into())));
+    }
+
+    #[test]
+    fn conversion_matches_a_direct_quantization_at_any_thread_count() {
+        let f = file(GgmlType::F32);
+        let t = f.tensor("blk.0.ffn_down.weight").unwrap();
+        let p = TensorPlan { name: t.name.clone(), dims: t.dims.clone(), src: t.ty, dst: GgmlType::Q4_K, fallback: false };
+        let mut one = Vec::new();
+        convert_tensor(&p, f.tensor_data(t), 1, &mut one, &|_| {}).unwrap();
+        let mut three = Vec::new();
+        convert_tensor(&p, f.tensor_data(t), 3, &mut three, &|_| {}).unwrap();
+        assert_eq!(one, three);
+        let mut x = vec![0f32; 512];
+        dequantize_row(GgmlType::F32, &f.tensor_data(t)[..2048], &mut x).unwrap();
+        let mut row = vec![0u8; 144 * 2];
+        quantize_row(GgmlType::Q4_K, &x, &mut row).unwrap();
+        assert_eq!(&one[..288], &row[..]);
+        assert_eq!(one.len(), 288 * 576);
+    }
+}
