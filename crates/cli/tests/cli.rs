@@ -2,36 +2,18 @@
 //! (missing, non-GGUF, truncated and hostile files, unsupported architectures and types,
 //! empty or oversized prompts) that must give a one-line error and a non-zero exit, never a panic.
 
+mod common;
+use common::*;
+
 use hearth_gguf::{GgufFile, TensorSpec, Value};
 use hearth_quant::GgmlType;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn model() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
-    p
-}
-
-fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()
-}
+use std::process::Command;
 
 fn tmp(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli");
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
-}
-
-/// A clean failure: non-zero exit (not a panic's 101), one line on stderr starting with `error:`.
-fn assert_clean_error(out: &Output, want: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "should fail: {err}");
-    assert_ne!(out.status.code(), Some(101), "panicked: {err}");
-    assert!(!err.contains("panicked"), "panicked: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(err.starts_with("error:"), "{err}");
-    assert!(err.to_lowercase().contains(&want.to_lowercase()), "expected {want:?} in {err}");
 }
 
 #[test]

@@ -2,23 +2,11 @@
 //! --json`'s VmHWM; shape mode agrees with synth's size formula; a 70B f32 does not fit;
 //! a corrupt file is a one-line error.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::*;
 
-fn model() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
-    p
-}
+use std::path::Path;
 
-fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()
-}
-
-fn ok(out: Output) -> serde_json::Value {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
-}
 
 /// Predicted vs measured peak RSS at batch 256 with a prompt longer than the batch (so the
 /// whole scratch is written, the peak the plan predicts).

@@ -2,26 +2,19 @@
 //! loaded, generated from and scored; metadata and tensor types checked; bad requests
 //! refused with a one-line error and nothing left behind.
 
+mod common;
+use common::*;
+
 use hearth_gguf::{GgufFile, Value};
 use hearth_quant::GgmlType;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn model() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
-    p
-}
+use std::process::Output;
 
 fn reference_dir() -> PathBuf {
     std::env::var("HEARTH_REFERENCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference"))
         .join("smollm2")
-}
-
-fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()
 }
 
 fn ok(out: Output) -> String {
@@ -153,15 +146,6 @@ fn full_text_perplexity_meets_the_issue_criteria() {
     eprintln!("perplexity on ppl_gpl3.txt: f16 {p16:.4}, q8_0 {p8:.4}, q4_k {p4:.4}");
     assert!((p8 / p16 - 1.0).abs() < 0.01, "q8_0 {p8} vs f16 {p16}");
     assert!((p4 / p16 - 1.0).abs() < 0.10, "q4_k {p4} vs f16 {p16}");
-}
-
-/// A clean failure: exit 1, one line on stderr starting with `error:`.
-fn assert_clean_error(out: &Output, want: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(err.starts_with("error:"), "{err}");
-    assert!(err.to_lowercase().contains(&want.to_lowercase()), "expected {want:?} in {err}");
 }
 
 #[test]
