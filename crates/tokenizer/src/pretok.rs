@@ -557,18 +557,21 @@ fn split_gpt2(chars: &[char], flags: &[u16], start: usize, end: usize, out: &mut
         while f.flags(pos + n_ws) & WHITESPACE != 0 {
             n_ws += 1;
         }
-        if n_ws > 1 && f.cpt(pos + n_ws).is_some() {
-            pos += n_ws - 1;
-            emit.to(pos);
-            continue;
-        }
-        if n_ws > 0 {
-            pos += n_ws;
-            emit.to(pos);
-            continue;
-        }
-        pos += 1;
+        pos = whitespace_end(&f, pos, n_ws);
         emit.to(pos);
+    }
+}
+
+/// End of the piece starting at `pos` with `n_ws` whitespace characters, the common tail
+/// of llama.cpp's hand-written splitters: `\s+(?!\S)` keeps the last space for the next
+/// word, `\s+` takes the run, anything else is a single character.
+fn whitespace_end(f: &Frag<'_>, pos: usize, n_ws: usize) -> usize {
+    if n_ws > 1 && f.cpt(pos + n_ws).is_some() {
+        pos + n_ws - 1
+    } else if n_ws > 0 {
+        pos + n_ws
+    } else {
+        pos + 1
     }
 }
 
@@ -645,19 +648,7 @@ fn split_llama3(chars: &[char], flags: &[u16], start: usize, end: usize, out: &m
             emit.to(pos);
             continue;
         }
-        // \s+(?!\S)
-        if n_ws > 1 && f.cpt(pos + n_ws).is_some() {
-            pos += n_ws - 1;
-            emit.to(pos);
-            continue;
-        }
-        // \s+
-        if n_ws > 0 {
-            pos += n_ws;
-            emit.to(pos);
-            continue;
-        }
-        pos += 1;
+        pos = whitespace_end(&f, pos, n_ws);
         emit.to(pos);
     }
 }
