@@ -30,7 +30,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Threads to use.
     pub fn threads(&self) -> usize {
-        self.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1)
+        threads_or_default(self.threads)
     }
 
     /// Load the model, with a one-line error that says how to get the default one.
@@ -141,3 +141,20 @@ pub fn params_label(n: u64) -> String {
     if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
 }
 
+
+/// `--threads`, else the number of physical cores.
+pub fn threads_or_default(threads: Option<u16>) -> usize {
+    threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1)
+}
+
+/// A progress bar on stderr for writing `total` bytes.
+pub fn byte_progress(total: u64, message: String) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}")
+            .expect("constant template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(message);
+    pb
+}

@@ -102,8 +102,9 @@ fn cpu_info() -> String {
         .unwrap_or_default()
 }
 
-fn threads_or_default(t: &[u16]) -> Vec<usize> {
-    if t.is_empty() { vec![hearth_kernels::physical_cores().max(1)] } else { t.iter().map(|&t| t as usize).collect() }
+/// The `-t` list, else one entry: the default thread count.
+fn thread_counts(t: &[u16]) -> Vec<usize> {
+    if t.is_empty() { vec![crate::common::threads_or_default(None)] } else { t.iter().map(|&t| t as usize).collect() }
 }
 
 fn progress(len: u64) -> ProgressBar {
@@ -115,7 +116,7 @@ fn progress(len: u64) -> ProgressBar {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let threads = threads_or_default(&a.threads);
+    let threads = thread_counts(&a.threads);
     let bytes = (a.membw_mib as usize) << 20;
     if a.membw {
         return run_membw(&threads, bytes, a.json);

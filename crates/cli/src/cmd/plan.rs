@@ -43,7 +43,7 @@ fn gb(b: u64) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let threads = a.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1);
+    let threads = crate::common::threads_or_default(a.threads);
     let (summary, n_ctx_train, what) = match &a.shape {
         Some(s) => {
             let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;

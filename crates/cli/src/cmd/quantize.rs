@@ -12,7 +12,6 @@ use hearth_model::quantize::{
     QuantizeError,
 };
 use hearth_quant::GgmlType;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -95,15 +94,9 @@ pub fn run(a: Args) -> Result<()> {
     let needed = file_bytes(&meta, &specs)?;
     check_space(&a.output, needed, free_bytes(&out_dir)?)?;
 
-    let threads = a.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1);
+    let threads = crate::common::threads_or_default(a.threads);
     let data: u64 = specs.iter().map(|t| t.size().unwrap_or(0)).sum();
-    let pb = ProgressBar::new(data);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}")
-            .unwrap()
-            .progress_chars("=> "),
-    );
-    pb.set_message(format!("quantizing to {}", a.output.display()));
+    let pb = crate::common::byte_progress(data, format!("quantizing to {}", a.output.display()));
     write_quantized(&src, &a.output, &meta, &plan, threads, &|n| pb.inc(n))
         .with_context(|| format!("writing {}", a.output.display()))?;
     pb.finish_and_clear();

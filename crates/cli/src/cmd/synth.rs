@@ -15,7 +15,7 @@ use crate::common::{file_type_of, mib, params_label, print_out, resolve_model};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec, Value};
 use hearth_quant::GgmlType;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -331,15 +331,9 @@ pub fn run(a: Args) -> Result<()> {
     };
     check_space(&a.out, needed, free_bytes(&dir)?)?;
 
-    let threads = a.threads.map(usize::from).unwrap_or_else(hearth_kernels::physical_cores).max(1);
+    let threads = crate::common::threads_or_default(a.threads);
     let data: u64 = tensors.iter().map(|t| t.size().unwrap_or(0)).sum();
-    let pb = ProgressBar::new(data);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}")
-            .unwrap()
-            .progress_chars("=> "),
-    );
-    pb.set_message(format!("writing {}", a.out.display()));
+    let pb = crate::common::byte_progress(data, format!("writing {}", a.out.display()));
     let seed = a.seed;
     write_gguf_file(&a.out, &meta, &tensors, |i, w| fill_tensor(&tensors[i], i, seed, threads, w, &pb))
         .with_context(|| format!("writing {}", a.out.display()))?;
