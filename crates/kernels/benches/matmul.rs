@@ -5,9 +5,11 @@
 //! - `matvec/<level>/<type>`: 4096×4096, one token, one thread (decode).
 //! - `prefill64/<level>/<type>`: 4096×4096, 64 tokens, one thread: each
 //!   weight byte serves 64 tokens, so this is far above memory bandwidth.
-//! - `smollm2_decode/<threads>t`: one decode step's matmuls of SmolLM2-135M
 //! - `matvec_l2/<level>/<type>`: 256×4096, one token: cache-resident, so
 //!   this is the kernel's compute speed.
+//! - `matvec_dram/<level>/<type>/<threads>t`: ~256 MiB of weights (beyond
+//!   the L3), one token: what decode sees; compare with `hearth bench --membw`.
+//! - `smollm2_decode/<threads>t`: one decode step's matmuls of SmolLM2-135M
 //!   (30 layers of Q4_1 576/192/1536 matrices + the 49152×576 Q8_0 head),
 //!   bytes = all weights touched once.
 
@@ -87,6 +89,34 @@ fn cached(c: &mut Criterion) {
     g.finish();
 }
 
+/// ~256 MiB, one token: memory-bound. Rows repeat a small quantized matrix
+/// (quantizing 256 MiB of floats would dominate the bench's start-up).
+fn dram(c: &mut Criterion) {
+    let cols = 4096;
+    let mut g = c.benchmark_group("matvec_dram");
+    g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let rows = (256 << 20) / rb / 64 * 64;
+        let seed = random_bytes(ty, 64, cols, 1);
+        let w: Vec<u8> = seed.iter().copied().cycle().take(rows * rb).collect();
+        let view = WeightView::new(ty, &w, rows, cols).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+        let mut out = vec![0f32; rows];
+        let mut scratch = Vec::new();
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
+                g.bench_function(format!("{}/{}/{threads}t", level.name(), ty.name()), |b| {
+                    b.iter(|| matmul_with(level, &pool, &view, &x, 1, &mut out, &mut scratch).unwrap())
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
 fn smollm2(c: &mut Criterion) {
     let (e, ff, kv, layers, vocab) = (576, 1536, 192, 30, 49152);
     let shapes = [(e, e), (kv, e), (kv, e), (e, e), (ff, e), (ff, e), (e, ff)];
@@ -119,5 +149,5 @@ fn smollm2(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, square, cached, smollm2);
+criterion_group!(benches, square, cached, dram, smollm2);
 criterion_main!(benches);

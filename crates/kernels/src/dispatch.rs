@@ -64,7 +64,8 @@ pub fn has_vnni() -> bool {
     crate::arch::has_vnni()
 }
 
-/// One panel of a matmul: up to [`PANEL_ROWS`] rows × [`PANEL_TOKENS`] tokens.
+/// One panel of a matmul: up to [`PANEL_ROWS`] rows × [`PANEL_TOKENS`] tokens,
+/// or for one token up to `PANEL_ROWS * PANEL_TOKENS` rows.
 /// `out[t * n_rows + r]` receives dot(weight row r, activation row t).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Panel<'a> {
@@ -81,7 +82,7 @@ pub(crate) struct Panel<'a> {
     pub n_tokens: usize,
 }
 
-/// Rows per panel: the unit of work handed to a thread.
+/// Rows per panel (with several tokens): the unit of work handed to a thread.
 pub(crate) const PANEL_ROWS: usize = 16;
 /// Tokens per panel: bounds the on-stack output tile.
 pub(crate) const PANEL_TOKENS: usize = 32;

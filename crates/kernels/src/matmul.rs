@@ -2,8 +2,8 @@
 //!
 //! `matmul` quantizes the activations once per call (into the caller's
 //! scratch, to `vec_dot_type(w.ty)` blocks, exactly like ggml), then hands
-//! panels of [`PANEL_ROWS`] rows to the pool's threads through an atomic
-//! counter. A panel covers up to [`PANEL_TOKENS`] tokens; inside, the SIMD
+//! panels of [`PANEL_ROWS`] rows (more for a single token) to the pool's
+//! threads through an atomic counter. A panel covers up to [`PANEL_TOKENS`] tokens; inside, the SIMD
 //! kernels work in tiles of a few rows × a few tokens so that each weight
 //! block read from memory serves several tokens (prefill) and each activation
 //! block several rows.
@@ -147,8 +147,17 @@ fn matmul_impl(
     }
     let act = &*act;
 
-    // 2. Panels of rows, handed out dynamically.
-    let n_panels = rows.div_ceil(PANEL_ROWS);
+    // 2. Panels of rows, handed out dynamically. A matvec (decode) streams
+    // its weights from memory once: panels of about a quarter of a thread's
+    // share (the output buffer holds PANEL_ROWS × PANEL_TOKENS) keep each
+    // thread on long contiguous runs, so the kernels' prefetch of the next
+    // tile is mostly of rows the same thread reads next.
+    let panel_rows = if n_tokens == 1 {
+        rows.div_ceil(4 * pool.n_threads()).next_multiple_of(PANEL_ROWS).min(PANEL_ROWS * PANEL_TOKENS)
+    } else {
+        PANEL_ROWS
+    };
+    let n_panels = rows.div_ceil(panel_rows);
     let next = AtomicUsize::new(0);
     let op = SendPtr(out.as_mut_ptr());
     pool.run(|_, _| {
@@ -158,8 +167,8 @@ fn matmul_impl(
             if pi >= n_panels {
                 break;
             }
-            let r0 = pi * PANEL_ROWS;
-            let nr = PANEL_ROWS.min(rows - r0);
+            let r0 = pi * panel_rows;
+            let nr = panel_rows.min(rows - r0);
             let wdata = &w.data[r0 * w.row_stride..];
             for t0 in (0..n_tokens).step_by(PANEL_TOKENS) {
                 let nt = PANEL_TOKENS.min(n_tokens - t0);

@@ -230,6 +230,85 @@ proptest! {
     }
 }
 
+/// The weight types whose avx512 kernels hold two rows per vector
+/// (`arch/x86_64/avx512_pair*.rs`): odd rows, 8- and 4-row matvec tiles,
+/// 8×4 / 4×4 prefill tiles and their remainders.
+const PAIRED: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K];
+
+/// `nb` blocks of 32, or 1..3 blocks of 256 for K-quants.
+fn paired_cols(wty: GgmlType, nb: usize) -> usize {
+    if wty.block_size() == 256 { 256 * (nb % 3 + 1) } else { 32 * nb }
+}
+
+/// Pools of 1, 2 and 3 threads shared by the property tests.
+fn pools() -> &'static [ThreadPool] {
+    static POOLS: std::sync::OnceLock<Vec<ThreadPool>> = std::sync::OnceLock::new();
+    POOLS.get_or_init(|| (1..=3).map(ThreadPool::new).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Every level vs the reference around the tile sizes (1..40 rows, 1..13
+    /// blocks, tokens 1..9; zero scales and ±65504 come from `raw_row`), and
+    /// avx512 bit-identical to avx2 (ggml's order: SmolLM2's logits need it).
+    #[test]
+    fn paired_panels_match_reference_and_avx2(
+        seed in any::<u64>(),
+        ti in 0usize..4,
+        rows in 1usize..=40,
+        nb in 1usize..=13,
+        tokens in 1usize..=9,
+        zero in prop::bool::weighted(0.1),
+    ) {
+        let (wty, cols) = (PAIRED[ti], paired_cols(PAIRED[ti], nb));
+        check_panels(seed, wty, rows, cols, tokens, zero);
+        if let (Some(a), Some(b)) = (Kernels::for_level(SimdLevel::Avx2), Kernels::for_level(SimdLevel::Avx512)) {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 1);
+            let aty = vec_dot_type(wty);
+            let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
+            let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
+            let x: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
+            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens };
+            let (mut oa, mut ob) = (vec![0f32; rows * tokens], vec![1f32; rows * tokens]);
+            (a.panel(wty).unwrap())(&p, &mut oa);
+            (b.panel(wty).unwrap())(&p, &mut ob);
+            prop_assert!(bits(&oa) == bits(&ob), "{} rows={} cols={} tokens={}: avx512 differs from avx2", wty, rows, cols, tokens);
+        }
+    }
+
+    /// A token's result is bit-identical alone, inside a batch of any size,
+    /// and for any thread count (matvec and prefill tiles share the per-pair
+    /// arithmetic; matvec panels are larger).
+    #[test]
+    fn paired_matmul_is_batch_and_thread_invariant(
+        seed in any::<u64>(),
+        ti in 0usize..4,
+        rows in 1usize..=80,
+        nb in 1usize..=13,
+        tokens in 2usize..=9,
+    ) {
+        let (wty, cols) = (PAIRED[ti], paired_cols(PAIRED[ti], nb));
+        let (w, x) = problem(wty, rows, cols, tokens, seed);
+        let view = WeightView::new(wty, &w, rows, cols).unwrap();
+        let mut scratch = Vec::new();
+        for level in levels() {
+            let mut base = vec![0f32; rows * tokens];
+            matmul_with(level, &pools()[0], &view, &x, tokens, &mut base, &mut scratch).unwrap();
+            for (t, pool) in (0..tokens).zip(pools().iter().cycle()) {
+                let mut one = vec![0f32; rows];
+                matmul_with(level, pool, &view, &x[t * cols..(t + 1) * cols], 1, &mut one, &mut scratch).unwrap();
+                prop_assert!(bits(&one) == bits(&base[t * rows..(t + 1) * rows]), "{:?} {} token {} alone", level, wty, t);
+            }
+            let t0 = (seed % tokens as u64) as usize;
+            let n = tokens - t0;
+            let mut sub = vec![0f32; rows * n];
+            matmul_with(level, &pools()[2], &view, &x[t0 * cols..], n, &mut sub, &mut scratch).unwrap();
+            prop_assert!(bits(&sub) == bits(&base[t0 * rows..]), "{:?} {} tokens {}.. as a batch of {}", level, wty, t0, n);
+        }
+    }
+}
+
 #[test]
 fn edge_shapes() {
     for (i, &wty) in WTYPES.iter().enumerate() {

@@ -117,7 +117,7 @@ impl Fmt for Q5_1 {
 /// The 12 packed scale bytes of a Q4_K/Q5_K block at `p` → 8 scales then 8
 /// mins as i16 (ggml's `utmp` shuffle and `_mm256_cvtepu8_epi16`).
 #[inline(always)]
-unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
+pub(super) unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
     const KM1: u32 = 0x3f3f3f3f;
     const KM2: u32 = 0x0f0f0f0f;
     const KM3: u32 = 0x03030303;

@@ -5,13 +5,17 @@
 //! unpacked) once per tile and used for T tokens, each activation block once
 //! and used for R rows. The per-(row, token) arithmetic is the same sequence
 //! of instructions whatever the tile shape, so results do not depend on how
-//! rows are split among threads or which tokens share a batch.
+//! rows are split among threads or which tokens share a batch. Some AVX-512
+//! kernels hold two rows per vector (a unit of `Fmt::ROWS` rows): lanes never
+//! mix, so a row's arithmetic is the same in either half, or alone.
 
 use crate::dispatch::{Kernels, SimdLevel};
 
 mod avx2;
 mod avx2_k;
 mod avx512;
+mod avx512_pair;
+mod avx512_pair_k;
 mod tile;
 
 fn has_avx2() -> bool {

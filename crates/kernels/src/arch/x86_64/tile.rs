@@ -31,6 +31,19 @@ pub(super) trait Fmt {
     unsafe fn tail(_w: *const u8, _a: *const u8, _n: usize) -> f32 {
         0.0
     }
+    /// Weight rows per `W` and per accumulator (2: two rows in the halves of
+    /// a 512-bit vector). With 2, `EPB` must be a whole block (no tail).
+    const ROWS: usize = 1;
+    /// The weights of rows `p` and `p + next` (`next` is 0 for a lone row).
+    #[inline(always)]
+    unsafe fn load_rows(p: *const u8, _next: usize) -> Self::W {
+        Self::load_w(p)
+    }
+    /// The dots of the `ROWS` rows of `acc`.
+    #[inline(always)]
+    unsafe fn finish_rows(acc: Self::Acc) -> [f32; 2] {
+        [Self::finish(acc), 0.0]
+    }
 }
 
 /// f16 bits → f32, exact (a `const fn` so the table is built at compile time).
@@ -88,71 +101,103 @@ pub(super) unsafe fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Prefetch distance for weight streams, in bytes.
-const PREFETCH: usize = 1024;
-
-/// Rows `r0..r0+R` × tokens `t0..t0+T` of the panel.
+/// Horizontal sum of 16 lanes in a fixed order (AVX-512F callers only).
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // acc[r][t] in both orders
+pub(super) unsafe fn hsum512(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    hsum256(_mm256_add_ps(lo, hi))
+}
+
+
+/// Rows `r0..r0+R` × tokens `t0..t0+T` of the panel. A weight unit (and an
+/// accumulator) holds `F::ROWS` rows: with 2, an odd last row is loaded twice
+/// and its second copy's result dropped (lanes never mix, so a row's
+/// arithmetic is the same in either half).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // acc[u][t] in both orders
 unsafe fn tile<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, r0: usize, t0: usize, out: &mut [f32]) {
     let nb = p.cols / F::EPB;
+    let units = R.div_ceil(F::ROWS);
     let (rs, ast) = (p.row_stride, p.act_stride);
     let wp = p.w.as_ptr().add(r0 * rs);
     let ap = p.act.as_ptr().add(t0 * ast);
     let mut acc = [[F::zero(); T]; R];
     for b in 0..nb {
+        // The same bytes of the next tile's rows, into L2, once per 64 bytes
+        // of a row (a prefetch per step of a short block costs more than it
+        // brings). A row is only a few KiB, so a fixed distance ahead in the
+        // row would skip each tile's first KiB; "next tile" keeps every
+        // stream a tile ahead. The address may be past the slice, which a
+        // prefetch tolerates.
+        if b % (64 / F::WB).max(1) == 0 {
+            for r in 0..R {
+                for l in 0..F::WB.div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(wp.wrapping_add((R + r) * rs + b * F::WB + 64 * l) as *const i8);
+                }
+            }
+        }
         // (Not `array::from_fn`: its closure is not reliably inlined into
         // target-feature code, which costs 20x.)
         let mut w = [const { MaybeUninit::<F::W>::uninit() }; R];
-        for (r, wr) in w.iter_mut().enumerate() {
-            let p = wp.add(r * rs + b * F::WB);
-            // Rows of small matrices are short, so the hardware prefetcher
-            // barely ramps up before a stream ends; ask for the bytes
-            // PREFETCH ahead (possibly the next rows: the address may be past
-            // the slice, which a prefetch tolerates).
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
-            wr.write(F::load_w(p));
+        for u in 0..units {
+            let next = if u * F::ROWS + 1 < R { rs } else { 0 };
+            w[u].write(F::load_rows(wp.add(u * F::ROWS * rs + b * F::WB), next));
         }
         for t in 0..T {
             let a = F::load_a(ap.add(t * ast + b * F::AB));
-            for r in 0..R {
-                acc[r][t] = F::pair(acc[r][t], w[r].assume_init(), a);
+            for u in 0..units {
+                acc[u][t] = F::pair(acc[u][t], w[u].assume_init(), a);
             }
         }
     }
     let tail = p.cols - nb * F::EPB;
-    for r in 0..R {
+    for u in 0..units {
         for t in 0..T {
-            let mut v = F::finish(acc[r][t]);
-            if tail > 0 {
-                v += F::tail(wp.add(r * rs + nb * F::WB), ap.add(t * ast + nb * F::AB), tail);
+            let v = F::finish_rows(acc[u][t]);
+            for (k, &v) in v.iter().enumerate().take(F::ROWS) {
+                let r = u * F::ROWS + k;
+                if r < R {
+                    let mut v = v;
+                    if tail > 0 {
+                        v += F::tail(wp.add(r * rs + nb * F::WB), ap.add(t * ast + nb * F::AB), tail);
+                    }
+                    out[(t0 + t) * p.n_rows + r0 + r] = v;
+                }
             }
-            out[(t0 + t) * p.n_rows + r0 + r] = v;
         }
     }
 }
 
+/// Calls the `tile` of shape (nr, nt) for nr in `rows`, nt in `tokens`,
+/// skipping shapes beyond (R, T) (never reached: nr ≤ R, nt ≤ T).
 macro_rules! tile_dispatch {
-    ($F:ty, $nr:expr, $nt:expr, $p:expr, $r:expr, $t:expr, $out:expr; $(($R:literal, $T:literal))*) => {
-        match ($nr, $nt) {
-            $(($R, $T) => tile::<$F, $R, $T>($p, $r, $t, $out),)*
-            _ => unreachable!("tile shape"),
+    ($F:ty, $R:ident, $T:ident, $nr:expr, $nt:expr, $args:tt; rows $($rr:literal)*; tokens $tts:tt) => {
+        'done: {
+            $(tile_dispatch!(@row $F, $R, $T, $nr, $nt, $args, 'done, $rr, $tts);)*
+            unreachable!("tile shape");
         }
+    };
+    (@row $F:ty, $R:ident, $T:ident, $nr:expr, $nt:expr, ($p:expr, $r:expr, $t:expr, $out:expr), $done:lifetime, $rr:literal, ($($tt:literal)*)) => {
+        $(if $rr <= $R && $tt <= $T && $nr == $rr && $nt == $tt {
+            tile::<$F, $rr, $tt>($p, $r, $t, $out);
+            break $done;
+        })*
     };
 }
 
-/// The whole panel in tiles of at most R rows × T tokens (R, T ≤ 4).
+/// The whole panel in tiles of at most R rows × T tokens: R ∈ {1, 2, 4, 8}
+/// (rows left over go in tiles of halving size), T ≤ 4.
 #[inline(always)]
 pub(super) unsafe fn run_panel<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
     let mut r = 0;
     while r < p.n_rows {
-        let nr = R.min(p.n_rows - r);
+        let left = p.n_rows - r;
+        let nr = if left >= R { R } else { 1 << left.ilog2() };
         let mut t = 0;
         while t < p.n_tokens {
             let nt = T.min(p.n_tokens - t);
-            tile_dispatch!(F, nr, nt, p, r, t, out;
-                (1, 1) (1, 2) (1, 3) (1, 4) (2, 1) (2, 2) (2, 3) (2, 4)
-                (3, 1) (3, 2) (3, 3) (3, 4) (4, 1) (4, 2) (4, 3) (4, 4));
+            tile_dispatch!(F, R, T, nr, nt, (p, r, t, out); rows 8 4 2 1; tokens (1 2 3 4));
             t += nt;
         }
         r += nr;
