@@ -1,7 +1,7 @@
 //! Flags and helpers shared by subcommands: model path resolution, threads, peak RSS.
 
 use anyhow::{bail, Context as _, Result};
-use hearth_model::{Context, Model};
+use hearth_model::{CacheType, Context, Model};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,6 +25,34 @@ pub struct ModelArgs {
     /// Maximum tokens evaluated per forward pass during prefill
     #[arg(short = 'b', long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
+    /// KV cache type for both K and V (llama.cpp's -ctk/-ctv): f32, f16 or q8_0
+    /// (q8_0: 34 bytes per 32 values, needs head_dim a multiple of 32)
+    #[arg(long, value_enum, default_value_t = CacheTypeArg::F16)]
+    pub cache_type: CacheTypeArg,
+}
+
+/// `--cache-type` values (clap lists them and rejects others).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheTypeArg {
+    /// 4 bytes per value
+    #[value(name = "f32")]
+    F32,
+    /// 2 bytes per value (default)
+    #[value(name = "f16")]
+    F16,
+    /// 8.5 bits per value (blocks of 32 int8 with an f16 scale)
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<CacheTypeArg> for CacheType {
+    fn from(a: CacheTypeArg) -> Self {
+        match a {
+            CacheTypeArg::F32 => CacheType::F32,
+            CacheTypeArg::F16 => CacheType::F16,
+            CacheTypeArg::Q8_0 => CacheType::Q8_0,
+        }
+    }
 }
 
 impl ModelArgs {
@@ -55,7 +83,7 @@ impl ModelArgs {
     /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
     pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
         let n_ctx = self.ctx_size(model, default_ctx)?;
-        Ok(Context::new(model.clone(), n_ctx, self.batch_size as usize, self.threads())?)
+        Ok(Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?)
     }
 }
 
@@ -89,9 +117,60 @@ pub fn resolve_model(arg: Option<&PathBuf>) -> Result<PathBuf> {
     )
 }
 
-/// Peak resident set size of this process in bytes (`VmHWM`).
-pub fn peak_rss_bytes() -> Option<u64> {
-    hearth_memory::ProcMemory::read().map(|m| m.peak_rss_bytes)
+/// Where this process's memory is, now: /proc (peak, file-backed = mapped weights and
+/// code, anonymous), hearth's own buffers by category, and the heap counters.
+pub struct MemoryReport {
+    pub proc: hearth_memory::ProcMemory,
+    pub buffers: hearth_model::ContextBuffers,
+    pub heap: hearth_memory::HeapStats,
+    pub cache_type: &'static str,
+    pub model_file_bytes: u64,
+}
+
+impl MemoryReport {
+    pub fn now(ctx: &Context) -> Self {
+        Self {
+            proc: hearth_memory::ProcMemory::read().unwrap_or_default(),
+            buffers: ctx.buffers(),
+            heap: hearth_memory::heap_stats(),
+            cache_type: ctx.cache_type().name(),
+            model_file_bytes: ctx.model().file.as_bytes().len() as u64,
+        }
+    }
+
+    /// The `memory` object of `--json` outputs (all sizes in bytes).
+    pub fn json(&self) -> serde_json::Value {
+        let (p, b, h) = (&self.proc, &self.buffers, &self.heap);
+        serde_json::json!({
+            "peak_rss_bytes": p.peak_rss_bytes,
+            "rss_bytes": p.rss_bytes,
+            "rss_file_bytes": p.rss_file_bytes,
+            "rss_anon_bytes": p.rss_anon_bytes,
+            "model_file_bytes": self.model_file_bytes,
+            "cache_type": self.cache_type,
+            "kv_cache_bytes": b.kv_cache_bytes,
+            "activations_bytes": b.activations_bytes,
+            "logits_bytes": b.logits_bytes,
+            "quantized_activations_bytes": b.quantized_activations_bytes,
+            "per_thread_bytes": b.per_thread_bytes,
+            "context_bytes": b.total(),
+            "heap_live_bytes": h.heap_live_bytes,
+            "heap_peak_bytes": h.heap_peak_bytes,
+        })
+    }
+
+    /// Two lines for humans.
+    pub fn human(&self) -> String {
+        let (p, b) = (&self.proc, &self.buffers);
+        format!(
+            "peak RSS {} (now {} file-backed: weights {} mapped, code; {} anonymous)\n\
+             hearth buffers {}: KV cache {} ({}), activations {}, logits {}, quantized activations {}, per-thread {}; heap peak {}",
+            mib(p.peak_rss_bytes), mib(p.rss_file_bytes), mib(self.model_file_bytes), mib(p.rss_anon_bytes),
+            mib(b.total() as u64), mib(b.kv_cache_bytes as u64), self.cache_type, mib(b.activations_bytes as u64),
+            mib(b.logits_bytes as u64), mib(b.quantized_activations_bytes as u64), mib(b.per_thread_bytes as u64),
+            mib(self.heap.heap_peak_bytes),
+        )
+    }
 }
 
 /// Bytes as MiB with one decimal.

@@ -8,6 +8,10 @@ mod common;
 
 use clap::{Parser, Subcommand};
 
+/// Counts heap bytes for the memory reports (`hearth_memory::heap_stats`).
+#[global_allocator]
+static ALLOC: hearth_memory::CountingAlloc = hearth_memory::CountingAlloc;
+
 #[derive(Parser)]
 #[command(
     name = "hearth",

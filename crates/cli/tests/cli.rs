@@ -27,6 +27,16 @@ fn generate_greedy_json() {
     assert!(v["text"].as_str().unwrap().starts_with(" Paris"));
     assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
     assert!(v["peak_rss_bytes"].as_u64().unwrap() > 1 << 20);
+    // Accounting: /proc parts, hearth's buffers by category, heap counters, consistent.
+    let m = &v["memory"];
+    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("memory.{k} missing: {m}"));
+    let parts = ["kv_cache_bytes", "activations_bytes", "logits_bytes", "quantized_activations_bytes", "per_thread_bytes"];
+    assert_eq!(parts.iter().map(|k| n(k)).sum::<u64>(), n("context_bytes"));
+    assert_eq!(n("kv_cache_bytes"), 2 * 30 * 2048 * 192 * 2, "f16 KV at the default -c 2048");
+    // The weights are mapped, never copied: anonymous memory holds the buffers, not the file.
+    assert!(n("rss_file_bytes") >= n("model_file_bytes") * 9 / 10 && n("rss_anon_bytes") < n("model_file_bytes"), "{m}");
+    assert!(n("heap_peak_bytes") >= n("context_bytes") && n("heap_peak_bytes") < n("model_file_bytes"), "{m}");
+    assert_eq!(m["cache_type"], "f16");
 }
 
 #[test]

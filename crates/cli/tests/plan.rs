@@ -48,6 +48,38 @@ fn predicts_synth_peak_rss() {
     check(out.to_str().unwrap(), "512");
 }
 
+/// The precision ladder of SmolLM2 (F16, Q8_0, Q4_0 requantized from the shipped file) and
+/// the 1B shape (TinyLlama, Q4_0 with a Q6_K head, as `bench/precision-study.py` makes it):
+/// every prediction within 10%, and runtime memory ≤ 1.10 × (file + KV cache) + 64 MiB
+/// for the quantized ones (issue #4).
+#[test]
+fn predicts_precision_ladder_and_1b_shape() {
+    let m = model();
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan-ladder");
+    std::fs::create_dir_all(&d).unwrap();
+    let mut files = vec![];
+    for ty in ["f16", "q8_0", "q4_0"] {
+        let out = d.join(format!("smollm2-{ty}.gguf"));
+        let o = hearth(&["quantize", "--allow-requantize", "--type", ty, m.to_str().unwrap(), out.to_str().unwrap(), "-t", "2"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        files.push((out, ty != "f16"));
+    }
+    let out = d.join("1b-q4_0.gguf");
+    let o = hearth(&["synth", "--shape", "1b", "--type", "q4_0", "--output-type", "q6_k", "--tokenizer-from", m.to_str().unwrap(),
+        "--out", out.to_str().unwrap(), "-t", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    files.push((out, true));
+    for (f, quantized) in &files {
+        let (_, meas) = check(f.to_str().unwrap(), "512");
+        let kv = ok(hearth(&["plan", "-m", f.to_str().unwrap(), "-c", "512", "--membw", "10", "--json"]))["kv_cache_bytes"]
+            .as_u64()
+            .unwrap();
+        let bound = 1.10 * (std::fs::metadata(f).unwrap().len() + kv) as f64 + 64.0 * 1048576.0;
+        assert!(!quantized || (meas as f64) <= bound, "{}: peak {meas} > 1.10 × (file + KV) + 64 MiB = {bound}", f.display());
+        std::fs::remove_file(f).unwrap();
+    }
+}
+
 #[test]
 fn shapes_big_and_corrupt() {
     let p = ok(hearth(&["plan", "--shape", "70b", "--type", "f32", "--json", "--membw", "10"]));

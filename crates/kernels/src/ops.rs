@@ -1,10 +1,10 @@
-//! Elementwise ops and attention over an f16 KV cache.
+//! Elementwise ops and attention over an f32, f16 or Q8_0 KV cache.
 //!
 //! Shapes are row-major `[n_tokens, width]`. The formulas follow ggml's CPU ops so
 //! that results track llama.cpp's: RMSNorm accumulates the sum of squares in f64
 //! (`ggml_compute_forward_rms_norm_f32`), RoPE advances θ by repeated multiplication
-//! (`ggml_rope_cache_init`), SiLU uses ggml's own vectorised expf, and attention follows ggml's flash attention over an f16
-//! cache (see [`attend_one`]).
+//! (`ggml_rope_cache_init`), SiLU uses ggml's own vectorised expf, and attention follows ggml's flash attention over the
+//! cache's type (see [`attend`]).
 
 use half::f16;
 
@@ -244,6 +244,24 @@ mod x86 {
         sum as f32
     }
 
+    /// [`super::dot_f32_body`] with `mul_add` as FMA instructions (vectorised by LLVM).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        super::dot_f32_body(a, b)
+    }
+
+    /// [`super::dot_q8_0_body`] with `mul_add` as FMA instructions.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
+        super::dot_q8_0_body(k, q)
+    }
+
+    /// [`super::mad_f32_body`] with `mul_add` as FMA instructions.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn mad_f32(acc: &mut [f32], v: &[f32], w: f32) {
+        super::mad_f32_body(acc, v, w)
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scale_f16(acc: &mut [f16], s: f32) {
         let sv = _mm256_set1_ps(s);
@@ -289,15 +307,78 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// Widest head the attention kernels take (their per-call buffers live on the stack).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Rows of one layer's K or V cache, `[n_ctx, n_head_kv * head_dim]` (row = one
+/// position), in the cache's element type (llama.cpp's `-ctk` / `-ctv`).
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// f16 elements.
+    F16(&'a [f16]),
+    /// Q8_0 blocks: 34 bytes (f16 scale + 32 × i8) per 32 elements; each head is whole blocks.
+    Q8_0(&'a [u8]),
+}
+
+/// Per-thread accumulator of [`attend`]: `head_dim` f16 when V is f16 (ggml's `VKQ16`),
+/// else `head_dim` f32 (`VKQ32`). Allocated once; grows if a call needs the other kind.
+#[derive(Debug, Default)]
+pub struct AttnScratch {
+    acc16: Vec<f16>,
+    acc32: Vec<f32>,
+}
+
+impl AttnScratch {
+    /// Scratch for heads of `head_dim` with an f16 (`v_f16`) or other V cache.
+    pub fn new(head_dim: usize, v_f16: bool) -> Self {
+        let mut s = Self::default();
+        if v_f16 {
+            s.acc16 = vec![f16::ZERO; head_dim];
+        } else {
+            s.acc32 = vec![0.0; head_dim];
+        }
+        s
+    }
+
+    /// Bytes [`new`](Self::new) allocates: `head_dim · 2` (f16 V) or `head_dim · 4`.
+    pub fn bytes(head_dim: usize, v_f16: bool) -> usize {
+        head_dim * if v_f16 { 2 } else { 4 }
+    }
+}
+
 /// Causal attention of one query row (one token, one head) against cache rows
-/// `0..n_kv`. `k`, `v`: `[n_ctx, n_head_kv * head_dim]`.
+/// `0..n_kv`, for any K and V cache types.
 ///
-/// The arithmetic is that of ggml's CPU flash attention with an f16 cache
-/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): Q is rounded to f16, scores
-/// use an online softmax (running max `M`, running sum `S`), and the weighted sum of V
-/// is accumulated in f16 (`ggml_vec_mad_f16`, rescaled by `ggml_vec_scale_f16` when the
-/// max grows), then divided by `S`. Reproducing it keeps hearth's logits within a few
-/// hundredths of llama.cpp's. `acc` is scratch of `head_dim` f16 values.
+/// The arithmetic is that of ggml's CPU flash attention
+/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): Q is converted to the K type's
+/// `vec_dot_type` (f16 for f16 K, f32 for f32 K, Q8_0 with ggml's x86 activation
+/// quantizer for Q8_0 K) and dotted with each K row by that type's `vec_dot`; scores use
+/// an online softmax (running max `M`, running sum `S`); with an f16 V the weighted sum
+/// is accumulated in f16 (`ggml_vec_mad_f16`, rescaled by `ggml_vec_scale_f16`), with any
+/// other V each row is converted to f32 (`to_float`) and accumulated in f32
+/// (`ggml_vec_mad_f32` / `ggml_vec_scale_f32`); the result is divided by `S`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
+    kv_head: usize,
+    n_kv: usize,
+    s: AttnShape,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    match k {
+        KvRows::F16(k) => attend_v(&KeyF16::new(q, k, kv_head, s), v, kv_head, n_kv, s, scratch, out),
+        KvRows::F32(k) => attend_v(&KeyF32::new(q, k, kv_head, s), v, kv_head, n_kv, s, scratch, out),
+        KvRows::Q8_0(k) => attend_v(&KeyQ8_0::new(q, k, kv_head, s), v, kv_head, n_kv, s, scratch, out),
+    }
+}
+
+/// [`attend`] with the f16 cache (the default): the path whose logits are bit-identical
+/// to llama.cpp's. `acc` is scratch of `head_dim` f16 values.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_one(
     q: &[f32],
@@ -309,35 +390,362 @@ pub fn attend_one(
     acc: &mut [f16],
     out: &mut [f32],
 ) {
-    let kv_dim = s.n_head_kv * s.head_dim;
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let off = kv_head * s.head_dim;
-    let mut qh = [0f32; 512];
-    let qh = &mut qh[..s.head_dim];
-    for (d, &x) in qh.iter_mut().zip(q) {
-        *d = f16::from_f32(x).to_f32();
+    let key = KeyF16::new(q, k, kv_head, s);
+    online_softmax(n_kv, s, &key, &mut ValF16::new(v, kv_head, s, acc), out);
+}
+
+/// The V half of [`attend`]: picks the accumulator for V's type.
+fn attend_v<K: KeyRows>(
+    key: &K,
+    v: KvRows<'_>,
+    kv_head: usize,
+    n_kv: usize,
+    s: AttnShape,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    match v {
+        KvRows::F16(v) => {
+            scratch.acc16.resize(hd.max(scratch.acc16.len()), f16::ZERO);
+            online_softmax(n_kv, s, key, &mut ValF16::new(v, kv_head, s, &mut scratch.acc16), out)
+        }
+        KvRows::F32(v) => {
+            scratch.acc32.resize(hd.max(scratch.acc32.len()), 0.0);
+            online_softmax(n_kv, s, key, &mut ValF32::new(RowsF32 { v, kv_head, s }, &mut scratch.acc32, hd), out)
+        }
+        KvRows::Q8_0(v) => {
+            scratch.acc32.resize(hd.max(scratch.acc32.len()), 0.0);
+            online_softmax(n_kv, s, key, &mut ValF32::new(RowsQ8_0 { v, kv_head, s }, &mut scratch.acc32, hd), out)
+        }
     }
-    let acc = &mut acc[..s.head_dim];
-    acc.fill(f16::ZERO);
+}
+
+/// Elements of head `kv_head` in cache row `j` of an f32/f16 cache.
+#[inline(always)]
+fn row_elems(j: usize, kv_head: usize, s: AttnShape) -> std::ops::Range<usize> {
+    let start = j * s.n_head_kv * s.head_dim + kv_head * s.head_dim;
+    start..start + s.head_dim
+}
+
+/// Bytes of head `kv_head` in cache row `j` of a Q8_0 cache.
+#[inline(always)]
+fn row_q8_0(j: usize, kv_head: usize, s: AttnShape) -> std::ops::Range<usize> {
+    let head = s.head_dim / QK8_0 * Q8_0_BYTES;
+    let start = (j * s.n_head_kv + kv_head) * head;
+    start..start + head
+}
+
+const QK8_0: usize = 32;
+const Q8_0_BYTES: usize = 34;
+
+/// The online-softmax skeleton shared by every cache type: for each row `j`, score
+/// `s = dot(q, k_j) · scale`; on a new maximum rescale the accumulator by `e^(M_old − M)`,
+/// else weight the row by `e^(s − M)`; accumulate `v_j`; `S = S·ms + vs`. Finally
+/// `out = acc / S`.
+#[inline(always)]
+fn online_softmax<K: KeyRows, V: ValueAcc>(n_kv: usize, s: AttnShape, key: &K, val: &mut V, out: &mut [f32]) {
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
     for j in 0..n_kv {
-        let row = j * kv_dim + off;
-        let score = dot_f16(qh, &k[row..row + s.head_dim]) * scale;
+        let score = key.dot(j) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let m_old = m;
             m = score;
             ms = (m_old - m).exp();
-            scale_f16(acc, ms);
+            val.rescale(ms);
         } else {
             vs = (score - m).exp();
         }
-        mad_f16(acc, &v[row..row + s.head_dim], vs);
+        val.mad(j, vs);
         sum = sum.mul_add(ms, vs);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, a) in out.iter_mut().zip(acc.iter()) {
-        *o = a.to_f32() * inv;
+    val.finish(inv, out);
+}
+
+/// "Score of row j": the query, converted to the K type's `vec_dot_type`, dotted with
+/// cache row `j` (unscaled).
+trait KeyRows {
+    fn dot(&self, j: usize) -> f32;
+}
+
+/// "Accumulate row j": the running weighted sum of V rows.
+trait ValueAcc {
+    /// `acc *= ms` (the max grew).
+    fn rescale(&mut self, ms: f32);
+    /// `acc += vs · v_j`.
+    fn mad(&mut self, j: usize, vs: f32);
+    /// `out = acc · inv`.
+    fn finish(&mut self, inv: f32, out: &mut [f32]);
+}
+
+/// f16 K: Q rounded to f16, `ggml_vec_dot_f16`.
+struct KeyF16<'a> {
+    q: [f32; MAX_HEAD_DIM],
+    k: &'a [f16],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl<'a> KeyF16<'a> {
+    #[inline(always)]
+    fn new(q: &[f32], k: &'a [f16], kv_head: usize, s: AttnShape) -> Self {
+        let mut qh = [0f32; MAX_HEAD_DIM];
+        for (d, &x) in qh[..s.head_dim].iter_mut().zip(q) {
+            *d = f16::from_f32(x).to_f32();
+        }
+        Self { q: qh, k, kv_head, s }
+    }
+}
+
+impl KeyRows for KeyF16<'_> {
+    #[inline(always)]
+    fn dot(&self, j: usize) -> f32 {
+        dot_f16(&self.q[..self.s.head_dim], &self.k[row_elems(j, self.kv_head, self.s)])
+    }
+}
+
+/// f32 K: Q as is, `ggml_vec_dot_f32`.
+struct KeyF32<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl<'a> KeyF32<'a> {
+    #[inline(always)]
+    fn new(q: &'a [f32], k: &'a [f32], kv_head: usize, s: AttnShape) -> Self {
+        Self { q: &q[..s.head_dim], k, kv_head, s }
+    }
+}
+
+impl KeyRows for KeyF32<'_> {
+    #[inline(always)]
+    fn dot(&self, j: usize) -> f32 {
+        dot_f32(self.q, &self.k[row_elems(j, self.kv_head, self.s)])
+    }
+}
+
+/// Q8_0 K: Q quantized to Q8_0 as ggml's x86 `quantize_row_q8_0` does,
+/// `ggml_vec_dot_q8_0_q8_0`.
+struct KeyQ8_0<'a> {
+    q: [u8; MAX_HEAD_DIM / QK8_0 * Q8_0_BYTES],
+    k: &'a [u8],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl<'a> KeyQ8_0<'a> {
+    #[inline(always)]
+    fn new(q: &[f32], k: &'a [u8], kv_head: usize, s: AttnShape) -> Self {
+        assert!(s.head_dim.is_multiple_of(QK8_0), "a Q8_0 cache needs head_dim a multiple of 32, got {}", s.head_dim);
+        let mut qq = [0u8; MAX_HEAD_DIM / QK8_0 * Q8_0_BYTES];
+        let n = s.head_dim / QK8_0 * Q8_0_BYTES;
+        hearth_quant::q8::quantize_row_q8_0_act(&q[..s.head_dim], &mut qq[..n]);
+        Self { q: qq, k, kv_head, s }
+    }
+}
+
+impl KeyRows for KeyQ8_0<'_> {
+    #[inline(always)]
+    fn dot(&self, j: usize) -> f32 {
+        let r = row_q8_0(j, self.kv_head, self.s);
+        let n = r.len();
+        dot_q8_0(&self.k[r], &self.q[..n])
+    }
+}
+
+/// f16 V: f16 accumulator (`VKQ16`).
+struct ValF16<'a> {
+    acc: &'a mut [f16],
+    v: &'a [f16],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl<'a> ValF16<'a> {
+    #[inline(always)]
+    fn new(v: &'a [f16], kv_head: usize, s: AttnShape, acc: &'a mut [f16]) -> Self {
+        let acc = &mut acc[..s.head_dim];
+        acc.fill(f16::ZERO);
+        Self { acc, v, kv_head, s }
+    }
+}
+
+impl ValueAcc for ValF16<'_> {
+    #[inline(always)]
+    fn rescale(&mut self, ms: f32) {
+        scale_f16(self.acc, ms);
+    }
+    #[inline(always)]
+    fn mad(&mut self, j: usize, vs: f32) {
+        mad_f16(self.acc, &self.v[row_elems(j, self.kv_head, self.s)], vs);
+    }
+    #[inline(always)]
+    fn finish(&mut self, inv: f32, out: &mut [f32]) {
+        for (o, a) in out.iter_mut().zip(self.acc.iter()) {
+            *o = a.to_f32() * inv;
+        }
+    }
+}
+
+/// V rows as f32 (`to_float` of ggml's type traits; none for f32).
+trait F32Rows {
+    /// Row `j` of this head as f32: a slice of the cache, or `tmp` filled.
+    fn row<'s>(&'s self, j: usize, tmp: &'s mut [f32]) -> &'s [f32];
+}
+
+struct RowsF32<'a> {
+    v: &'a [f32],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl F32Rows for RowsF32<'_> {
+    #[inline(always)]
+    fn row<'s>(&'s self, j: usize, _: &'s mut [f32]) -> &'s [f32] {
+        &self.v[row_elems(j, self.kv_head, self.s)]
+    }
+}
+
+struct RowsQ8_0<'a> {
+    v: &'a [u8],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl F32Rows for RowsQ8_0<'_> {
+    #[inline(always)]
+    fn row<'s>(&'s self, j: usize, tmp: &'s mut [f32]) -> &'s [f32] {
+        hearth_quant::q8::dequantize_row_q8_0(&self.v[row_q8_0(j, self.kv_head, self.s)], tmp);
+        tmp
+    }
+}
+
+/// Any V but f16: rows converted to f32, f32 accumulator (`VKQ32`).
+struct ValF32<'a, R: F32Rows> {
+    acc: &'a mut [f32],
+    rows: R,
+    tmp: [f32; MAX_HEAD_DIM],
+}
+
+impl<'a, R: F32Rows> ValF32<'a, R> {
+    #[inline(always)]
+    fn new(rows: R, acc: &'a mut [f32], head_dim: usize) -> Self {
+        let acc = &mut acc[..head_dim];
+        acc.fill(0.0);
+        Self { acc, rows, tmp: [0f32; MAX_HEAD_DIM] }
+    }
+}
+
+impl<R: F32Rows> ValueAcc for ValF32<'_, R> {
+    #[inline(always)]
+    fn rescale(&mut self, ms: f32) {
+        scale_f32(self.acc, ms);
+    }
+    #[inline(always)]
+    fn mad(&mut self, j: usize, vs: f32) {
+        let n = self.acc.len();
+        let v = self.rows.row(j, &mut self.tmp[..n]);
+        mad_f32(self.acc, v, vs);
+    }
+    #[inline(always)]
+    fn finish(&mut self, inv: f32, out: &mut [f32]) {
+        scale_f32(self.acc, inv);
+        out[..self.acc.len()].copy_from_slice(self.acc);
+    }
+}
+
+/// `ggml_vec_dot_f32` as built with AVX-512 (the reference build): the order of
+/// [`dot_f16`] (four 16-lane FMA accumulators over steps of 64, `(s0+s2) + (s1+s3)`, the
+/// `_mm512_reduce_add_ps` tree) with the tail past a multiple of 64 added in f32.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::dot_f32(a, b) };
+    }
+    dot_f32_body(a, b)
+}
+
+#[inline(always)]
+fn dot_f32_body(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n & !63;
+    let mut s = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, acc) in s.iter_mut().enumerate() {
+            let (x, y) = (&a[i + 16 * j..i + 16 * j + 16], &b[i + 16 * j..i + 16 * j + 16]);
+            for l in 0..16 {
+                acc[l] = x[l].mul_add(y[l], acc[l]);
+            }
+        }
+    }
+    let x: [f32; 16] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+    let t3: [f32; 8] = std::array::from_fn(|k| x[8 + k] + x[k]);
+    let t6: [f32; 4] = std::array::from_fn(|m| t3[4 + m] + t3[m]);
+    let mut sum = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+    for i in np..n {
+        sum = a[i].mul_add(b[i], sum);
+    }
+    sum
+}
+
+/// `ggml_vec_dot_q8_0_q8_0` as ggml's x86 (AVX2) build computes it: per block, eight
+/// lanes of 4-product integer sums (exact), `acc[l] = fma(d_k·d_q, sumi[l], acc[l])`,
+/// then `hsum_float_8`. `k`, `q`: whole Q8_0 blocks of the same length.
+pub fn dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::dot_q8_0(k, q) };
+    }
+    dot_q8_0_body(k, q)
+}
+
+#[inline(always)]
+fn dot_q8_0_body(k: &[u8], q: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in k.chunks_exact(Q8_0_BYTES).zip(q.chunks_exact(Q8_0_BYTES)) {
+        let d = f16::from_le_bytes([x[0], x[1]]).to_f32() * f16::from_le_bytes([y[0], y[1]]).to_f32();
+        let (xq, yq) = (&x[2..Q8_0_BYTES], &y[2..Q8_0_BYTES]);
+        for (l, a) in acc.iter_mut().enumerate() {
+            let mut sumi = 0i32;
+            for b in 4 * l..4 * l + 4 {
+                sumi += xq[b] as i8 as i32 * yq[b] as i8 as i32;
+            }
+            *a = d.mul_add(sumi as f32, *a);
+        }
+    }
+    // hsum_float_8: high half + low half, then (r0 + r2) + (r1 + r3).
+    let r: [f32; 4] = std::array::from_fn(|i| acc[4 + i] + acc[i]);
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// `acc[i] = fma(v[i], w, acc[i])` (`ggml_vec_mad_f32`).
+pub fn mad_f32(acc: &mut [f32], v: &[f32], w: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { x86::mad_f32(acc, v, w) };
+    }
+    mad_f32_body(acc, v, w)
+}
+
+#[inline(always)]
+fn mad_f32_body(acc: &mut [f32], v: &[f32], w: f32) {
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a = x.mul_add(w, *a);
+    }
+}
+
+/// `acc[i] *= s` (`ggml_vec_scale_f32`).
+pub fn scale_f32(acc: &mut [f32], s: f32) {
+    for a in acc.iter_mut() {
+        *a *= s;
     }
 }
 
@@ -460,6 +868,81 @@ mod tests {
         rmsnorm(&x, &[1.0; 4], 0.0, &mut o);
         let rms = (o.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
         assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    /// Softmax attention in f64 over f32 rows: what every cache type approximates.
+    fn exact_attention(q: &[f32], k: &[f32], v: &[f32], kv_head: usize, n_kv: usize, s: AttnShape) -> Vec<f32> {
+        let kvd = s.n_head_kv * s.head_dim;
+        let at = |j: usize| j * kvd + kv_head * s.head_dim..j * kvd + (kv_head + 1) * s.head_dim;
+        let sc: Vec<f64> = (0..n_kv)
+            .map(|j| q.iter().zip(&k[at(j)]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (s.head_dim as f64).sqrt())
+            .collect();
+        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+        let tot: f64 = w.iter().sum();
+        (0..s.head_dim).map(|d| ((0..n_kv).map(|j| w[j] * v[at(j)][d] as f64).sum::<f64>() / tot) as f32).collect()
+    }
+
+    #[test]
+    fn attention_every_cache_type_tracks_exact_softmax() {
+        let s = AttnShape { n_head: 4, n_head_kv: 2, head_dim: 64 };
+        let (n_ctx, kvd) = (37, 128);
+        let k: Vec<f32> = (0..n_ctx * kvd).map(|i| ((i as f32) * 0.731).sin() * 1.5).collect();
+        let v: Vec<f32> = (0..n_ctx * kvd).map(|i| ((i as f32) * 0.377).cos() * 2.0).collect();
+        let q: Vec<f32> = (0..64).map(|i| ((i as f32) * 0.19).sin() * 3.0).collect();
+        let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let q8 = |x: &[f32]| {
+            let mut b = vec![0u8; x.len() / 32 * 34];
+            hearth_quant::q8::quantize_row_q8_0_act(x, &mut b);
+            b
+        };
+        let (k8, v8) = (q8(&k), q8(&v));
+        let rows = [KvRows::F32(&k), KvRows::F16(&k16), KvRows::Q8_0(&k8)];
+        let vrows = [KvRows::F32(&v), KvRows::F16(&v16), KvRows::Q8_0(&v8)];
+        for n_kv in [1, 2, 37] {
+            let want = exact_attention(&q, &k, &v, 1, n_kv, s);
+            // The f16 cache through `attend` is `attend_one`, bit for bit.
+            let mut one = vec![0f32; 64];
+            attend_one(&q, &k16, &v16, 1, n_kv, s, &mut [f16::ZERO; 64], &mut one);
+            let mut got = vec![0f32; 64];
+            attend(&q, rows[1], vrows[1], 1, n_kv, s, &mut AttnScratch::new(64, true), &mut got);
+            assert_eq!(got, one);
+            for (ki, kr) in rows.iter().enumerate() {
+                for (vi, vr) in vrows.iter().enumerate() {
+                    // A scratch made for the other V kind must work too (it grows).
+                    let mut scratch = AttnScratch::new(64, vi != 1);
+                    attend(&q, *kr, *vr, 1, n_kv, s, &mut scratch, &mut got);
+                    let tol = if ki == 2 || vi == 2 { 0.06 } else if ki == 1 || vi == 1 { 0.01 } else { 1e-5 };
+                    let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(err <= tol, "K {ki} V {vi} n_kv {n_kv}: max err {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_and_q8_0_helpers_match_portable_and_reference() {
+        let a: Vec<f32> = (0..200).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let b: Vec<f32> = (0..200).map(|i| (i as f32 * 0.11).cos()).collect();
+        // The SIMD wrappers run the same bodies.
+        assert_eq!(dot_f32(&a, &b), dot_f32_body(&a, &b));
+        let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        assert!((dot_f32(&a, &b) as f64 - exact).abs() < 1e-4);
+        let mut acc = b.clone();
+        mad_f32(&mut acc, &a, 0.5);
+        let mut want = b.clone();
+        mad_f32_body(&mut want, &a, 0.5);
+        assert_eq!(acc, want);
+        let mut qa = vec![0u8; 192 / 32 * 34];
+        let mut qb = qa.clone();
+        hearth_quant::q8::quantize_row_q8_0_act(&a[..192], &mut qa);
+        hearth_quant::q8::quantize_row_q8_0_act(&b[..192], &mut qb);
+        let d = dot_q8_0(&qa, &qb);
+        assert_eq!(d, dot_q8_0_body(&qa, &qb));
+        // Same integer sums as the reference; only the float summation order differs.
+        let r = hearth_quant::q8::vec_dot_q8_0_q8_0(&qa, &qb, 192);
+        assert!((d - r).abs() <= 1e-5 * r.abs().max(1.0), "{d} vs {r}");
     }
 
     #[test]

@@ -9,10 +9,13 @@
 //!
 //! [`plan`] predicts a run's peak RSS and decode speed bound from GGUF metadata or a
 //! named shape ([`ModelSummary`], [`Plan`]); [`available_bytes`] reads how much memory
-//! this machine (and its cgroup) can give. See docs/MEMORY.md for each term's source.
+//! this machine (and its cgroup) can give. [`CountingAlloc`] counts the heap bytes hearth
+//! itself asks for ([`heap_stats`]). See docs/MEMORY.md for each term's source.
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod plan;
+pub use alloc::{heap_stats, CountingAlloc, HeapStats};
 pub use plan::{available_bytes, preset, ModelShape, ModelSummary, Plan, PlanParams, TensorSummary};
 
 use serde::Serialize;

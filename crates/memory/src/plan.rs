@@ -4,10 +4,13 @@
 //!
 //! * **model file pages**: the mapped GGUF file (tensor bytes, `ggml_nbytes` from the
 //!   type table of ggml-common.h, plus the header). A decode reads every matrix, so the
-//!   whole file ends up resident; untied token embeddings are touched one row per token,
-//!   so for files with a separate `output.weight` this is an upper bound.
-//! * **KV cache**: [`hearth_model::KvCache::bytes_for`] (f16 K and V, fully written at
-//!   allocation, so fully resident).
+//!   whole file ends up resident, except an untied `token_embd.weight` (a file with a
+//!   separate `output.weight`): it is read one row per position, and each read faults in
+//!   at most [`FAULT_AROUND_BYTES`] (or the row, if longer) — see
+//!   [`ModelSummary::resident_file_bytes`].
+//! * **KV cache**: [`hearth_model::KvCache::bytes_for`] (K and V in the cache type:
+//!   `2 · n_layer · n_ctx · row_bytes(kv_dim)`, fully written at allocation, so fully
+//!   resident).
 //! * **compute scratch**: exactly the buffers `hearth_model::Context::new` and its first
 //!   eval allocate (see [`scratch_bytes`]). The f32 buffers come from zeroed allocations
 //!   whose pages become resident only when written: the full size is reached once a
@@ -20,7 +23,7 @@
 //! `GgufFile::open` parses.
 
 use hearth_gguf::GgufFile;
-use hearth_model::{KvCache, ModelConfig};
+use hearth_model::{CacheType, KvCache, ModelConfig};
 use hearth_quant::{vec_dot_type, GgmlType};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -31,6 +34,9 @@ pub const OVERHEAD_BASE: u64 = 6_600_000;
 /// Per-vocabulary-entry part of the runtime overhead (bytes per token): tokenizer
 /// tables (token strings, lookup maps, BPE merge ranks). Same fit.
 pub const OVERHEAD_PER_VOCAB: u64 = 368;
+/// Bytes a read fault on a file mapping makes resident around the faulting page: Linux's
+/// default `fault_around_bytes` (64 KiB, mm/memory.c), when the pages are in the page cache.
+pub const FAULT_AROUND_BYTES: u64 = 64 << 10;
 /// Memory read bandwidth assumed when neither `--membw` nor a measurement is given
 /// (GB/s): a single DDR4-3200 channel.
 pub const DEFAULT_MEMBW_GBPS: f64 = 25.6;
@@ -196,6 +202,20 @@ impl ModelSummary {
         layers + self.output().map_or(0, |t| t.bytes)
     }
 
+    /// File bytes resident after a run over `n_ctx` positions: the whole file, less the
+    /// part of an untied `token_embd.weight` that at most `n_ctx` row reads, each faulting in
+    /// `max(FAULT_AROUND_BYTES, row + 4 KiB)`, cannot reach. A tied embedding is the output
+    /// head, read whole every token.
+    pub fn resident_file_bytes(&self, n_ctx: usize) -> u64 {
+        let find = |n: &str| self.tensors.iter().find(|t| t.name == n);
+        let (Some(embd), Some(_)) = (find("token_embd.weight"), find("output.weight")) else {
+            return self.file_bytes;
+        };
+        let row = embd.ty.row_bytes(embd.cols).unwrap_or(embd.bytes);
+        let touched = (n_ctx as u64).saturating_mul(FAULT_AROUND_BYTES.max(row + 4096)).min(embd.bytes);
+        self.file_bytes - (embd.bytes - touched).min(self.file_bytes)
+    }
+
     /// Bytes of the largest transformer block.
     pub fn largest_layer_bytes(&self) -> u64 {
         let mut per: BTreeMap<usize, u64> = BTreeMap::new();
@@ -226,19 +246,23 @@ pub struct PlanParams {
     pub n_batch: usize,
     /// Threads.
     pub n_threads: usize,
+    /// KV cache element type (`--cache-type`).
+    pub cache_type: CacheType,
 }
 
 /// Bytes `Context::new` allocates plus what the first eval grows (logits, quant):
 /// `4 · n_batch · (2·n_embd + 2·q_dim + 2·kv_dim + 2·n_ff)` f32 activations,
 /// `4 · n_vocab` logits (last token only), the activation-quantization buffer, and
-/// `2 · head_dim` f16 per thread for the attention accumulators.
+/// per thread an attention accumulator of `head_dim` f16 (f16 cache) or f32 (others).
 pub fn scratch_bytes(m: &ModelSummary, p: PlanParams) -> u64 {
     let s = &m.shape;
     let nb = p.n_batch.clamp(1, p.n_ctx.max(1));
     let per_row = 2 * s.n_embd + 2 * s.q_dim() + 2 * s.kv_dim() + 2 * s.n_ff;
     let act = 4 * (nb * per_row) as u64;
     let logits = 4 * s.n_vocab as u64;
-    let acc = (p.n_threads.max(1) * s.head_dim * 2) as u64;
+    // `hearth_kernels::ops::AttnScratch::bytes`: f16 accumulators with an f16 V cache, else f32.
+    let acc_elem = if p.cache_type == CacheType::F16 { 2 } else { 4 };
+    let acc = (p.n_threads.max(1) * s.head_dim * acc_elem) as u64;
     act + logits + m.quant_scratch_bytes(nb) + acc
 }
 
@@ -258,19 +282,24 @@ pub struct Plan {
     pub n_batch: usize,
     /// Threads.
     pub n_threads: usize,
+    /// KV cache element type (`f32`, `f16`, `q8_0`).
+    #[serde(serialize_with = "cache_type_name")]
+    pub cache_type: CacheType,
     /// Sum of tensor bytes.
     pub weights_bytes: u64,
     /// Tensor bytes per type.
     pub weights_by_type: BTreeMap<String, u64>,
-    /// Mapped file bytes (resident after a decode).
+    /// Mapped file bytes.
     pub file_bytes: u64,
+    /// File bytes predicted resident ([`ModelSummary::resident_file_bytes`]).
+    pub file_resident_bytes: u64,
     /// KV cache bytes.
     pub kv_cache_bytes: u64,
     /// Compute scratch bytes.
     pub scratch_bytes: u64,
     /// Runtime overhead bytes (fit).
     pub overhead_bytes: u64,
-    /// `file_bytes + kv_cache_bytes + scratch_bytes + overhead_bytes`.
+    /// `file_resident_bytes + kv_cache_bytes + scratch_bytes + overhead_bytes`.
     pub peak_rss_bytes: u64,
     /// Memory this process may use (MemAvailable, capped by a cgroup limit).
     pub available_bytes: u64,
@@ -292,19 +321,22 @@ pub struct Plan {
 /// `available` bytes and `membw_gbps` GB/s of read bandwidth.
 pub fn plan(m: &ModelSummary, p: PlanParams, available: u64, membw_gbps: f64) -> Plan {
     let s = m.shape;
-    let kv = KvCache::bytes_for(s.n_layer, p.n_ctx, s.kv_dim()) as u64;
+    let kv = KvCache::bytes_for(s.n_layer, p.n_ctx, s.kv_dim(), p.cache_type) as u64;
     let scratch = scratch_bytes(m, p);
     let overhead = overhead_bytes(s.n_vocab);
-    let peak = m.file_bytes + kv + scratch + overhead;
+    let resident = m.resident_file_bytes(p.n_ctx);
+    let peak = resident + kv + scratch + overhead;
     let bpt = m.bytes_per_token();
     Plan {
         shape: s,
         n_ctx: p.n_ctx,
         n_batch: p.n_batch.clamp(1, p.n_ctx.max(1)),
         n_threads: p.n_threads,
+        cache_type: p.cache_type,
         weights_bytes: m.weights_bytes(),
         weights_by_type: m.weights_by_type(),
         file_bytes: m.file_bytes,
+        file_resident_bytes: resident,
         kv_cache_bytes: kv,
         scratch_bytes: scratch,
         overhead_bytes: overhead,
@@ -317,6 +349,10 @@ pub fn plan(m: &ModelSummary, p: PlanParams, available: u64, membw_gbps: f64) ->
         membw_gbps,
         decode_tok_s_bound: if bpt == 0 { 0.0 } else { membw_gbps * 1e9 / bpt as f64 },
     }
+}
+
+fn cache_type_name<S: serde::Serializer>(t: &CacheType, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(t.name())
 }
 
 /// `MemAvailable` from the text of `/proc/meminfo`, in bytes.
@@ -355,7 +391,7 @@ mod tests {
     use super::*;
 
     fn p(n_ctx: usize, n_batch: usize) -> PlanParams {
-        PlanParams { n_ctx, n_batch, n_threads: 2 }
+        PlanParams { n_ctx, n_batch, n_threads: 2, cache_type: CacheType::F16 }
     }
 
     #[test]
@@ -383,6 +419,20 @@ mod tests {
         // Batch is clamped to the context.
         assert_eq!(plan(&m, p(16, 512), 0, 10.0).n_batch, 16);
         assert!(!plan(&m, p(16, 512), 0, 10.0).fits);
+    }
+
+    #[test]
+    fn kv_cache_bytes_per_type() {
+        let shape = ModelShape { n_embd: 576, n_layer: 30, n_head: 9, n_head_kv: 3, head_dim: 64, n_ff: 1536, n_vocab: 49152 };
+        let m = ModelSummary::from_shape(shape, GgmlType::Q4_1, GgmlType::Q4_1).unwrap();
+        let base = scratch_bytes(&m, p(512, 512));
+        for (ty, kv, acc) in [(CacheType::F32, 23_592_960, 4), (CacheType::F16, 11_796_480, 2), (CacheType::Q8_0, 6_266_880, 4)] {
+            let pl = plan(&m, PlanParams { cache_type: ty, ..p(512, 512) }, 1 << 40, 10.0);
+            assert_eq!(pl.kv_cache_bytes, kv, "{ty}");
+            assert_eq!(pl.kv_cache_bytes, KvCache::bytes_for(30, 512, 192, ty) as u64);
+            // Per-thread accumulator: f16 with an f16 V cache, f32 otherwise.
+            assert_eq!(pl.scratch_bytes, base - 2 * 64 * 2 + 2 * 64 * acc, "{ty}");
+        }
     }
 
     #[test]

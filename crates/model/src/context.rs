@@ -2,11 +2,10 @@
 //! llama forward pass over a batch of tokens.
 
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{CacheType, KvCache};
 use crate::model::Model;
-use hearth_kernels::ops::{self, AttnShape};
+use hearth_kernels::ops::{self, AttnScratch, AttnShape};
 use hearth_kernels::{matmul, ThreadPool};
-use half::f16;
 use std::sync::{Arc, Mutex};
 
 /// Which positions of a batch need logits.
@@ -30,7 +29,30 @@ struct Scratch {
     up: Vec<f32>,    // [n_batch, n_ff]
     logits: Vec<f32>, // [n_batch or 1, n_vocab]
     quant: Vec<u8>,  // activations quantized for the current matmul
-    attn_acc: Vec<Mutex<Vec<f16>>>, // per-thread f16 attention accumulator [head_dim]
+    attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
+}
+
+/// Bytes held by one [`Context`]'s buffers, by category (its own allocation counters;
+/// compare with the process's anonymous RSS). Shapes as in `Scratch`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextBuffers {
+    /// K and V of every layer and position ([`KvCache::bytes`]).
+    pub kv_cache_bytes: usize,
+    /// f32 activations for a batch: `4 · n_batch · (2·n_embd + 2·q_dim + 2·kv_dim + 2·n_ff)`.
+    pub activations_bytes: usize,
+    /// f32 logits, `[1 or n_batch, n_vocab]` (grown by the first eval).
+    pub logits_bytes: usize,
+    /// Activations quantized for the current matmul (grown to the widest one seen).
+    pub quantized_activations_bytes: usize,
+    /// Per-thread attention accumulators.
+    pub per_thread_bytes: usize,
+}
+
+impl ContextBuffers {
+    /// Sum of every category.
+    pub fn total(&self) -> usize {
+        self.kv_cache_bytes + self.activations_bytes + self.logits_bytes + self.quantized_activations_bytes + self.per_thread_bytes
+    }
 }
 
 /// An inference stream over a shared [`Model`].
@@ -61,12 +83,32 @@ unsafe impl Sync for SyncPtr {}
 
 impl Context {
     /// A context of `n_ctx` positions computing batches of up to `n_batch` tokens on
-    /// `n_threads` threads.
+    /// `n_threads` threads, with the default f16 KV cache.
     pub fn new(model: Arc<Model>, n_ctx: usize, n_batch: usize, n_threads: usize) -> Result<Self> {
+        Self::with_cache_type(model, n_ctx, n_batch, n_threads, CacheType::F16)
+    }
+
+    /// [`Context::new`] with a KV cache of `cache_type`. Q8_0 needs the model's head width
+    /// to be a multiple of 32.
+    pub fn with_cache_type(
+        model: Arc<Model>,
+        n_ctx: usize,
+        n_batch: usize,
+        n_threads: usize,
+        cache_type: CacheType,
+    ) -> Result<Self> {
         if n_ctx == 0 {
             return Err(ModelError::Context("context size must be at least 1".into()));
         }
         let c = &model.config;
+        cache_type.check(c.head_dim).map_err(ModelError::Context)?;
+        if c.head_dim > ops::MAX_HEAD_DIM {
+            return Err(ModelError::Context(format!(
+                "head_dim {} is wider than the attention kernels' maximum of {}",
+                c.head_dim,
+                ops::MAX_HEAD_DIM
+            )));
+        }
         let n_batch = n_batch.clamp(1, n_ctx);
         let z = |n: usize| vec![0f32; n];
         let n_threads = n_threads.max(1);
@@ -81,9 +123,11 @@ impl Context {
             up: z(n_batch * c.n_ff),
             logits: Vec::new(),
             quant: Vec::new(),
-            attn_acc: (0..n_threads).map(|_| Mutex::new(vec![f16::ZERO; c.head_dim])).collect(),
+            attn_acc: (0..n_threads)
+                .map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16)))
+                .collect(),
         };
-        let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim());
+        let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
         Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, model, trace })
     }
@@ -106,6 +150,25 @@ impl Context {
     /// Bytes of the KV cache.
     pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
+    }
+
+    /// What this context's buffers hold now, by category.
+    pub fn buffers(&self) -> ContextBuffers {
+        let s = &self.s;
+        let f32s = [&s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up].iter().map(|b| b.capacity()).sum::<usize>();
+        let v_f16 = self.kv.cache_type() == CacheType::F16;
+        ContextBuffers {
+            kv_cache_bytes: self.kv.bytes(),
+            activations_bytes: 4 * f32s,
+            logits_bytes: 4 * s.logits.capacity(),
+            quantized_activations_bytes: s.quant.capacity(),
+            per_thread_bytes: s.attn_acc.len() * AttnScratch::bytes(self.model.config.head_dim, v_f16),
+        }
+    }
+
+    /// Element type of the KV cache.
+    pub fn cache_type(&self) -> CacheType {
+        self.kv.cache_type()
     }
 
     /// Forget positions from `n` on (e.g. 0 to start a new conversation).
@@ -199,7 +262,7 @@ impl Context {
                     let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
                     // SAFETY: each (t, h) output slice is written by exactly one thread.
                     let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
-                    ops::attend_one(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
+                    ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
                 }
             });
             matmul(pool, &l.wo.view(file), &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;

@@ -26,9 +26,9 @@ mod weights;
 pub mod quantize;
 
 pub use config::{ModelConfig, SUPPORTED_ARCHS};
-pub use context::{Context, Logits};
+pub use context::{Context, ContextBuffers, Logits};
 pub use error::{ModelError, Result};
-pub use kv_cache::KvCache;
+pub use kv_cache::{CacheType, KvCache};
 pub use model::Model;
 pub use weights::{LayerWeights, TensorRef, Weights, MATMUL_TYPES};
 mod generate;

@@ -11,7 +11,7 @@
 
 pub(crate) mod membw;
 
-use crate::common::{file_type_name, params_label, print_out, resolve_model};
+use crate::common::{file_type_name, params_label, print_out, resolve_model, MemoryReport};
 use anyhow::{bail, Context as _, Result};
 use hearth_model::{Context, Logits, Model};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -58,6 +58,9 @@ pub struct Args {
     /// Seed of the random token ids
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// KV cache type for both K and V (llama-bench's -ctk/-ctv): f32, f16 or q8_0
+    #[arg(long, value_enum, default_value_t = crate::common::CacheTypeArg::F16)]
+    pub cache_type: crate::common::CacheTypeArg,
 }
 
 /// One test's result.
@@ -67,6 +70,8 @@ struct TestResult {
     n_gen: usize,
     samples_ns: Vec<u64>,
     membw_gbps: f64,
+    /// Memory after the test (`MemoryReport::json`; the peak is the process's so far).
+    memory: serde_json::Value,
 }
 
 impl TestResult {
@@ -139,10 +144,11 @@ pub fn run(a: Args) -> Result<()> {
     let n_vocab = c.n_vocab as u32;
     let bos = model.tokenizer.bos().filter(|_| model.tokenizer.add_bos());
     let mut results = Vec::new();
+    let mut last_memory = None;
     for &t in &threads {
         pb.set_message(format!("t={t} membw"));
         let bw = membw::measure(t, bytes, membw::PASSES);
-        let mut ctx = Context::new(model.clone(), n_ctx, a.batch_size as usize, t)?;
+        let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, t, a.cache_type.into())?;
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
             for rep in 0..=reps {
@@ -165,16 +171,23 @@ pub fn run(a: Args) -> Result<()> {
                 }
                 pb.inc(1);
             }
-            results.push(TestResult { n_threads: t, n_prompt, n_gen, samples_ns: samples, membw_gbps: bw });
+            let memory = MemoryReport::now(&ctx);
+            last_memory = Some(memory.human());
+            results.push(TestResult { n_threads: t, n_prompt, n_gen, samples_ns: samples, membw_gbps: bw, memory: memory.json() });
         }
     }
     pb.finish_and_clear();
     let info = ModelInfo::new(&model, &path);
     if a.json {
-        let list: Vec<_> = results.iter().map(|r| info.json(r, a.batch_size)).collect();
+        let ct = hearth_model::CacheType::from(a.cache_type);
+        let list: Vec<_> = results.iter().map(|r| info.json(r, a.batch_size, ct)).collect();
         print_out(&format!("{}\n", serde_json::to_string_pretty(&list)?))
     } else {
-        print_out(&info.table(&results))
+        print_out(&info.table(&results))?;
+        if let Some(m) = last_memory {
+            eprintln!("{m}\n(the peak includes the {} MiB buffer of the bandwidth measurement)", a.membw_mib);
+        }
+        Ok(())
     }
 }
 
@@ -219,7 +232,7 @@ impl ModelInfo {
         Some((gbps, 100.0 * gbps / r.membw_gbps))
     }
 
-    fn json(&self, r: &TestResult, n_batch: u32) -> serde_json::Value {
+    fn json(&self, r: &TestResult, n_batch: u32, cache_type: hearth_model::CacheType) -> serde_json::Value {
         let ts = r.samples_ts();
         let ns: Vec<f64> = r.samples_ns.iter().map(|&v| v as f64).collect();
         let (gbps, pct) = self.roofline(r).map_or((None, None), |(g, p)| (Some(g), Some(p)));
@@ -232,7 +245,7 @@ impl ModelInfo {
             "model_n_params": self.n_params,
             "n_batch": n_batch, "n_ubatch": n_batch,
             "n_threads": r.n_threads,
-            "type_k": "f16", "type_v": "f16",
+            "type_k": cache_type.name(), "type_v": cache_type.name(),
             "n_gpu_layers": 0, "flash_attn": true, "use_mmap": true, "embeddings": false,
             "simd": hearth_kernels::simd_level(),
             "n_prompt": r.n_prompt, "n_gen": r.n_gen, "n_depth": 0,
@@ -243,6 +256,7 @@ impl ModelInfo {
             "matrix_bytes": self.matrix_bytes,
             "membw_gbps": r.membw_gbps,
             "gbps": gbps, "roofline_pct": pct,
+            "memory": r.memory,
         })
     }
 

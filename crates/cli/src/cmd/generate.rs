@@ -1,6 +1,6 @@
 //! `hearth generate`: prefill a prompt, stream the completion to stdout, summary to stderr.
 
-use crate::common::{mib, print_out, ModelArgs};
+use crate::common::{print_out, MemoryReport, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::{ChatTemplate, Message};
 use hearth_model::{generate_with, sampler::SamplerConfig, Model};
@@ -139,8 +139,7 @@ pub fn run(a: Args) -> Result<()> {
         return Err(e).context("writing to stdout");
     }
     let t = &out.timings;
-    let mem = hearth_memory::ProcMemory::read().unwrap_or_default();
-    let rss = mem.peak_rss_bytes;
+    let mem = MemoryReport::now(&ctx);
     if json {
         let text_ids: Vec<u32> = out.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();
         let v = serde_json::json!({
@@ -155,14 +154,8 @@ pub fn run(a: Args) -> Result<()> {
                 "decode_ms": t.decode_ms,
                 "decode_tok_s": t.decode_tok_s(),
             },
-            "peak_rss_bytes": rss,
-            "memory": {
-                "peak_rss_bytes": rss,
-                "rss_file_bytes": mem.rss_file_bytes,
-                "rss_anon_bytes": mem.rss_anon_bytes,
-                "kv_cache_bytes": ctx.kv_bytes(),
-                "model_file_bytes": model.file.as_bytes().len(),
-            },
+            "peak_rss_bytes": mem.proc.peak_rss_bytes,
+            "memory": mem.json(),
             "seed": sampler.seed,
         });
         drop(stdout);
@@ -172,7 +165,7 @@ pub fn run(a: Args) -> Result<()> {
         writeln!(stdout, "{tail}").context("writing to stdout")?;
         eprintln!(
             "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms ({} threads, stop: {:?})\n\
-             peak RSS {} (now: {} file-backed weights/code, {} anonymous incl. {} KV cache)",
+             {}",
             t.prompt_tokens,
             t.prefill_tok_s(),
             out.tokens.len(),
@@ -180,10 +173,7 @@ pub fn run(a: Args) -> Result<()> {
             t.ttft_ms,
             a.model.threads(),
             out.stop,
-            mib(rss),
-            mib(mem.rss_file_bytes),
-            mib(mem.rss_anon_bytes),
-            mib(ctx.kv_bytes() as u64),
+            mem.human(),
         );
     }
     Ok(())

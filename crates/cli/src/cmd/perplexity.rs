@@ -1,6 +1,6 @@
 //! `hearth perplexity`: llama-perplexity's method (see `hearth_model::perplexity`).
 
-use crate::common::{mib, peak_rss_bytes, print_out, ModelArgs};
+use crate::common::{print_out, MemoryReport, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_model::perplexity;
 use std::path::PathBuf;
@@ -37,14 +37,15 @@ pub fn run(a: Args) -> Result<()> {
         }
     })?;
     let secs = start.elapsed().as_secs_f64();
+    let mem = MemoryReport::now(&ctx);
     if json {
         let v = serde_json::json!({"ppl": r.ppl, "chunks": r.running.len(), "n_ctx": n_ctx, "scored_tokens": r.scored,
-            "running": r.running, "seconds": secs, "peak_rss_bytes": peak_rss_bytes()});
+            "running": r.running, "seconds": secs, "peak_rss_bytes": mem.proc.peak_rss_bytes, "memory": mem.json()});
         print_out(&format!("{v}\n"))?;
     } else {
         eprintln!();
         print_out(&format!("Final estimate: PPL = {:.4} ({} chunks, {} tokens scored)\n", r.ppl, r.running.len(), r.scored))?;
-        eprintln!("{:.1} s, {:.1} tok/s, peak RSS {}", secs, (r.running.len() * n_ctx) as f64 / secs, mib(peak_rss_bytes().unwrap_or(0)));
+        eprintln!("{:.1} s, {:.1} tok/s\n{}", secs, (r.running.len() * n_ctx) as f64 / secs, mem.human());
     }
     Ok(())
 }

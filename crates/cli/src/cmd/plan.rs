@@ -2,7 +2,7 @@
 //! header (or a named shape) and compare with this machine's available memory. The
 //! prediction lives in `hearth_memory::plan`; this module parses flags and formats.
 
-use crate::common::{print_out, resolve_model};
+use crate::common::{print_out, resolve_model, CacheTypeArg};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
 use hearth_memory::plan::{plan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
@@ -18,9 +18,12 @@ pub struct Args {
     /// Named shape instead of a file: tiny, 1b, 7b, 13b, 70b (vocab 49152, as synth writes)
     #[arg(long)]
     pub shape: Option<String>,
-    /// Weight type with --shape (also used for output.weight)
+    /// Weight type with --shape (as synth's --type)
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_0")]
     pub ty: String,
+    /// Type of output.weight with --shape [default: the --type]
+    #[arg(long, value_name = "TYPE", requires = "shape")]
+    pub output_type: Option<String>,
     /// Context size in tokens [default: 2048, capped at the model's trained context]
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx_size: Option<u32>,
@@ -30,6 +33,9 @@ pub struct Args {
     /// Worker threads [default: number of physical cores]
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+    /// KV cache type (as generate's --cache-type): f32, f16 or q8_0
+    #[arg(long, value_enum, default_value_t = CacheTypeArg::F16)]
+    pub cache_type: CacheTypeArg,
     /// Memory read bandwidth in GB/s [default: measured, 256 MiB buffer]
     #[arg(long, value_name = "GBPS")]
     pub membw: Option<f64>,
@@ -48,7 +54,9 @@ pub fn run(a: Args) -> Result<()> {
         Some(s) => {
             let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;
             let ty = GgmlType::from_name(&a.ty).with_context(|| format!("unknown --type {:?}", a.ty))?;
-            let m = ModelSummary::from_shape(shape, ty, ty)
+            let out_name = a.output_type.as_deref().unwrap_or(&a.ty);
+            let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
+            let m = ModelSummary::from_shape(shape, ty, out)
                 .with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, 4096, format!("shape {s} {ty}"))
         }
@@ -73,8 +81,10 @@ pub fn run(a: Args) -> Result<()> {
             if g > 0.0 { (g, "measured") } else { (DEFAULT_MEMBW_GBPS, "default") }
         }
     };
+    let cache_type: hearth_model::CacheType = a.cache_type.into();
+    cache_type.check(summary.shape.head_dim).map_err(anyhow::Error::msg)?;
     let available = hearth_memory::available_bytes().unwrap_or(0);
-    let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads }, available, membw);
+    let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type }, available, membw);
     if a.json {
         let mut v = serde_json::to_value(&p)?;
         v["model"] = serde_json::json!(what);
@@ -85,8 +95,18 @@ pub fn run(a: Args) -> Result<()> {
     let mut o = format!("plan for {what}: n_ctx {n_ctx}, n_batch {}, {threads} threads\n\n", p.n_batch);
     o += &format!("  weights     {:>12}  ({} bytes; {})\n", gb(p.weights_bytes), p.weights_bytes,
         p.weights_by_type.iter().map(|(t, b)| format!("{t} {}", gb(*b))).collect::<Vec<_>>().join(", "));
-    o += &format!("  file pages  {:>12}  mapped GGUF (whole file after a decode)\n", gb(p.file_bytes));
-    o += &format!("  KV cache    {:>12}  2 · {} layers · {n_ctx} ctx · {} kv_dim · 2 bytes (f16)\n", gb(p.kv_cache_bytes), s.n_layer, s.kv_dim());
+    let untouched = p.file_bytes - p.file_resident_bytes;
+    o += &match untouched {
+        0 => format!("  file pages  {:>12}  mapped GGUF (whole file after a decode)\n", gb(p.file_resident_bytes)),
+        u => format!("  file pages  {:>12}  mapped GGUF {} less {} of token_embd rows never read (≤ {n_ctx} rows · 64 KiB fault-around)\n",
+            gb(p.file_resident_bytes), gb(p.file_bytes), gb(u)),
+    };
+    let per_row = match cache_type {
+        hearth_model::CacheType::F32 => format!("{} kv_dim · 4 bytes", s.kv_dim()),
+        hearth_model::CacheType::F16 => format!("{} kv_dim · 2 bytes", s.kv_dim()),
+        hearth_model::CacheType::Q8_0 => format!("{} kv_dim / 32 · 34 bytes", s.kv_dim()),
+    };
+    o += &format!("  KV cache    {:>12}  2 · {} layers · {n_ctx} ctx · {per_row} ({cache_type})\n", gb(p.kv_cache_bytes), s.n_layer);
     o += &format!("  scratch     {:>12}  4 · {} batch · (2·{} + 2·{} + 2·{} + 2·{}) + 4 · {} logits + quantized activations + per-thread accumulators\n",
         gb(p.scratch_bytes), p.n_batch, s.n_embd, s.q_dim(), s.kv_dim(), s.n_ff, s.n_vocab);
     o += &format!("  overhead    {:>12}  {OVERHEAD_BASE} + {OVERHEAD_PER_VOCAB} · {} vocab (measured fit)\n", gb(p.overhead_bytes), s.n_vocab);
