@@ -173,6 +173,23 @@ impl MemoryReport {
     }
 }
 
+/// The whole text of `path`: a regular file or a pipe (`<(…)`), not a device that may
+/// never end (`/dev/zero`) or a directory.
+pub fn read_text(path: &std::path::Path) -> Result<String> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    #[cfg(unix)]
+    let pipe = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
+    #[cfg(not(unix))]
+    let pipe = false;
+    if meta.is_dir() {
+        bail!("reading {}: is a directory, not a text file", path.display());
+    }
+    if !meta.is_file() && !pipe {
+        bail!("reading {}: not a regular file or pipe (a device?)", path.display());
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
 /// Bytes as MiB with one decimal.
 pub fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))

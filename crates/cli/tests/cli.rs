@@ -218,6 +218,12 @@ fn bad_flags_and_paths_are_clean_errors() {
     assert_clean_error(&hearth(&["generate", "-m", m, "-p", "hi", "-c", "100000"]), "trained context length");
     let dir = std::env::temp_dir();
     assert_clean_error(&hearth(&["inspect", dir.to_str().unwrap()]), "is a directory");
+    // Devices never end: refused before reading (these used to read /dev/zero forever).
+    assert_clean_error(&hearth(&["plan", "-m", "/dev/zero"]), "not a regular file");
+    assert_clean_error(&hearth(&["tokenize", "-m", m, "--file", "/dev/zero"]), "not a regular file");
+    assert_clean_error(&hearth(&["perplexity", "-m", m, "--file", "/dev/zero"]), "not a regular file");
+    assert_clean_error(&hearth(&["plan", "-m", m, "--type", "q4_k"]), "--shape");
+    assert_clean_error(&hearth(&["plan", "--shape", "7b", "--membw", "1e300"]), "--membw");
     let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/vocab/ggml-vocab-llama-spm.gguf");
     if vocab.is_file() {
         assert_clean_error(&hearth(&["generate", "-m", vocab.to_str().unwrap(), "-p", "hi"]), "vocab-only");

@@ -170,6 +170,15 @@ fn bad_requests_fail_cleanly_and_leave_nothing() {
     assert_clean_error(&o, "is a directory");
     let o = hearth(&["quantize", s(&m), s(&m), "--type", "q8_0", "--allow-requantize"]);
     assert_clean_error(&o, "is the input file");
+    // An existing non-file (here a FIFO; /dev/null in real life) is never renamed over.
+    let fifo = d.join("fifo");
+    if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|st| st.success()) {
+        let o = hearth(&["quantize", s(&m), s(&fifo), "--type", "q8_0", "--allow-requantize"]);
+        assert_clean_error(&o, "not a regular file");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        std::fs::remove_file(&fifo).unwrap();
+    }
     // A missing input.
     let o = hearth(&["quantize", s(&d.join("nope.gguf")), s(&out), "--type", "q8_0"]);
     assert_clean_error(&o, "nope.gguf");

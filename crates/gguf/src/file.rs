@@ -33,6 +33,10 @@ impl GgufFile {
         if meta.is_dir() {
             return Err(io(std::io::Error::other("is a directory, not a GGUF file")));
         }
+        if !meta.is_file() {
+            // A device or pipe has no length to map and may never end (/dev/zero).
+            return Err(io(std::io::Error::other("is not a regular file (a device or pipe?)")));
+        }
         let len = meta.len();
         if len < 4 {
             return Err(GgufError::BadMagic { found: std::fs::read(&path).map_err(io)? });

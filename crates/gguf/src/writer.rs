@@ -152,6 +152,11 @@ pub fn write_gguf_file(
     fill: impl FnMut(usize, &mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
     let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+    // The rename below would replace whatever OUT is: refuse anything but a regular file
+    // (a device such as /dev/null must never be swapped for a file).
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(io(std::io::Error::other("exists and is not a regular file; refusing to replace it")));
+    }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp-{}", std::process::id()));
     let tmp = std::path::PathBuf::from(tmp);

@@ -107,7 +107,7 @@ pub fn run(a: Args) -> Result<()> {
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the prompt from stdin")?;
             s
         }
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        (None, Some(f)) => crate::common::read_text(f)?,
         (None, None) => unreachable!("clap requires --prompt or --prompt-file"),
     };
     let prompt = if a.chat { render_chat(&model, &[Message { role: "user".into(), content: text }])? } else { text };

@@ -1,7 +1,7 @@
 //! `hearth perplexity`: llama-perplexity's method (see `hearth_model::perplexity`).
 
 use crate::common::{print_out, MemoryReport, ModelArgs};
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use hearth_model::perplexity;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,7 +21,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = crate::common::read_text(&a.file)?;
     let tokens = model.tokenizer.encode(&text, true, true);
     // 512: llama-perplexity's default chunk size.
     let mut ctx = a.model.context(&model, 512)?;

@@ -18,11 +18,11 @@ pub struct Args {
     /// Named shape instead of a file: tiny, 1b, 7b, 13b, 70b (vocab 49152, as synth writes)
     #[arg(long)]
     pub shape: Option<String>,
-    /// Weight type with --shape (as synth's --type)
-    #[arg(long = "type", value_name = "TYPE", default_value = "q4_0")]
-    pub ty: String,
+    /// Weight type with --shape (as synth's --type) [default: q4_0]
+    #[arg(long = "type", value_name = "TYPE")]
+    pub ty: Option<String>,
     /// Type of output.weight with --shape [default: the --type]
-    #[arg(long, value_name = "TYPE", requires = "shape")]
+    #[arg(long, value_name = "TYPE")]
     pub output_type: Option<String>,
     /// Context size in tokens [default: 2048, capped at the model's trained context]
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -50,11 +50,15 @@ fn gb(b: u64) -> String {
 
 pub fn run(a: Args) -> Result<()> {
     let threads = crate::common::threads_or_default(a.threads);
+    if a.shape.is_none() && (a.ty.is_some() || a.output_type.is_some()) {
+        bail!("--type and --output-type describe a --shape; a model file's types come from the file");
+    }
     let (summary, n_ctx_train, what) = match &a.shape {
         Some(s) => {
             let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;
-            let ty = GgmlType::from_name(&a.ty).with_context(|| format!("unknown --type {:?}", a.ty))?;
-            let out_name = a.output_type.as_deref().unwrap_or(&a.ty);
+            let ty_name = a.ty.as_deref().unwrap_or("q4_0");
+            let ty = GgmlType::from_name(ty_name).with_context(|| format!("unknown --type {ty_name:?}"))?;
+            let out_name = a.output_type.as_deref().unwrap_or(ty_name);
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
             let m = ModelSummary::from_shape(shape, ty, out)
                 .with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
@@ -74,8 +78,9 @@ pub fn run(a: Args) -> Result<()> {
         None => 2048.min(n_ctx_train),
     };
     let (membw, membw_src) = match a.membw {
-        Some(g) if g > 0.0 && g.is_finite() => (g, "--membw"),
-        Some(g) => bail!("--membw {g} must be a positive number"),
+        // 100 TB/s is far beyond any machine; larger values are typos.
+        Some(g) if g > 0.0 && g <= 1e5 => (g, "--membw"),
+        Some(g) => bail!("--membw {g:e} must be a bandwidth in GB/s, above 0 and at most 100000"),
         None => {
             let g = super::bench::membw::measure(threads, 256 << 20, 3);
             if g > 0.0 { (g, "measured") } else { (DEFAULT_MEMBW_GBPS, "default") }

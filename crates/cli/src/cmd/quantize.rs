@@ -82,6 +82,9 @@ pub fn run(a: Args) -> Result<()> {
     if out_abs.is_dir() {
         bail!("cannot write {}: it is a directory", a.output.display());
     }
+    if out_abs.exists() && !out_abs.is_file() {
+        bail!("cannot write {}: it exists and is not a regular file (a device or pipe?)", a.output.display());
+    }
 
     let src = GgufFile::open(&in_path).with_context(|| format!("reading {}", a.input.display()))?;
     let plan = plan_quantize(&src, &opts).map_err(|e| match e {

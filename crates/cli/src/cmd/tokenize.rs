@@ -42,7 +42,7 @@ pub fn run(a: Args) -> Result<()> {
             std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
             s
         }
-        (None, Some(p)) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        (None, Some(p)) => crate::common::read_text(p)?,
         (None, None) => unreachable!("clap requires --text or --file"),
     };
     let ids = tok.encode(&text, a.add_special, a.parse_special);
