@@ -29,6 +29,9 @@ pub struct ModelArgs {
     /// (q8_0: 34 bytes per 32 values, needs head_dim a multiple of 32)
     #[arg(long, value_enum, default_value_t = CacheTypeArg::F16)]
     pub cache_type: CacheTypeArg,
+    /// Pin threads to distinct cores (physical cores first, within this process's CPU set)
+    #[arg(long)]
+    pub pin: bool,
 }
 
 /// `--cache-type` values (clap lists them and rejects others).
@@ -83,7 +86,11 @@ impl ModelArgs {
     /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
     pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
         let n_ctx = self.ctx_size(model, default_ctx)?;
-        Ok(Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?)
+        let mut ctx = Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?;
+        if self.pin {
+            ctx.pin_threads()?;
+        }
+        Ok(ctx)
     }
 }
 

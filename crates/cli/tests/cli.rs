@@ -42,7 +42,7 @@ fn generate_greedy_json() {
 #[test]
 fn generate_streams_text_and_summary() {
     let m = model();
-    let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "What is 2+2?", "--chat", "--temperature", "0", "-n", "16"]);
+    let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "What is 2+2?", "--chat", "--temperature", "0", "-n", "16", "--pin"]);
     assert!(out.status.success());
     assert!(!out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -37,6 +37,7 @@ mod dispatch;
 mod error;
 mod generic;
 mod matmul;
+pub mod affinity;
 pub mod ops;
 mod pool;
 mod view;

@@ -86,6 +86,21 @@ impl ThreadPool {
     /// `n_threads - 1` workers are spawned). `0` is treated as 1; with 1 every
     /// `run` executes inline without any synchronization.
     pub fn new(n_threads: usize) -> Self {
+        Self::build(n_threads, Vec::new())
+    }
+
+    /// [`new`](Self::new) with thread `i` (the caller is thread 0) pinned to logical CPU
+    /// `cpus[i % cpus.len()]` (see [`crate::affinity::pin_order`]). Pins the calling thread
+    /// now; fails if the OS refuses (a CPU outside this process's cpuset).
+    pub fn new_pinned(n_threads: usize, cpus: &[usize]) -> std::io::Result<Self> {
+        let Some(&first) = cpus.first() else {
+            return Err(std::io::Error::other("no CPUs to pin to"));
+        };
+        crate::affinity::pin_current_thread(first)?;
+        Ok(Self::build(n_threads, cpus.to_vec()))
+    }
+
+    fn build(n_threads: usize, cpus: Vec<usize>) -> Self {
         let n = n_threads.max(1);
         let shared = Arc::new(Shared {
             n_threads: n,
@@ -104,9 +119,16 @@ impl ThreadPool {
         let workers = (1..n)
             .map(|idx| {
                 let s = Arc::clone(&shared);
+                let cpu = (!cpus.is_empty()).then(|| cpus[idx % cpus.len()]);
                 std::thread::Builder::new()
                     .name(format!("hearth-worker-{idx}"))
-                    .spawn(move || worker(&s, idx))
+                    .spawn(move || {
+                        // Best effort: the caller's pin succeeded, so the set is allowed.
+                        if let Some(c) = cpu {
+                            let _ = crate::affinity::pin_current_thread(c);
+                        }
+                        worker(&s, idx)
+                    })
                     .expect("failed to spawn a thread pool worker")
             })
             .collect();
@@ -293,6 +315,23 @@ pub fn physical_cores() -> usize {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn pinned_threads_run_where_pinned() {
+        let order = crate::affinity::pin_order();
+        let n = order.len().min(4);
+        std::thread::spawn(move || {
+            let pool = ThreadPool::new_pinned(n, &order).unwrap();
+            let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(usize::MAX)).collect();
+            pool.run(|i, _| seen[i].store(crate::affinity::current_cpu().unwrap_or(usize::MAX - 1), SeqCst));
+            for (i, s) in seen.iter().enumerate() {
+                assert_eq!(s.load(SeqCst), order[i % order.len()], "thread {i}");
+            }
+        })
+        .join()
+        .unwrap();
+        assert!(ThreadPool::new_pinned(2, &[]).is_err());
+    }
 
     #[test]
     fn every_thread_runs_once_per_op() {

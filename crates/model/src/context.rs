@@ -132,6 +132,15 @@ impl Context {
         Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, model, trace })
     }
 
+    /// Pin this context's threads to distinct cores, physical cores first
+    /// ([`hearth_kernels::affinity::pin_order`]); the calling thread becomes thread 0.
+    pub fn pin_threads(&mut self) -> Result<()> {
+        let n = self.pool.n_threads();
+        let cpus = hearth_kernels::affinity::pin_order();
+        self.pool = ThreadPool::new_pinned(n, &cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
+        Ok(())
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model

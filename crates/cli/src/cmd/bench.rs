@@ -61,6 +61,9 @@ pub struct Args {
     /// KV cache type for both K and V (llama-bench's -ctk/-ctv): f32, f16 or q8_0
     #[arg(long, value_enum, default_value_t = crate::common::CacheTypeArg::F16)]
     pub cache_type: crate::common::CacheTypeArg,
+    /// Pin threads to distinct cores (physical cores first), as llama-bench's --cpu-strict
+    #[arg(long)]
+    pub pin: bool,
 }
 
 /// One test's result.
@@ -149,6 +152,9 @@ pub fn run(a: Args) -> Result<()> {
         pb.set_message(format!("t={t} membw"));
         let bw = membw::measure(t, bytes, membw::PASSES);
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, t, a.cache_type.into())?;
+        if a.pin {
+            ctx.pin_threads()?;
+        }
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
             for rep in 0..=reps {
