@@ -11,14 +11,10 @@ use std::collections::BTreeMap;
 
 /// Logical CPUs this process may use, in pinning order. Empty where the OS does not say.
 pub fn pin_order() -> Vec<usize> {
-    let allowed = allowed_cpus();
-    let read = |cpu: usize, f: &str| {
-        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{f}")).ok().map(|s| s.trim().to_owned())
-    };
-    // (package, core) → its CPUs in ascending order.
+    // (package, core) → its CPUs in ascending order; a CPU without topology is its own core.
     let mut cores: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
-    for &cpu in &allowed {
-        let key = (read(cpu, "physical_package_id").unwrap_or_default(), read(cpu, "core_id").unwrap_or_else(|| cpu.to_string()));
+    for cpu in allowed_cpus() {
+        let key = core_of(cpu).unwrap_or_else(|| (String::new(), cpu.to_string()));
         cores.entry(key).or_default().push(cpu);
     }
     let mut firsts: Vec<usize> = cores.values().map(|c| c[0]).collect();
@@ -27,6 +23,15 @@ pub fn pin_order() -> Vec<usize> {
     rest.sort_unstable();
     firsts.extend(rest);
     firsts
+}
+
+/// The `(physical_package_id, core_id)` of logical CPU `cpu`, from
+/// `/sys/devices/system/cpu/cpu{cpu}/topology`.
+pub(crate) fn core_of(cpu: usize) -> Option<(String, String)> {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{f}")).ok().map(|s| s.trim().to_owned())
+    };
+    Some((read("physical_package_id")?, read("core_id")?))
 }
 
 /// Pin the calling thread to logical CPU `cpu`.

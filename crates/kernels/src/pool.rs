@@ -287,20 +287,13 @@ fn worker(s: &Shared, idx: usize) {
 /// `available_parallelism` where sysfs is missing.
 pub fn physical_cores() -> usize {
     let avail = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
     let mut cores = std::collections::HashSet::new();
     if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
         for e in dir.flatten() {
             let name = e.file_name();
-            let name = name.to_string_lossy();
-            if !name.starts_with("cpu") || !name[3..].bytes().all(|b| b.is_ascii_digit()) || name.len() == 3 {
-                continue;
-            }
-            let topo = e.path().join("topology");
-            if let (Some(pkg), Some(core)) =
-                (read(topo.join("physical_package_id")), read(topo.join("core_id")))
-            {
-                cores.insert((pkg, core));
+            let cpu = name.to_string_lossy().strip_prefix("cpu").and_then(|n| n.parse::<usize>().ok());
+            if let Some(core) = cpu.and_then(crate::affinity::core_of) {
+                cores.insert(core);
             }
         }
     }

@@ -23,6 +23,7 @@
 //! `GgufFile::open` parses.
 
 use hearth_gguf::GgufFile;
+use hearth_kernels::ops::AttnScratch;
 use hearth_model::{CacheType, KvCache, ModelConfig};
 use hearth_quant::{vec_dot_type, GgmlType};
 use serde::Serialize;
@@ -189,10 +190,14 @@ impl ModelSummary {
         m
     }
 
+    /// The tensor called `name`.
+    fn tensor(&self, name: &str) -> Option<&TensorSummary> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
     /// The output head: `output.weight`, else the tied `token_embd.weight`.
     fn output(&self) -> Option<&TensorSummary> {
-        let find = |n: &str| self.tensors.iter().find(|t| t.name == n);
-        find("output.weight").or_else(|| find("token_embd.weight"))
+        self.tensor("output.weight").or_else(|| self.tensor("token_embd.weight"))
     }
 
     /// Bytes one decode step streams: every layer matrix plus the output head
@@ -207,8 +212,7 @@ impl ModelSummary {
     /// `max(FAULT_AROUND_BYTES, row + 4 KiB)`, cannot reach. A tied embedding is the output
     /// head, read whole every token.
     pub fn resident_file_bytes(&self, n_ctx: usize) -> u64 {
-        let find = |n: &str| self.tensors.iter().find(|t| t.name == n);
-        let (Some(embd), Some(_)) = (find("token_embd.weight"), find("output.weight")) else {
+        let (Some(embd), Some(_)) = (self.tensor("token_embd.weight"), self.tensor("output.weight")) else {
             return self.file_bytes;
         };
         let row = embd.ty.row_bytes(embd.cols).unwrap_or(embd.bytes);
@@ -260,9 +264,7 @@ pub fn scratch_bytes(m: &ModelSummary, p: PlanParams) -> u64 {
     let per_row = 2 * s.n_embd + 2 * s.q_dim() + 2 * s.kv_dim() + 2 * s.n_ff;
     let act = 4 * (nb * per_row) as u64;
     let logits = 4 * s.n_vocab as u64;
-    // `hearth_kernels::ops::AttnScratch::bytes`: f16 accumulators with an f16 V cache, else f32.
-    let acc_elem = if p.cache_type == CacheType::F16 { 2 } else { 4 };
-    let acc = (p.n_threads.max(1) * s.head_dim * acc_elem) as u64;
+    let acc = (p.n_threads.max(1) * AttnScratch::bytes(s.head_dim, p.cache_type == CacheType::F16)) as u64;
     act + logits + m.quant_scratch_bytes(nb) + acc
 }
 
