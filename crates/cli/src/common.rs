@@ -32,6 +32,8 @@ pub struct ModelArgs {
     /// Pin threads to distinct cores (physical cores first, within this process's CPU set)
     #[arg(long)]
     pub pin: bool,
+    #[command(flatten)]
+    pub budget: crate::budget::BudgetArgs,
 }
 
 /// `--cache-type` values (clap lists them and rejects others).
@@ -67,6 +69,7 @@ impl ModelArgs {
     /// Load the model, with a one-line error that says how to get the default one.
     pub fn load(&self) -> Result<Arc<Model>> {
         let path = resolve_model(self.model.as_ref())?;
+        self.budget.before_load(&path)?;
         let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
         Ok(Arc::new(model))
     }
@@ -85,12 +88,18 @@ impl ModelArgs {
 
     /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
     pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
+        Ok(self.context_with_window(model, default_ctx)?.0)
+    }
+
+    /// [`Self::context`], and the sliding-window plan when `--mem-budget` made one.
+    pub fn context_with_window(&self, model: &Arc<Model>, default_ctx: usize) -> Result<(Context, Option<hearth_memory::WindowPlan>)> {
         let n_ctx = self.ctx_size(model, default_ctx)?;
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?;
         if self.pin {
             ctx.pin_threads()?;
         }
-        Ok(ctx)
+        let window = self.budget.apply(model, &mut ctx)?;
+        Ok((ctx, window))
     }
 }
 

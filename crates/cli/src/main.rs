@@ -3,6 +3,7 @@
 //! This binary is the only place that formats for humans and uses `anyhow`; each
 //! subcommand lives in `cmd/` and turns its flags into calls on the library crates.
 
+mod budget;
 mod cmd;
 mod common;
 
@@ -57,6 +58,7 @@ fn main() {
     // SAFETY: setting a signal disposition to its default at startup, before any threads.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::signal(libc::SIGBUS, on_sigbus as *const () as libc::sighandler_t);
     }
     let cli = Cli::parse();
     let result = match cli.command {
@@ -73,6 +75,19 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
+    }
+}
+
+/// A read of the mapped model file failed (it was truncated under us, or the disk
+/// failed): say so instead of dying with "Bus error". Only async-signal-safe calls.
+#[cfg(unix)]
+extern "C" fn on_sigbus(_: libc::c_int) {
+    const MSG: &[u8] = b"\nerror: reading the memory-mapped model file failed (SIGBUS): it was truncated or became \
+unreadable while hearth ran. With --mem-budget hearth reads through its own buffers and reports this as an error.\n";
+    // SAFETY: write(2) and _exit(2) are async-signal-safe.
+    unsafe {
+        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        libc::_exit(74);
     }
 }
 

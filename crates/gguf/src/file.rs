@@ -71,6 +71,18 @@ impl GgufFile {
         }
     }
 
+    /// Drop the mapping's resident pages from this process (`madvise(MADV_DONTNEED)`):
+    /// they leave the RSS and are read from the file again if touched. The sliding-window
+    /// scheduler calls this after load, when weights come through its own buffers and the
+    /// mapping was only used for the header and norms. No-op for an owned buffer.
+    pub fn release_pages(&self) {
+        if let Bytes::Mapped(m) = &self.bytes {
+            // SAFETY: a read-only file mapping holds no private changes, so dropping its
+            // pages loses nothing: a later access re-reads the file.
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+
     /// Path it was opened from.
     pub fn path(&self) -> &Path {
         &self.path

@@ -15,8 +15,10 @@
 
 pub mod alloc;
 pub mod plan;
+pub mod window;
 pub use alloc::{heap_stats, CountingAlloc, HeapStats};
-pub use plan::{available_bytes, preset, ModelShape, ModelSummary, Plan, PlanParams, TensorSummary};
+pub use plan::{available_bytes, plan_window, preset, ModelShape, ModelSummary, Plan, PlanParams, TensorSummary, WindowPlan};
+pub use window::{drop_page_cache, ReadMode, Window};
 
 use serde::Serialize;
 

@@ -220,6 +220,27 @@ impl ModelSummary {
         self.file_bytes - (embd.bytes - touched).min(self.file_bytes)
     }
 
+    /// Bytes of each sliding-window unit, in forward order: every block's matrices, then
+    /// the output head (`hearth_model::unit_ranges` on a real file).
+    pub fn unit_bytes(&self) -> Vec<u64> {
+        let mut per: BTreeMap<usize, u64> = BTreeMap::new();
+        for t in self.tensors.iter().filter(|t| t.n_dims == 2) {
+            if let Some(i) = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse().ok()) {
+                *per.entry(i).or_insert(0) += t.bytes;
+            }
+        }
+        let mut units: Vec<u64> = per.into_values().collect();
+        // The head in row chunks no larger than a block (`hearth_model::source::head_chunks`).
+        if let Some(h) = self.output() {
+            let row = h.ty.row_bytes(h.cols).unwrap_or(h.bytes).max(1);
+            let rows = h.bytes / row;
+            let k = units.iter().copied().max().filter(|&b| b > 0).map_or(1, |b| h.bytes.div_ceil(b)).clamp(1, rows.max(1));
+            let per = rows.div_ceil(k);
+            units.extend((0..rows).step_by(per.max(1) as usize).map(|r| per.min(rows - r) * row));
+        }
+        units
+    }
+
     /// Bytes of the largest transformer block.
     pub fn largest_layer_bytes(&self) -> u64 {
         let mut per: BTreeMap<usize, u64> = BTreeMap::new();
@@ -445,5 +466,125 @@ mod tests {
         assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);
         assert_eq!(parse_cgroup_limit("1073741824\n"), Some(1 << 30));
         assert!(available_bytes().is_none_or(|b| b > 0));
+    }
+}
+
+/// Budget held back from the window for what the overhead fit misses (bytes):
+/// `WINDOW_MARGIN_BASE + budget / WINDOW_MARGIN_DIV`.
+pub const WINDOW_MARGIN_BASE: u64 = 16 << 20;
+/// See [`WINDOW_MARGIN_BASE`].
+pub const WINDOW_MARGIN_DIV: u64 = 32;
+
+/// A sliding-window run (`--mem-budget`): how many units stay resident and what that
+/// costs. Peak RSS = KV cache + scratch + runtime overhead (as in [`Plan`]) + the
+/// window's `slots × slot_bytes`; no file pages stay mapped.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowPlan {
+    /// The budget (bytes).
+    pub budget_bytes: u64,
+    /// Units (blocks + output head).
+    pub n_units: usize,
+    /// Units resident at once (the window): one computing, `slots - 1` prefetched.
+    pub slots: usize,
+    /// Bytes of one slot (the largest unit, aligned for `O_DIRECT`).
+    pub slot_bytes: u64,
+    /// `slots × slot_bytes`.
+    pub window_bytes: u64,
+    /// KV cache + scratch + runtime overhead.
+    pub fixed_bytes: u64,
+    /// Held back for error in the overhead fit ([`WINDOW_MARGIN_BASE`]).
+    pub margin_bytes: u64,
+    /// Predicted peak RSS: `fixed_bytes + window_bytes`.
+    pub peak_rss_bytes: u64,
+    /// The smallest budget that works: `fixed_bytes + slot_bytes + margin` at that budget.
+    pub min_budget_bytes: u64,
+    /// Bytes read from disk per decoded token: every unit when the window is smaller
+    /// than the model, 0 when all of them stay resident after the first token.
+    pub read_bytes_per_token: u64,
+    /// Disk read bandwidth used for the time prediction (GB/s).
+    pub disk_gbps: f64,
+    /// Predicted seconds per decoded token: `max(read_bytes_per_token / disk, memory-bound
+    /// compute time)`, since the loader reads while the forward pass computes.
+    pub token_secs: f64,
+}
+
+/// Plan a window for `budget` bytes: `p` gives the fixed terms, `slot_bytes` the largest
+/// aligned unit, `unit_total_bytes` the sum of all units (one token's reads).
+/// `Err` carries the plan at the smallest workable budget when even one slot does not fit.
+pub fn plan_window(
+    p: &Plan,
+    n_units: usize,
+    slot_bytes: u64,
+    unit_total_bytes: u64,
+    budget: u64,
+    disk_gbps: f64,
+) -> Result<WindowPlan, Box<WindowPlan>> {
+    let fixed = p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
+    let margin = |b: u64| WINDOW_MARGIN_BASE + b / WINDOW_MARGIN_DIV;
+    // Smallest b with fixed + slot + margin(b) <= b.
+    let need = fixed + slot_bytes + WINDOW_MARGIN_BASE;
+    // Least k with (need + k) / DIV <= k (iterating a monotone map from 0 reaches it).
+    let mut k = 0;
+    while (need + k) / WINDOW_MARGIN_DIV > k {
+        k = (need + k) / WINDOW_MARGIN_DIV;
+    }
+    let min_budget = need + k;
+    let free = budget.saturating_sub(fixed + margin(budget));
+    let slots = ((free / slot_bytes.max(1)) as usize).min(n_units);
+    let make = |slots: usize, budget: u64| {
+        let read = if slots >= n_units { 0 } else { unit_total_bytes };
+        let compute = if p.membw_gbps > 0.0 { p.bytes_per_token as f64 / (p.membw_gbps * 1e9) } else { 0.0 };
+        let io = if disk_gbps > 0.0 { read as f64 / (disk_gbps * 1e9) } else { 0.0 };
+        WindowPlan {
+            budget_bytes: budget,
+            n_units,
+            slots,
+            slot_bytes,
+            window_bytes: slots as u64 * slot_bytes,
+            fixed_bytes: fixed,
+            margin_bytes: margin(budget),
+            peak_rss_bytes: fixed + slots as u64 * slot_bytes,
+            min_budget_bytes: min_budget,
+            read_bytes_per_token: read,
+            disk_gbps,
+            token_secs: io.max(compute),
+        }
+    };
+    if slots == 0 {
+        return Err(Box::new(make(1, min_budget)));
+    }
+    Ok(make(slots, budget))
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    #[test]
+    fn window_fits_the_budget_or_names_the_minimum() {
+        let m = ModelSummary::from_shape(preset("7b").unwrap(), GgmlType::Q4_0, GgmlType::Q6_K).unwrap();
+        let units = m.unit_bytes();
+        // 32 blocks of 113.2 MB; the Q6_K head (165.2 MB) in two chunks.
+        assert_eq!(units.len(), 34);
+        assert_eq!(units[32] + units[33], m.tensor("output.weight").unwrap().bytes);
+        assert!(units[32] <= units[0]);
+        let slot = units.iter().max().unwrap() + 2 * 4096;
+        let total: u64 = units.iter().sum();
+        let params = PlanParams { n_ctx: 256, n_batch: 64, n_threads: 2, cache_type: CacheType::F16 };
+        let p = plan(&m, params, 1 << 40, 20.0);
+        for budget in [512u64 << 20, 1 << 30, 2 << 30] {
+            let w = plan_window(&p, units.len(), slot, total, budget, 2.0).unwrap();
+            assert!(w.peak_rss_bytes + w.margin_bytes <= budget, "{w:?}");
+            assert!(w.slots >= 1 && w.slots < 34 && w.read_bytes_per_token == total);
+            assert!((w.token_secs - total as f64 / 2e9).abs() < 1e-9);
+        }
+        let small = plan_window(&p, units.len(), slot, total, 200 << 20, 2.0).unwrap_err();
+        assert_eq!(small.slots, 1);
+        // The minimum it names works, and a byte less does not.
+        assert_eq!(plan_window(&p, units.len(), slot, total, small.min_budget_bytes, 2.0).unwrap().slots, 1);
+        assert!(plan_window(&p, units.len(), slot, total, small.min_budget_bytes - 1, 2.0).is_err());
+        // A budget above the model keeps every unit: nothing is re-read.
+        let all = plan_window(&p, units.len(), slot, total, 8 << 30, 2.0).unwrap();
+        assert_eq!((all.slots, all.read_bytes_per_token), (34, 0));
     }
 }

@@ -4,6 +4,7 @@
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{CacheType, KvCache};
 use crate::model::Model;
+use crate::source::{LayerSource, SourceStats, Unit};
 use hearth_kernels::ops::{self, AttnScratch, AttnShape};
 use hearth_kernels::{matmul, ThreadPool};
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,8 @@ struct Scratch {
     up: Vec<f32>,    // [n_batch, n_ff]
     logits: Vec<f32>, // [n_batch or 1, n_vocab]
     quant: Vec<u8>,  // activations quantized for the current matmul
+    emb_row: Vec<u8>, // one token_embd row read through a LayerSource
+    head_tmp: Vec<f32>, // [n_tokens, chunk rows] of a head chunk, when logits of all tokens are wanted
     attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
 }
 
@@ -63,6 +66,10 @@ pub struct Context {
     n_past: usize,
     n_batch: usize,
     s: Scratch,
+    /// Where the weights come from when not the mapping (`set_source`).
+    source: Option<Box<dyn LayerSource>>,
+    /// Row ranges of the output head, one per unit (`0..n_vocab` when mapped).
+    head_chunks: Vec<std::ops::Range<usize>>,
     /// `HEARTH_TRACE=1`: print each intermediate's sum to stderr, named as in llama.cpp's
     /// eval-callback traces, for layer-by-layer comparison.
     trace: bool,
@@ -123,13 +130,15 @@ impl Context {
             up: z(n_batch * c.n_ff),
             logits: Vec::new(),
             quant: Vec::new(),
+            emb_row: Vec::new(),
+            head_tmp: Vec::new(),
             attn_acc: (0..n_threads)
                 .map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16)))
                 .collect(),
         };
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
-        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, model, trace })
+        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, head_chunks: std::iter::once(0..c.n_vocab).collect(), model, source: None, trace })
     }
 
     /// Pin this context's threads to distinct cores, physical cores first
@@ -141,9 +150,34 @@ impl Context {
         Ok(())
     }
 
+    /// Read weights through `source` (e.g. `hearth_memory::Window`) instead of the
+    /// mapping, one unit at a time ([`crate::source`]). The mapping's pages are dropped
+    /// from the RSS ([`hearth_gguf::GgufFile::release_pages`]): from now on only the
+    /// source's buffers hold weights.
+    pub fn set_source(&mut self, source: Box<dyn LayerSource>) {
+        self.model.file.release_pages();
+        self.head_chunks = crate::source::head_chunks(&self.model.weights);
+        self.source = Some(source);
+    }
+
+    /// The source's I/O counters, when weights come through one.
+    pub fn source_stats(&self) -> Option<SourceStats> {
+        self.source.as_ref().map(|s| s.stats())
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// Most tokens one forward pass takes.
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    /// Threads of the pool.
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
     }
 
     /// Positions already in the KV cache.
@@ -232,20 +266,33 @@ impl Context {
         let tr = self.trace;
 
         // Embedding: dequantize only the rows of the tokens we need.
-        let emb = w.token_embd.view(file);
-        let row_bytes = w.token_embd.row_bytes();
+        let emb = &w.token_embd;
+        let row_bytes = emb.row_bytes();
         for (t, &tok) in tokens.iter().enumerate() {
-            let row = &emb.data[tok as usize * row_bytes..(tok as usize + 1) * row_bytes];
+            let at = emb.offset + tok as usize * row_bytes;
+            let row = match self.source.as_mut() {
+                Some(src) => {
+                    s.emb_row.resize(row_bytes, 0);
+                    src.read_at(at as u64, &mut s.emb_row)?;
+                    &s.emb_row[..]
+                }
+                None => &file.as_bytes()[at..at + row_bytes],
+            };
             hearth_kernels::dequantize_row(emb.ty, row, &mut s.x[t * e..(t + 1) * e])?;
         }
 
         let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        let mapped = Unit { bytes: file.as_bytes(), base: 0 };
         for (il, l) in w.layers.iter().enumerate() {
+            let unit = match self.source.as_mut() {
+                Some(src) => src.acquire(il)?,
+                None => mapped,
+            };
             // Attention block: xb = rmsnorm(x) · attn_norm; q,k,v = xb·Wqᵀ, xb·Wkᵀ, xb·Wvᵀ.
             ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
-            matmul(pool, &l.wq.view(file), &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
-            matmul(pool, &l.wk.view(file), &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
-            matmul(pool, &l.wv.view(file), &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.wq)?, &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.wk)?, &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.wv)?, &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
             trace(tr, "attn_norm", il, &s.xb[..n * e]);
             trace(tr, "Qcur", il, &s.q[..n * qd]);
             trace(tr, "Kcur", il, &s.k[..n * kvd]);
@@ -274,7 +321,7 @@ impl Context {
                     ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
                 }
             });
-            matmul(pool, &l.wo.view(file), &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.wo)?, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
             trace(tr, "kqv_out", il, &s.attn[..n * qd]);
             trace(tr, "attn_out", il, &s.xb[..n * e]);
@@ -282,26 +329,54 @@ impl Context {
 
             // FFN block (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb).
             ops::rmsnorm(&s.x[..n * e], &l.ffn_norm, c.rms_eps, &mut s.xb[..n * e]);
-            matmul(pool, &l.w_gate.view(file), &s.xb[..n * e], n, &mut s.gate[..n * ff], &mut s.quant)?;
-            matmul(pool, &l.w_up.view(file), &s.xb[..n * e], n, &mut s.up[..n * ff], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.w_gate)?, &s.xb[..n * e], n, &mut s.gate[..n * ff], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.w_up)?, &s.xb[..n * e], n, &mut s.up[..n * ff], &mut s.quant)?;
             trace(tr, "ffn_norm", il, &s.xb[..n * e]);
             trace(tr, "ffn_gate", il, &s.gate[..n * ff]);
             trace(tr, "ffn_up", il, &s.up[..n * ff]);
             ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
             trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
-            matmul(pool, &l.w_down.view(file), &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
+            matmul(pool, &unit.view(&l.w_down)?, &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
             trace(tr, "ffn_out", il, &s.xb[..n * e]);
             trace(tr, "l_out", il, &s.x[..n * e]);
+            if let Some(src) = self.source.as_mut() {
+                src.release(il);
+            }
         }
         self.n_past += n;
 
-        // Output head on the rows that need logits.
-        if let Some(row) = out_row {
-            let (first, m) = if all { (0, n) } else { (n - 1, 1) };
+        // Output head on the rows that need logits. A source streams it as units
+        // n_layer.. (row chunks) on every pass, needed or not, to keep its order.
+        let (first, m) = if all { (0, n) } else { (n - 1, 1) };
+        if out_row.is_some() {
             ops::rmsnorm(&s.x[first * e..(first + m) * e], &w.output_norm, c.rms_eps, &mut s.xb[..m * e]);
-            let v = c.n_vocab;
-            matmul(pool, &w.output.view(file), &s.xb[..m * e], m, &mut s.logits[row * v..(row + m) * v], &mut s.quant)?;
+        }
+        let v = c.n_vocab;
+        for (k, rows) in self.head_chunks.iter().enumerate() {
+            let unit = match self.source.as_mut() {
+                Some(src) => src.acquire(c.n_layer + k)?,
+                None => mapped,
+            };
+            if let Some(row) = out_row {
+                let head = unit.view(&w.output.rows(rows.clone()))?;
+                let nr = rows.len();
+                if m == 1 || nr == v {
+                    // [m, nr] is contiguous in the [m, v] logits.
+                    let at = row * v + rows.start;
+                    matmul(pool, &head, &s.xb[..m * e], m, &mut s.logits[at..at + m * nr], &mut s.quant)?;
+                } else {
+                    s.head_tmp.resize(m * nr, 0.0);
+                    matmul(pool, &head, &s.xb[..m * e], m, &mut s.head_tmp, &mut s.quant)?;
+                    for t in 0..m {
+                        let at = (row + t) * v + rows.start;
+                        s.logits[at..at + nr].copy_from_slice(&s.head_tmp[t * nr..(t + 1) * nr]);
+                    }
+                }
+            }
+            if let Some(src) = self.source.as_mut() {
+                src.release(c.n_layer + k);
+            }
         }
         Ok(())
     }

@@ -61,6 +61,10 @@ pub enum ModelError {
     /// Invalid input (empty prompt, token id out of range...).
     #[error("{0}")]
     Input(String),
+    /// Weights could not be read while running (a truncated or unreadable file under a
+    /// sliding window, a unit asked for out of order).
+    #[error("reading weights: {0}")]
+    Weights(String),
 }
 
 /// Result alias.

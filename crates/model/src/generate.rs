@@ -4,6 +4,7 @@
 use crate::context::{Context, Logits};
 use crate::error::{ModelError, Result};
 use crate::sampler::{Sampler, SamplerConfig};
+use crate::source::SourceStats;
 use std::time::Instant;
 
 /// Why generation stopped.
@@ -32,6 +33,10 @@ pub struct Timings {
     pub decode_tokens: usize,
     /// Time spent in decode steps.
     pub decode_ms: f64,
+    /// Weight I/O during prefill, when weights come through a [`crate::LayerSource`].
+    pub prefill_io: SourceStats,
+    /// Weight I/O during the decode steps (includes the loader's read-ahead).
+    pub decode_io: SourceStats,
 }
 
 impl Timings {
@@ -93,14 +98,17 @@ pub fn generate_with(
     let mut out = Vec::new();
     let mut t = Timings { prompt_tokens: prompt.len(), ..Default::default() };
 
+    let io0 = ctx.source_stats().unwrap_or_default();
     let start = Instant::now();
     let mut logits = ctx.eval(prompt, Logits::Last)?;
     t.prefill_ms = ms(start);
+    let mut io1 = None;
     let mut stop = StopReason::Length;
     while out.len() < max_tokens {
         let id = sampler.sample(logits, &history);
         if out.is_empty() {
             t.ttft_ms = ms(start);
+            io1 = ctx.source_stats();
         }
         out.push(id);
         history.push(id);
@@ -124,6 +132,9 @@ pub fn generate_with(
         t.decode_ms += ms(step);
         t.decode_tokens += 1;
     }
+    let io2 = ctx.source_stats().unwrap_or_default();
+    let io1 = io1.unwrap_or(io2);
+    (t.prefill_io, t.decode_io) = (io1.since(&io0), io2.since(&io1));
     Ok(Generation { tokens: out, stop, timings: t })
 }
 

@@ -43,6 +43,12 @@ impl TensorRef {
     pub fn row_bytes(&self) -> usize {
         self.size / self.rows
     }
+
+    /// Rows `r` of this matrix as a matrix of its own (rows are contiguous in the file).
+    pub fn rows(&self, r: std::ops::Range<usize>) -> TensorRef {
+        let rb = self.row_bytes();
+        TensorRef { name: self.name.clone(), ty: self.ty, offset: self.offset + r.start * rb, size: r.len() * rb, rows: r.len(), cols: self.cols }
+    }
 }
 
 /// One transformer block's tensors. Shapes in `[rows, cols]` = `[out, in]` order.

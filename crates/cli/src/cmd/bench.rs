@@ -64,6 +64,11 @@ pub struct Args {
     /// Pin threads to distinct cores (physical cores first), as llama-bench's --cpu-strict
     #[arg(long)]
     pub pin: bool,
+    /// With --mem-budget the table shows, instead of the memory roofline, the window's
+    /// disk read rate and each token's split into compute and waiting for I/O (the memory
+    /// bandwidth measurement is skipped: its buffer would not fit the budget)
+    #[command(flatten)]
+    pub budget: crate::budget::BudgetArgs,
 }
 
 /// One test's result.
@@ -75,6 +80,10 @@ struct TestResult {
     membw_gbps: f64,
     /// Memory after the test (`MemoryReport::json`; the peak is the process's so far).
     memory: serde_json::Value,
+    /// Weight I/O over the timed samples, when a window streams the weights.
+    io: Option<hearth_model::SourceStats>,
+    /// Peak RSS after the test (bytes).
+    peak_rss: u64,
 }
 
 impl TestResult {
@@ -133,6 +142,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("nothing to measure: both -p and -n are 0");
     }
     let path = resolve_model(a.model.as_ref())?;
+    a.budget.before_load(&path)?;
     let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let c = &model.config;
     let n_ctx = a.n_prompt.max(a.n_gen).max(1);
@@ -149,15 +159,21 @@ pub fn run(a: Args) -> Result<()> {
     let mut results = Vec::new();
     let mut last_memory = None;
     for &t in &threads {
-        pb.set_message(format!("t={t} membw"));
-        let bw = membw::measure(t, bytes, membw::PASSES);
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, t, a.cache_type.into())?;
         if a.pin {
             ctx.pin_threads()?;
         }
+        pb.suspend(|| a.budget.apply(&model, &mut ctx))?;
+        let windowed = ctx.source_stats().is_some();
+        pb.set_message(format!("t={t} membw"));
+        let bw = if windowed { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
+            let mut io0 = None;
             for rep in 0..=reps {
+                if rep == 1 {
+                    io0 = ctx.source_stats();
+                }
                 pb.set_message(format!("t={t} {}", if n_gen == 0 { format!("pp{n_prompt}") } else { format!("tg{n_gen}") }));
                 ctx.truncate(0);
                 let mut tok = |i: usize| if i == 0 { bos.unwrap_or_else(|| rng.gen_range(0..n_vocab)) } else { rng.gen_range(0..n_vocab) };
@@ -179,7 +195,17 @@ pub fn run(a: Args) -> Result<()> {
             }
             let memory = MemoryReport::now(&ctx);
             last_memory = Some(memory.human());
-            results.push(TestResult { n_threads: t, n_prompt, n_gen, samples_ns: samples, membw_gbps: bw, memory: memory.json() });
+            let io = ctx.source_stats().zip(io0).map(|(b, a)| b.since(&a));
+            results.push(TestResult {
+                n_threads: t,
+                n_prompt,
+                n_gen,
+                samples_ns: samples,
+                membw_gbps: bw,
+                memory: memory.json(),
+                io,
+                peak_rss: memory.proc.peak_rss_bytes,
+            });
         }
     }
     pb.finish_and_clear();
@@ -191,7 +217,10 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         print_out(&info.table(&results))?;
         if let Some(m) = last_memory {
-            eprintln!("{m}\n(the peak includes the {} MiB buffer of the bandwidth measurement)", a.membw_mib);
+            let note = if a.budget.mem_budget.is_some() { String::new() } else {
+                format!("\n(the peak includes the {} MiB buffer of the bandwidth measurement)", a.membw_mib)
+            };
+            eprintln!("{m}{note}");
         }
         Ok(())
     }
@@ -231,7 +260,7 @@ impl ModelInfo {
 
     /// Achieved weight bandwidth (GB/s) and its share of the read bandwidth, for decode.
     fn roofline(&self, r: &TestResult) -> Option<(f64, f64)> {
-        if r.n_gen == 0 {
+        if r.n_gen == 0 || r.io.is_some() {
             return None;
         }
         let gbps = self.matrix_bytes as f64 * mean(&r.samples_ts()) / 1e9;
@@ -263,10 +292,23 @@ impl ModelInfo {
             "membw_gbps": r.membw_gbps,
             "gbps": gbps, "roofline_pct": pct,
             "memory": r.memory,
+            "window_io": r.io.as_ref().map(|io| {
+                let mut v = super::generate::io_json(io);
+                let passes = (r.samples_ns.len() * r.n_gen.max(1)) as f64;
+                let secs = ns.iter().sum::<f64>() / 1e9;
+                v["ms_per_pass"] = serde_json::json!(secs * 1e3 / passes);
+                v["wait_ms_per_pass"] = serde_json::json!(io.wait_secs * 1e3 / passes);
+                v["compute_ms_per_pass"] = serde_json::json!((secs - io.wait_secs).max(0.0) * 1e3 / passes);
+                v["bytes_per_pass"] = serde_json::json!(io.bytes_read as f64 / passes);
+                v
+            }),
         })
     }
 
     fn table(&self, results: &[TestResult]) -> String {
+        if results.iter().any(|r| r.io.is_some()) {
+            return self.window_table(results);
+        }
         let mut o = String::new();
         let _ = writeln!(o, "| model | size | params | type | threads | test | t/s | weights GB/s | % of read BW |");
         let _ = writeln!(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
@@ -287,6 +329,40 @@ impl ModelInfo {
                 r.name(),
                 mean(&ts),
                 stddev(&ts)
+            );
+        }
+        o
+    }
+}
+
+impl ModelInfo {
+    /// The table of a windowed run: per forward pass (a prefill batch, or one decode
+    /// token), time split into compute and waiting for the loader, bytes read, read rate.
+    fn window_table(&self, results: &[TestResult]) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "| model | size | type | threads | test | t/s | ms/pass | compute ms | I/O wait ms | MB read/pass | disk GB/s | peak RSS MiB |");
+        let _ = writeln!(o, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for r in results {
+            let ts = r.samples_ts();
+            let io = r.io.unwrap_or_default();
+            let passes = (r.samples_ns.len() * r.n_gen.max(1)) as f64;
+            let secs = r.samples_ns.iter().sum::<u64>() as f64 / 1e9;
+            let _ = writeln!(
+                o,
+                "| {} | {:.2} GiB | {} | {} | {} | {:.2} ± {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.1} |",
+                self.filename,
+                self.size_bytes as f64 / (1u64 << 30) as f64,
+                self.ftype,
+                r.n_threads,
+                r.name(),
+                mean(&ts),
+                stddev(&ts),
+                secs * 1e3 / passes,
+                (secs - io.wait_secs).max(0.0) * 1e3 / passes,
+                io.wait_secs * 1e3 / passes,
+                io.bytes_read as f64 / 1e6 / passes,
+                io.read_gbps(),
+                r.peak_rss as f64 / (1u64 << 20) as f64,
             );
         }
         o

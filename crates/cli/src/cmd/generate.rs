@@ -1,5 +1,6 @@
 //! `hearth generate`: prefill a prompt, stream the completion to stdout, summary to stderr.
 
+use crate::budget::io_line;
 use crate::common::{print_out, MemoryReport, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::{ChatTemplate, Message};
@@ -115,7 +116,7 @@ pub fn run(a: Args) -> Result<()> {
     if ids.is_empty() {
         anyhow::bail!("the prompt is empty: give some text with --prompt");
     }
-    let mut ctx = a.model.context(&model, 2048)?;
+    let (mut ctx, window) = a.model.context_with_window(&model, 2048)?;
     if ids.len() > ctx.n_ctx() {
         anyhow::bail!("the prompt has {} tokens, more than the context size {} (--ctx-size)", ids.len(), ctx.n_ctx());
     }
@@ -157,6 +158,11 @@ pub fn run(a: Args) -> Result<()> {
             "peak_rss_bytes": mem.proc.peak_rss_bytes,
             "memory": mem.json(),
             "seed": sampler.seed,
+            "window": window.as_ref().map(|w| serde_json::json!({
+                "plan": w,
+                "prefill_io": io_json(&t.prefill_io),
+                "decode_io": io_json(&t.decode_io),
+            })),
         });
         drop(stdout);
         print_out(&format!("{v}\n"))?;
@@ -175,6 +181,18 @@ pub fn run(a: Args) -> Result<()> {
             out.stop,
             mem.human(),
         );
+        if window.is_some() {
+            eprintln!("{}", io_line("prefill", &t.prefill_io, t.prefill_ms / 1e3, 1));
+            eprintln!("{}", io_line("decode", &t.decode_io, t.decode_ms / 1e3, t.decode_tokens));
+        }
     }
     Ok(())
+}
+
+/// A [`hearth_model::SourceStats`] as JSON (bytes, seconds, GB/s).
+pub fn io_json(io: &hearth_model::SourceStats) -> serde_json::Value {
+    serde_json::json!({
+        "bytes_read": io.bytes_read, "read_secs": io.read_secs, "read_gbps": io.read_gbps(),
+        "wait_secs": io.wait_secs, "units_loaded": io.units_loaded,
+    })
 }

@@ -1,0 +1,76 @@
+//! `--mem-budget` end to end on SmolLM2 (93.8 MiB of weights): under a budget smaller
+//! than the weights the peak RSS stays under it and greedy tokens equal the mapped run's;
+//! a budget too small names the smallest that works.
+
+mod common;
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+fn greedy(extra: &[&str]) -> (serde_json::Value, String) {
+    let m = model();
+    let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "--temperature", "0", "-n", "12", "-c", "128", "--json"];
+    args.extend_from_slice(extra);
+    let out = hearth(&args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (serde_json::from_slice(&out.stdout).unwrap(), err)
+}
+
+#[test]
+fn budget_below_the_weights_keeps_rss_under_it_and_tokens_unchanged() {
+    let (mapped, _) = greedy(&[]);
+    let weights = mapped["memory"]["model_file_bytes"].as_u64().unwrap();
+    for (budget, io) in [(64 * MIB, "direct"), (56 * MIB, "buffered")] {
+        assert!(budget < weights);
+        let b = format!("{}MiB", budget / MIB);
+        let (v, err) = greedy(&["--mem-budget", &b, "--window-io", io]);
+        assert_eq!(v["completion_tokens"], mapped["completion_tokens"], "{b} {io}");
+        let peak = v["peak_rss_bytes"].as_u64().unwrap();
+        assert!(peak <= budget, "{b}: peak RSS {peak} over budget\n{err}");
+        let w = &v["window"];
+        let plan = &w["plan"];
+        assert!(plan["slots"].as_u64().unwrap() >= 1 && plan["slots"].as_u64() < plan["n_units"].as_u64(), "{w}");
+        // Every decode step reads every unit once (the loader may run a few units ahead).
+        let per_pass: u64 = plan["read_bytes_per_token"].as_u64().unwrap();
+        let decoded = 11;
+        let read = w["decode_io"]["bytes_read"].as_u64().unwrap();
+        assert!(read + 2 * per_pass >= decoded * per_pass && read <= (decoded + 2) * per_pass, "{w}");
+        assert!(err.contains("window of"), "{err}");
+    }
+}
+
+#[test]
+fn a_budget_that_holds_the_model_maps_it() {
+    let (v, err) = greedy(&["--mem-budget", "1GiB"]);
+    assert!(v["window"].is_null() && err.contains("fits mapped"), "{err}");
+}
+
+#[test]
+fn a_budget_too_small_names_the_minimum() {
+    let m = model();
+    let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "hi", "-c", "128", "--mem-budget", "20MiB"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--mem-budget 20.0 MiB is too small") && err.contains("smallest budget that works here is"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for bad in ["12XB", "-5M", "0"] {
+        let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "hi", &format!("--mem-budget={bad}")]);
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--mem-budget"), "{bad}");
+    }
+}
+
+#[test]
+fn bench_reports_the_window_split() {
+    let m = model();
+    let out = hearth(&["bench", "-m", m.to_str().unwrap(), "-p", "16", "-n", "4", "-r", "1", "-t", "1", "--mem-budget", "64MiB", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for t in v.as_array().unwrap() {
+        let io = &t["window_io"];
+        assert!(io["bytes_read"].as_u64().unwrap() > 0 && io["read_gbps"].as_f64().unwrap() > 0.0, "{t}");
+        let (c, w, all) = (io["compute_ms_per_pass"].as_f64().unwrap(), io["wait_ms_per_pass"].as_f64().unwrap(), io["ms_per_pass"].as_f64().unwrap());
+        assert!((c + w - all).abs() < 1e-6 * all.max(1.0), "{io}");
+        assert!(t["memory"]["peak_rss_bytes"].as_u64().unwrap() <= 64 * MIB, "{t}");
+    }
+}

@@ -1,0 +1,364 @@
+//! The sliding-window layer scheduler: run a model whose weights do not fit in memory.
+//!
+//! TPI-LLM (Li et al., 2024, §3.3 "sliding window memory scheduler") keeps a window of
+//! layers resident while a background thread loads the next ones and releases finished
+//! ones; prima.cpp leaves eviction of its mmap to the page cache, which thrashes once the
+//! model is larger than RAM. [`Window`] owns the memory instead: a ring of `slots`
+//! page-aligned buffers, each big enough for the largest unit (a transformer block or the
+//! output head, see `hearth_model::unit_ranges`). A loader thread reads unit after unit,
+//! in the order the forward pass uses them (`0..=n_layer`, then again), into the next free
+//! slot; the forward pass waits only when the loader is behind, and releasing a unit hands
+//! its slot back. Weight memory is therefore exactly `slots × slot_bytes`, whatever the
+//! model size.
+//!
+//! Reads use `pread` with `O_DIRECT` where the file system allows it (falling back to
+//! buffered reads): the bytes go from disk to the slot without a page-cache copy, so the
+//! budget is honest under a cgroup limit that counts page cache, and the kernel does not
+//! keep a second copy. Measured on this machine: docs/BENCHMARKS.md ("Larger than RAM").
+//!
+//! A truncated or unreadable file is an error from [`LayerSource::acquire`] (the loader
+//! stops and reports it), never a `SIGBUS`: the mapping is not touched for weights.
+
+use hearth_model::{LayerSource, ModelError, SourceStats, Unit};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Alignment of slot buffers, file offsets and lengths for `O_DIRECT` (bytes).
+pub const IO_ALIGN: usize = 4096;
+/// Bytes per `pread` call.
+const CHUNK: usize = 16 << 20;
+
+/// How the loader reads the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// `O_DIRECT`: disk → slot, no page cache (falls back to buffered where unsupported).
+    Direct,
+    /// Ordinary buffered `pread` through the page cache.
+    Buffered,
+}
+
+/// One unit's place in the file, widened to [`IO_ALIGN`].
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// Aligned start (file offset).
+    start: u64,
+    /// Bytes from `start` to the unit's end.
+    need: usize,
+    /// `need` rounded up to [`IO_ALIGN`] (what one read asks for).
+    len: usize,
+    /// The unit's own first byte, as an offset into the slot.
+    skip: usize,
+}
+
+impl Span {
+    fn new(r: &Range<usize>) -> Self {
+        let start = (r.start / IO_ALIGN * IO_ALIGN) as u64;
+        let skip = r.start - start as usize;
+        let need = skip + r.len();
+        Self { start, need, len: need.next_multiple_of(IO_ALIGN), skip }
+    }
+}
+
+/// Slot bytes needed for units with these file ranges (the largest, aligned at both
+/// ends): what [`crate::plan::plan_window`] multiplies by the slot count.
+pub fn slot_bytes(units: &[Range<usize>]) -> usize {
+    units.iter().map(|r| Span::new(r).len).max().unwrap_or(0)
+}
+
+/// A zeroed, page-aligned heap buffer written by the loader and read by the forward pass;
+/// the [`State`] counters say which side may touch it.
+struct SlotBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: access is serialized by the `loaded`/`released` protocol in `State`: the loader
+// writes a slot only after the consumer released it, and the consumer reads it only after
+// the loader published it under the mutex.
+unsafe impl Send for SlotBuf {}
+unsafe impl Sync for SlotBuf {}
+
+impl SlotBuf {
+    fn new(len: usize) -> Result<Self, String> {
+        let layout = Layout::from_size_align(len.max(IO_ALIGN), IO_ALIGN).map_err(|e| e.to_string())?;
+        // SAFETY: the layout has non-zero size. Zeroed memory comes from fresh pages that
+        // only become resident when the loader writes them.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(format!("could not allocate a {len}-byte window slot"));
+        }
+        Ok(Self { ptr, len })
+    }
+}
+
+impl Drop for SlotBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len.max(IO_ALIGN), IO_ALIGN)) }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Sequence numbers `< loaded` are in their slots.
+    loaded: u64,
+    /// Sequence numbers `< released` are finished with.
+    released: u64,
+    error: Option<String>,
+    stop: bool,
+    bytes_read: u64,
+    read_secs: f64,
+    units_loaded: u64,
+    direct: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cv: Condvar,
+    slots: Vec<SlotBuf>,
+    spans: Vec<Span>,
+    /// Every unit fits at once: each is read once and kept (slot = unit).
+    resident: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn slot_of(&self, seq: u64) -> usize {
+        if self.resident { seq as usize } else { (seq % self.slots.len() as u64) as usize }
+    }
+}
+
+/// A sliding window of units over a GGUF file (see the module docs); plug it into a
+/// context with `hearth_model::Context::set_source`.
+pub struct Window {
+    shared: Arc<Shared>,
+    loader: Option<JoinHandle<()>>,
+    /// Buffered handle for embedding rows.
+    file: File,
+    path: PathBuf,
+    /// The consumer's next sequence number (unit `next % n_units`).
+    next: u64,
+    wait_secs: f64,
+}
+
+impl Window {
+    /// Start streaming `units` (file byte ranges, in forward order) of the file at `path`
+    /// through `slots` buffers. With `slots >= units.len()` every unit is read once and
+    /// kept. Fails when the file cannot be opened or the slots cannot be allocated.
+    pub fn open(path: &Path, units: Vec<Range<usize>>, slots: usize, mode: ReadMode) -> Result<Self, ModelError> {
+        let err = |what: String| ModelError::Weights(format!("{}: {what}", path.display()));
+        if units.is_empty() || slots == 0 {
+            return Err(err("a window needs at least one unit and one slot".into()));
+        }
+        let file = File::open(path).map_err(|e| err(e.to_string()))?;
+        let spans: Vec<Span> = units.iter().map(Span::new).collect();
+        let resident = slots >= units.len();
+        let n_slots = slots.min(units.len());
+        let size = slot_bytes(&units);
+        let slots = (0..n_slots).map(|_| SlotBuf::new(size)).collect::<Result<Vec<_>, _>>().map_err(err)?;
+        let reader = match mode {
+            ReadMode::Direct => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok(),
+            ReadMode::Buffered => None,
+        };
+        let direct = reader.is_some();
+        let reader = match reader {
+            Some(f) => f,
+            None => File::open(path).map_err(|e| err(e.to_string()))?,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { direct, ..State::default() }),
+            cv: Condvar::new(),
+            slots,
+            spans,
+            resident,
+        });
+        let (sh, p) = (Arc::clone(&shared), path.to_path_buf());
+        let loader = std::thread::Builder::new()
+            .name("hearth-window".into())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_loop(&sh, reader, &p)));
+                if r.is_err() {
+                    let mut st = sh.lock();
+                    st.error.get_or_insert_with(|| "the loader thread panicked".into());
+                    sh.cv.notify_all();
+                }
+            })
+            .map_err(|e| err(format!("starting the loader thread: {e}")))?;
+        Ok(Self { shared, loader: Some(loader), file, path: path.to_path_buf(), next: 0, wait_secs: 0.0 })
+    }
+
+    /// Slots in the ring.
+    pub fn slots(&self) -> usize {
+        self.shared.slots.len()
+    }
+
+    /// Bytes of each slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.shared.slots.first().map_or(0, |s| s.len)
+    }
+
+    /// Whether reads bypass the page cache (`O_DIRECT` was accepted).
+    pub fn is_direct(&self) -> bool {
+        self.shared.lock().direct
+    }
+}
+
+/// The loader thread: read unit after unit into free slots until stopped or failed.
+fn load_loop(sh: &Shared, mut reader: File, path: &Path) {
+    let n_units = sh.spans.len() as u64;
+    let n_slots = sh.slots.len() as u64;
+    let mut seq = 0u64;
+    loop {
+        if sh.resident && seq == n_units {
+            return;
+        }
+        {
+            let mut st = sh.lock();
+            while !st.stop && seq >= st.released + n_slots && !sh.resident {
+                st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if st.stop {
+                return;
+            }
+        }
+        let span = sh.spans[(seq % n_units) as usize];
+        let slot = &sh.slots[sh.slot_of(seq)];
+        let t0 = Instant::now();
+        // SAFETY: slot `seq % n_slots` last held sequence `seq - n_slots`, which the
+        // consumer released (checked above); nobody else reads or writes it until we
+        // publish `loaded = seq + 1`.
+        let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, span.len) };
+        let r = read_span(&mut reader, path, span, buf);
+        let dt = t0.elapsed().as_secs_f64();
+        let mut st = sh.lock();
+        match r {
+            Ok(direct) => {
+                st.loaded = seq + 1;
+                st.bytes_read += span.need as u64;
+                st.read_secs += dt;
+                st.units_loaded += 1;
+                st.direct &= direct;
+                sh.cv.notify_all();
+            }
+            Err(e) => {
+                st.error = Some(format!("{}: unit {}: {e}", path.display(), seq % n_units));
+                sh.cv.notify_all();
+                return;
+            }
+        }
+        seq += 1;
+    }
+}
+
+/// Read `span` into `buf` (its `len` bytes). Switches `reader` to buffered I/O if the
+/// file system rejects `O_DIRECT` reads (`EINVAL`). Returns whether the read was direct.
+fn read_span(reader: &mut File, path: &Path, span: Span, buf: &mut [u8]) -> Result<bool, String> {
+    let mut done = 0;
+    let mut direct = is_direct(reader);
+    while done < span.need {
+        let want = CHUNK.min(span.len - done);
+        match reader.read_at(&mut buf[done..done + want], span.start + done as u64) {
+            Ok(0) => {
+                return Err(format!(
+                    "the file ends at byte {} but the unit needs bytes up to {} (truncated since it was opened?)",
+                    span.start + done as u64,
+                    span.start + span.need as u64
+                ))
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                *reader = File::open(path).map_err(|e| e.to_string())?;
+                direct = false;
+            }
+            Err(e) => return Err(format!("read error at byte {}: {e}", span.start + done as u64)),
+        }
+    }
+    Ok(direct)
+}
+
+fn is_direct(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GETFL on an open descriptor has no side effects.
+    let fl = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_DIRECT != 0
+}
+
+impl LayerSource for Window {
+    fn acquire(&mut self, u: usize) -> Result<Unit<'_>, ModelError> {
+        let n = self.shared.spans.len() as u64;
+        let seq = if self.shared.resident { u as u64 } else { self.next };
+        if u as u64 >= n || (!self.shared.resident && u as u64 != seq % n) {
+            return Err(ModelError::Weights(format!("unit {u} asked for out of order (expected {})", seq % n)));
+        }
+        let t0 = Instant::now();
+        {
+            let mut st = self.shared.lock();
+            while st.loaded <= seq && st.error.is_none() {
+                st = self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if st.loaded <= seq {
+                return Err(ModelError::Weights(st.error.clone().unwrap_or_default()));
+            }
+        }
+        self.wait_secs += t0.elapsed().as_secs_f64();
+        let span = self.shared.spans[u];
+        let slot = &self.shared.slots[self.shared.slot_of(seq)];
+        // SAFETY: the loader published this sequence (loaded > seq) and will not write
+        // its slot again until we release it.
+        let bytes = unsafe { std::slice::from_raw_parts(slot.ptr.add(span.skip), span.need - span.skip) };
+        Ok(Unit { bytes, base: span.start as usize + span.skip })
+    }
+
+    fn release(&mut self, _u: usize) {
+        if self.shared.resident {
+            return;
+        }
+        self.next += 1;
+        let mut st = self.shared.lock();
+        st.released = self.next;
+        self.shared.cv.notify_all();
+    }
+
+    fn read_at(&mut self, offset: u64, dst: &mut [u8]) -> Result<(), ModelError> {
+        self.file.read_exact_at(dst, offset).map_err(|e| {
+            ModelError::Weights(format!("{}: reading {} bytes at {offset}: {e} (truncated since it was opened?)", self.path.display(), dst.len()))
+        })
+    }
+
+    fn stats(&self) -> SourceStats {
+        let st = self.shared.lock();
+        SourceStats { bytes_read: st.bytes_read, read_secs: st.read_secs, wait_secs: self.wait_secs, units_loaded: st.units_loaded }
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(h) = self.loader.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Drop `path`'s pages from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)`), so
+/// the next reads come from the disk: `--cold`. Pages mapped by a running process stay.
+pub fn drop_page_cache(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = File::open(path)?;
+    // SAFETY: plain syscall on an open descriptor.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        return Err(std::io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
