@@ -74,3 +74,21 @@ fn bench_reports_the_window_split() {
         assert!(t["memory"]["peak_rss_bytes"].as_u64().unwrap() <= 64 * MIB, "{t}");
     }
 }
+
+#[test]
+fn plan_predicts_the_window() {
+    let plan = |budget: &str| ok(hearth(&["plan", "--shape", "7b", "-c", "128", "--membw", "20", "--disk-bw", "1", "--mem-budget", budget, "--json"]));
+    let v = plan("1GiB");
+    let w = &v["window"];
+    let n = |k: &str| w[k].as_u64().unwrap_or_else(|| panic!("{k}: {w}"));
+    // 32 blocks + the head in one chunk (Q4_0 head of 49152 rows < a block).
+    assert_eq!(n("n_units"), 33);
+    assert!(n("slots") >= 2 && n("peak_rss_bytes") + n("margin_bytes") <= 1 << 30, "{w}");
+    assert_eq!(n("peak_rss_bytes"), n("fixed_bytes") + n("slots") * n("slot_bytes"));
+    // One token reads every unit: ~3.87 GB at 1 GB/s.
+    let secs = w["token_secs"].as_f64().unwrap();
+    assert!((3.5..4.0).contains(&secs), "{w}");
+    let small = plan("100MiB");
+    assert_eq!(small["window"]["fits"], false);
+    assert!(small["window"]["min_budget_bytes"].as_u64().unwrap() > 100 * MIB);
+}

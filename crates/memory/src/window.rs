@@ -350,6 +350,30 @@ impl Drop for Window {
     }
 }
 
+/// Sequential read bandwidth of `path` in GB/s: up to `max_bytes` from its start, read
+/// as the window reads (`O_DIRECT` where possible, 16 MiB requests). Drop the file from
+/// the page cache first ([`drop_page_cache`]) for a cold-disk figure.
+pub fn measure_read_gbps(path: &Path, max_bytes: usize) -> std::io::Result<f64> {
+    let len = std::fs::metadata(path)?.len() as usize;
+    let n = max_bytes.min(len) / IO_ALIGN * IO_ALIGN;
+    if n == 0 {
+        return Ok(0.0);
+    }
+    let buf = SlotBuf::new(CHUNK.min(n)).map_err(std::io::Error::other)?;
+    let mut reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).or_else(|_| File::open(path))?;
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let want = CHUNK.min(n - done);
+        let span = Span { start: done as u64, need: want, len: want, skip: 0 };
+        // SAFETY: `buf` is ours alone and at least CHUNK.min(n) >= want bytes.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.ptr, want) };
+        read_span(&mut reader, path, span, b).map_err(std::io::Error::other)?;
+        done += want;
+    }
+    Ok(n as f64 / t0.elapsed().as_secs_f64().max(1e-9) / 1e9)
+}
+
 /// Drop `path`'s pages from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)`), so
 /// the next reads come from the disk: `--cold`. Pages mapped by a running process stay.
 pub fn drop_page_cache(path: &Path) -> std::io::Result<()> {

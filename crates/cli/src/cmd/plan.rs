@@ -5,7 +5,7 @@
 use crate::common::{print_out, resolve_model, CacheTypeArg};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
-use hearth_memory::plan::{plan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
+use hearth_memory::plan::{plan, plan_window, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
 use hearth_quant::GgmlType;
 use std::path::PathBuf;
 
@@ -39,10 +39,20 @@ pub struct Args {
     /// Memory read bandwidth in GB/s [default: measured, 256 MiB buffer]
     #[arg(long, value_name = "GBPS")]
     pub membw: Option<f64>,
+    /// Plan a sliding window for this memory budget (as generate's --mem-budget), e.g. 1GiB
+    #[arg(long, value_name = "BYTES", value_parser = crate::budget::parse_size)]
+    pub mem_budget: Option<u64>,
+    /// Disk read bandwidth in GB/s for the window's token time [default: measured on the
+    /// model file, 1 GiB with O_DIRECT; with --shape: 0.5]
+    #[arg(long, value_name = "GBPS")]
+    pub disk_bw: Option<f64>,
     /// Print one JSON object
     #[arg(long)]
     pub json: bool,
 }
+
+/// Disk bandwidth assumed for a --shape without --disk-bw (GB/s): a SATA SSD.
+const DEFAULT_DISK_GBPS: f64 = 0.5;
 
 fn gb(b: u64) -> String {
     format!("{:.2} GB", b as f64 / 1e9)
@@ -53,6 +63,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.shape.is_none() && (a.ty.is_some() || a.output_type.is_some()) {
         bail!("--type and --output-type describe a --shape; a model file's types come from the file");
     }
+    let mut file = None;
     let (summary, n_ctx_train, what) = match &a.shape {
         Some(s) => {
             let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;
@@ -69,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
             let f = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
             let m = ModelSummary::from_gguf(&f).with_context(|| format!("reading {}", path.display()))?;
             let train = hearth_model::ModelConfig::from_gguf(&f)?.n_ctx_train;
+            file = Some(path.clone());
             (m, train, path.display().to_string())
         }
     };
@@ -90,10 +102,35 @@ pub fn run(a: Args) -> Result<()> {
     cache_type.check(summary.shape.head_dim).map_err(anyhow::Error::msg)?;
     let available = hearth_memory::available_bytes().unwrap_or(0);
     let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type }, available, membw);
+    let window = match a.mem_budget {
+        None => None,
+        Some(budget) => {
+            let (disk, disk_src) = match (a.disk_bw, &file) {
+                (Some(g), _) if g > 0.0 && g <= 1e4 => (g, "--disk-bw"),
+                (Some(g), _) => bail!("--disk-bw {g:e} must be a bandwidth in GB/s, above 0 and at most 10000"),
+                (None, Some(f)) => {
+                    let g = hearth_memory::window::measure_read_gbps(f, 1 << 30).with_context(|| format!("measuring the read bandwidth of {}", f.display()))?;
+                    (g, "measured on the file")
+                }
+                (None, None) => (DEFAULT_DISK_GBPS, "assumed"),
+            };
+            let units = summary.unit_bytes();
+            let slot = units.iter().max().copied().unwrap_or(0) + 2 * hearth_memory::window::IO_ALIGN as u64;
+            let total = units.iter().sum();
+            Some((plan_window(&p, units.len(), slot, total, budget, disk), disk_src))
+        }
+    };
     if a.json {
         let mut v = serde_json::to_value(&p)?;
         v["model"] = serde_json::json!(what);
         v["membw_source"] = serde_json::json!(membw_src);
+        if let Some((w, src)) = &window {
+            v["window"] = match w {
+                Ok(w) => serde_json::to_value(w)?,
+                Err(min) => serde_json::json!({"fits": false, "min_budget_bytes": min.min_budget_bytes}),
+            };
+            v["disk_source"] = serde_json::json!(src);
+        }
         return print_out(&format!("{v}\n"));
     }
     let s = &p.shape;
@@ -121,15 +158,42 @@ pub fn run(a: Args) -> Result<()> {
         o += &format!("fits with {} headroom\n", gb(p.headroom_bytes as u64));
     } else {
         o += &format!(
-            "does not fit: {} short. A sliding-window mode (streaming layers from disk) does not exist yet;\n\
-             its minimum budget would be the largest layer + KV cache + scratch = {}\n",
+            "does not fit: {} short; --mem-budget streams the layers from disk through a window (see below, or plan with --mem-budget)\n",
             gb(p.headroom_bytes.unsigned_abs()),
-            gb(p.min_window_bytes)
         );
     }
     o += &format!(
         "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices + output head; KV reads add up to {} at a full context)\n",
         p.decode_tok_s_bound, membw, gb(p.bytes_per_token), gb(p.kv_cache_bytes)
     );
+    match window {
+        None if !p.fits => {
+            let units = summary.unit_bytes();
+            let slot = units.iter().max().copied().unwrap_or(0) + 2 * hearth_memory::window::IO_ALIGN as u64;
+            let min = plan_window(&p, units.len(), slot, units.iter().sum(), 0, DEFAULT_DISK_GBPS)
+                .map_or_else(|w| w.min_budget_bytes, |w| w.min_budget_bytes);
+            o += &format!("smallest --mem-budget: {} (one unit of {} + KV cache + scratch + overhead + margin)\n", gb(min), gb(slot));
+        }
+        None => {}
+        Some((Err(min), _)) => {
+            o += &format!(
+                "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
+                gb(a.mem_budget.unwrap_or(0)), gb(min.min_budget_bytes), gb(min.slot_bytes)
+            );
+        }
+        Some((Ok(w), src)) => {
+            o += &format!("\nwindow for --mem-budget {}: {} of {} units resident, {} each\n", gb(w.budget_bytes), w.slots, w.n_units, gb(w.slot_bytes));
+            o += &format!("  window      {:>12}  {} slots · {}\n", gb(w.window_bytes), w.slots, gb(w.slot_bytes));
+            o += &format!("  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n", gb(w.peak_rss_bytes), gb(w.margin_bytes));
+            if w.read_bytes_per_token == 0 {
+                o += "  every unit stays resident: read once, then decode runs at memory speed\n";
+            } else {
+                o += &format!(
+                    "  token time  {:>10.2} s  = max({} read per token / {:.2} GB/s ({src}), compute at the decode bound)\n",
+                    w.token_secs, gb(w.read_bytes_per_token), w.disk_gbps
+                );
+            }
+        }
+    }
     print_out(&o)
 }
