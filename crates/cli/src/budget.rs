@@ -45,11 +45,12 @@ impl BudgetArgs {
     }
 
     /// After the context exists: with `--mem-budget`, plan the window and attach it (or
-    /// say the mapped model fits). Prints the decision to stderr; returns the window plan.
-    pub fn apply(&self, model: &Model, ctx: &mut Context) -> Result<Option<WindowPlan>> {
+    /// say the mapped model fits). `logits_all`: the run wants every position's logits
+    /// (perplexity). Prints the decision to stderr; returns the window plan.
+    pub fn apply(&self, model: &Model, ctx: &mut Context, logits_all: bool) -> Result<Option<WindowPlan>> {
         let Some(budget) = self.mem_budget else { return Ok(None) };
         let summary = ModelSummary::from_gguf(&model.file)?;
-        let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type() };
+        let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
         let p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
         let units = hearth_model::unit_ranges(&model.weights)?;
         let slot = hearth_memory::window::slot_bytes(&units) as u64;

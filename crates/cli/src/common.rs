@@ -88,17 +88,23 @@ impl ModelArgs {
 
     /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
     pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
-        Ok(self.context_with_window(model, default_ctx)?.0)
+        Ok(self.context_with_window(model, default_ctx, false)?.0)
     }
 
-    /// [`Self::context`], and the sliding-window plan when `--mem-budget` made one.
-    pub fn context_with_window(&self, model: &Arc<Model>, default_ctx: usize) -> Result<(Context, Option<hearth_memory::WindowPlan>)> {
+    /// [`Self::context`], and the sliding-window plan when `--mem-budget` made one;
+    /// `logits_all`: every position's logits will be asked for (perplexity).
+    pub fn context_with_window(
+        &self,
+        model: &Arc<Model>,
+        default_ctx: usize,
+        logits_all: bool,
+    ) -> Result<(Context, Option<hearth_memory::WindowPlan>)> {
         let n_ctx = self.ctx_size(model, default_ctx)?;
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?;
         if self.pin {
             ctx.pin_threads()?;
         }
-        let window = self.budget.apply(model, &mut ctx)?;
+        let window = self.budget.apply(model, &mut ctx, logits_all)?;
         Ok((ctx, window))
     }
 }

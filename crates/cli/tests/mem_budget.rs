@@ -92,3 +92,21 @@ fn plan_predicts_the_window() {
     assert_eq!(small["window"]["fits"], false);
     assert!(small["window"]["min_budget_bytes"].as_u64().unwrap() > 100 * MIB);
 }
+
+#[test]
+fn perplexity_under_a_budget_is_unchanged() {
+    // Logits of every position go through the head's row chunks.
+    let text = std::env::temp_dir().join(format!("hearth-ppl-{}.txt", std::process::id()));
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog, and then it sleeps. ".repeat(40)).unwrap();
+    let m = model();
+    let ppl = |extra: &[&str]| {
+        let mut args = vec!["perplexity", "-m", m.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "128", "--json"];
+        args.extend_from_slice(extra);
+        ok(hearth(&args))
+    };
+    let (mapped, windowed) = (ppl(&[]), ppl(&["--mem-budget", "90MiB"]));
+    std::fs::remove_file(&text).ok();
+    assert_eq!(mapped["ppl"], windowed["ppl"]);
+    assert!(windowed["peak_rss_bytes"].as_u64().unwrap() <= 90 * MIB, "{windowed}");
+    assert!(windowed["memory"]["rss_file_bytes"].as_u64() < Some(20 * MIB), "weights not mapped: {windowed}");
+}

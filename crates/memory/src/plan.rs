@@ -273,18 +273,21 @@ pub struct PlanParams {
     pub n_threads: usize,
     /// KV cache element type (`--cache-type`).
     pub cache_type: CacheType,
+    /// Logits for every position of a batch (perplexity), not only the last.
+    pub logits_all: bool,
 }
 
 /// Bytes `Context::new` allocates plus what the first eval grows (logits, quant):
 /// `4 · n_batch · (2·n_embd + 2·q_dim + 2·kv_dim + 2·n_ff)` f32 activations,
-/// `4 · n_vocab` logits (last token only), the activation-quantization buffer, and
+/// `4 · n_vocab` logits (last token only; `4 · n_ctx · n_vocab` with `logits_all`), the
+/// activation-quantization buffer, and
 /// per thread an attention accumulator of `head_dim` f16 (f16 cache) or f32 (others).
 pub fn scratch_bytes(m: &ModelSummary, p: PlanParams) -> u64 {
     let s = &m.shape;
     let nb = p.n_batch.clamp(1, p.n_ctx.max(1));
     let per_row = 2 * s.n_embd + 2 * s.q_dim() + 2 * s.kv_dim() + 2 * s.n_ff;
     let act = 4 * (nb * per_row) as u64;
-    let logits = 4 * s.n_vocab as u64;
+    let logits = 4 * s.n_vocab as u64 * if p.logits_all { p.n_ctx.max(1) as u64 } else { 1 };
     let acc = (p.n_threads.max(1) * AttnScratch::bytes(s.head_dim, p.cache_type == CacheType::F16)) as u64;
     act + logits + m.quant_scratch_bytes(nb) + acc
 }
@@ -414,7 +417,7 @@ mod tests {
     use super::*;
 
     fn p(n_ctx: usize, n_batch: usize) -> PlanParams {
-        PlanParams { n_ctx, n_batch, n_threads: 2, cache_type: CacheType::F16 }
+        PlanParams { n_ctx, n_batch, n_threads: 2, cache_type: CacheType::F16, logits_all: false }
     }
 
     #[test]
@@ -570,7 +573,7 @@ mod window_tests {
         assert!(units[32] <= units[0]);
         let slot = units.iter().max().unwrap() + 2 * 4096;
         let total: u64 = units.iter().sum();
-        let params = PlanParams { n_ctx: 256, n_batch: 64, n_threads: 2, cache_type: CacheType::F16 };
+        let params = PlanParams { n_ctx: 256, n_batch: 64, n_threads: 2, cache_type: CacheType::F16, logits_all: false };
         let p = plan(&m, params, 1 << 40, 20.0);
         for budget in [512u64 << 20, 1 << 30, 2 << 30] {
             let w = plan_window(&p, units.len(), slot, total, budget, 2.0).unwrap();

@@ -31,7 +31,6 @@ struct Scratch {
     logits: Vec<f32>, // [n_batch or 1, n_vocab]
     quant: Vec<u8>,  // activations quantized for the current matmul
     emb_row: Vec<u8>, // one token_embd row read through a LayerSource
-    head_tmp: Vec<f32>, // [n_tokens, chunk rows] of a head chunk, when logits of all tokens are wanted
     attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
 }
 
@@ -131,7 +130,6 @@ impl Context {
             logits: Vec::new(),
             quant: Vec::new(),
             emb_row: Vec::new(),
-            head_tmp: Vec::new(),
             attn_acc: (0..n_threads)
                 .map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16)))
                 .collect(),
@@ -366,11 +364,25 @@ impl Context {
                     let at = row * v + rows.start;
                     matmul(pool, &head, &s.xb[..m * e], m, &mut s.logits[at..at + m * nr], &mut s.quant)?;
                 } else {
-                    s.head_tmp.resize(m * nr, 0.0);
-                    matmul(pool, &head, &s.xb[..m * e], m, &mut s.head_tmp, &mut s.quant)?;
-                    for t in 0..m {
-                        let at = (row + t) * v + rows.start;
-                        s.logits[at..at + nr].copy_from_slice(&s.head_tmp[t * nr..(t + 1) * nr]);
+                    // Logits of every token through a chunk: [tb, nr] at a time in the FFN
+                    // buffer (free here, so no memory beyond what the plan counts), then
+                    // copied into the token rows.
+                    // (A chunk wider than that buffer goes one token at a time, in place.)
+                    let tb = (s.gate.len() / nr).min(m);
+                    if tb == 0 {
+                        for t in 0..m {
+                            let at = (row + t) * v + rows.start;
+                            matmul(pool, &head, &s.xb[t * e..(t + 1) * e], 1, &mut s.logits[at..at + nr], &mut s.quant)?;
+                        }
+                    }
+                    for t0 in (0..m).step_by(tb.max(1)).take_while(|_| tb > 0) {
+                        let k = tb.min(m - t0);
+                        let tmp = &mut s.gate[..k * nr];
+                        matmul(pool, &head, &s.xb[t0 * e..(t0 + k) * e], k, tmp, &mut s.quant)?;
+                        for t in 0..k {
+                            let at = (row + t0 + t) * v + rows.start;
+                            s.logits[at..at + nr].copy_from_slice(&tmp[t * nr..(t + 1) * nr]);
+                        }
                     }
                 }
             }

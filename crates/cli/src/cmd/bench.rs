@@ -163,7 +163,7 @@ pub fn run(a: Args) -> Result<()> {
         if a.pin {
             ctx.pin_threads()?;
         }
-        pb.suspend(|| a.budget.apply(&model, &mut ctx))?;
+        pb.suspend(|| a.budget.apply(&model, &mut ctx, false))?;
         let windowed = ctx.source_stats().is_some();
         pb.set_message(format!("t={t} membw"));
         let bw = if windowed { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };

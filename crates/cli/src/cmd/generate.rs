@@ -116,7 +116,7 @@ pub fn run(a: Args) -> Result<()> {
     if ids.is_empty() {
         anyhow::bail!("the prompt is empty: give some text with --prompt");
     }
-    let (mut ctx, window) = a.model.context_with_window(&model, 2048)?;
+    let (mut ctx, window) = a.model.context_with_window(&model, 2048, false)?;
     if ids.len() > ctx.n_ctx() {
         anyhow::bail!("the prompt has {} tokens, more than the context size {} (--ctx-size)", ids.len(), ctx.n_ctx());
     }

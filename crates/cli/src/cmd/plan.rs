@@ -101,7 +101,7 @@ pub fn run(a: Args) -> Result<()> {
     let cache_type: hearth_model::CacheType = a.cache_type.into();
     cache_type.check(summary.shape.head_dim).map_err(anyhow::Error::msg)?;
     let available = hearth_memory::available_bytes().unwrap_or(0);
-    let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type }, available, membw);
+    let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false }, available, membw);
     let window = match a.mem_budget {
         None => None,
         Some(budget) => {
