@@ -159,6 +159,12 @@ impl Window {
             return Err(err("a window needs at least one unit and one slot".into()));
         }
         let file = File::open(path).map_err(|e| err(e.to_string()))?;
+        {
+            use std::os::fd::AsRawFd;
+            // Embedding rows are a few KiB each: no kernel read-ahead (8 MiB here) per row.
+            // SAFETY: advisory syscall on an open descriptor.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        }
         let spans: Vec<Span> = units.iter().map(Span::new).collect();
         let resident = slots >= units.len();
         let n_slots = slots.min(units.len());
