@@ -22,7 +22,7 @@ pub struct BudgetArgs {
     pub cold: bool,
     /// How the window reads the file: direct (O_DIRECT, bypassing the page cache) or
     /// buffered (through it)
-    #[arg(long, value_enum, default_value_t = WindowIo::Direct)]
+    #[arg(long, value_enum, default_value_t = WindowIo::Direct, requires = "mem_budget")]
     pub window_io: WindowIo,
 }
 
@@ -53,13 +53,15 @@ impl BudgetArgs {
         let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
         let p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
         let units = hearth_model::unit_ranges(&model.weights)?;
-        let slot = hearth_memory::window::slot_bytes(&units) as u64;
-        let total: u64 = units.iter().map(|r| r.len() as u64).sum();
-        let w = plan_window(&p, units.len(), slot, total, budget, 0.0).map_err(|min| {
+        let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
+        let w = plan_window(&p, &sizes, budget, 0.0).map_err(|min| {
+            let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
             anyhow::anyhow!(
-                "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} leave no room for one layer of {}; \
-                 the smallest budget that works here is {} (or lower --ctx-size / --batch-size, or --cache-type q8_0)",
-                mib(budget), mib(p.kv_cache_bytes), mib(p.scratch_bytes), mib(p.overhead_bytes), mib(slot), mib(min.min_budget_bytes)
+                "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {} + a margin of {} \
+                 (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
+                 (or lower --ctx-size / --batch-size{q8})",
+                mib(budget), mib(p.kv_cache_bytes), mib(p.scratch_bytes), mib(p.overhead_bytes), mib(min.slot_bytes),
+                mib(min.margin_bytes), mib_up(min.min_budget_bytes), min.min_budget_bytes
             )
         })?;
         if p.peak_rss_bytes + w.margin_bytes <= budget {
@@ -76,10 +78,10 @@ impl BudgetArgs {
         };
         let window = Window::open(model.file.path(), units, w.slots, mode)?;
         eprintln!(
-            "--mem-budget {}: window of {} of {} units ({} × {}) + KV cache {} + scratch {} + runtime {} = predicted peak RSS {}; \
-             {} read per token ({} reads){}",
-            mib(budget), w.slots, w.n_units, w.slots, mib(w.slot_bytes), mib(p.kv_cache_bytes), mib(p.scratch_bytes),
-            mib(p.overhead_bytes), mib(w.peak_rss_bytes), mib(w.read_bytes_per_token),
+            "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
+             + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",
+            mib(budget), w.slots, mib(w.slot_bytes), w.n_units, w.pinned, w.n_units - w.pinned, w.slots - w.pinned,
+            mib(p.kv_cache_bytes), mib(p.scratch_bytes), mib(p.overhead_bytes), mib(w.peak_rss_bytes), mib(w.read_bytes_per_token),
             if window.is_direct() { "O_DIRECT" } else { "buffered" },
             if w.slots == 1 { "; one slot: no read-ahead, every layer waits for its read" } else { "" },
         );
@@ -106,6 +108,11 @@ fn mib(b: u64) -> String {
     crate::common::mib(b)
 }
 
+/// MiB with one decimal, rounded up (a minimum the user may copy).
+fn mib_up(b: u64) -> String {
+    format!("{:.1} MiB", (b as f64 / (1024.0 * 1024.0) * 10.0).ceil() / 10.0)
+}
+
 /// `1.5GiB`, `512MiB`, `512M`, `2G`, `1000000`, `3GB` → bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -126,7 +133,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let b = v * mult;
     if !(1.0..1e18).contains(&b) {
-        return Err(format!("{s:?} is not a usable size"));
+        return Err(format!("{s:?} is not a usable size (between 1 byte and 1 EB)"));
     }
     Ok(b as u64)
 }

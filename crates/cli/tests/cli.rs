@@ -229,3 +229,27 @@ fn bad_flags_and_paths_are_clean_errors() {
         assert_clean_error(&hearth(&["generate", "-m", vocab.to_str().unwrap(), "-p", "hi"]), "vocab-only");
     }
 }
+
+#[test]
+fn a_fifo_as_model_is_refused_without_blocking() {
+    // open(2) on a FIFO blocks until a writer appears: the type must be checked first.
+    let fifo = tmp("model.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["inspect", fifo.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed().as_secs() > 20 {
+            child.kill().ok();
+            panic!("hearth blocked on a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_clean_error(&out, "not a regular file");
+    std::fs::remove_file(&fifo).ok();
+}

@@ -28,8 +28,8 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let io = |source| GgufError::Io { path: path.clone(), source };
-        let file = std::fs::File::open(&path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
+        // stat before open: opening a FIFO blocks until a writer appears.
+        let meta = std::fs::metadata(&path).map_err(io)?;
         if meta.is_dir() {
             return Err(io(std::io::Error::other("is a directory, not a GGUF file")));
         }
@@ -37,9 +37,13 @@ impl GgufFile {
             // A device or pipe has no length to map and may never end (/dev/zero).
             return Err(io(std::io::Error::other("is not a regular file (a device or pipe?)")));
         }
-        let len = meta.len();
+        let file = std::fs::File::open(&path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
         if len < 4 {
-            return Err(GgufError::BadMagic { found: std::fs::read(&path).map_err(io)? });
+            // (A /proc file says 0 bytes and has more: show at most the magic's 4.)
+            let mut head = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::Read::take(&file, 4), &mut head).map_err(io)?;
+            return Err(GgufError::BadMagic { found: head });
         }
         // SAFETY: the mapping is read-only; like every mmap-based loader we rely on the
         // file not being truncated by another process while it is open.

@@ -224,19 +224,19 @@ impl ModelSummary {
     /// the output head (`hearth_model::unit_ranges` on a real file).
     pub fn unit_bytes(&self) -> Vec<u64> {
         let mut per: BTreeMap<usize, u64> = BTreeMap::new();
-        for t in self.tensors.iter().filter(|t| t.n_dims == 2) {
+        // Norms too: they sit between a block's matrices in the file, inside its byte range.
+        for t in &self.tensors {
             if let Some(i) = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse().ok()) {
                 *per.entry(i).or_insert(0) += t.bytes;
             }
         }
         let mut units: Vec<u64> = per.into_values().collect();
-        // The head in row chunks no larger than a block (`hearth_model::source::head_chunks`).
+        // The head in row chunks no larger than a block, as the forward pass cuts it.
         if let Some(h) = self.output() {
             let row = h.ty.row_bytes(h.cols).unwrap_or(h.bytes).max(1);
-            let rows = h.bytes / row;
-            let k = units.iter().copied().max().filter(|&b| b > 0).map_or(1, |b| h.bytes.div_ceil(b)).clamp(1, rows.max(1));
-            let per = rows.div_ceil(k);
-            units.extend((0..rows).step_by(per.max(1) as usize).map(|r| per.min(rows - r) * row));
+            let block = units.iter().copied().max().unwrap_or(0);
+            let chunks = hearth_model::split_rows((h.bytes / row) as usize, h.bytes as usize, block as usize);
+            units.extend(chunks.into_iter().map(|r| r.len() as u64 * row));
         }
         units
     }
@@ -487,8 +487,11 @@ pub struct WindowPlan {
     pub budget_bytes: u64,
     /// Units (blocks + output head).
     pub n_units: usize,
-    /// Units resident at once (the window): one computing, `slots - 1` prefetched.
+    /// Units resident at once (the window).
     pub slots: usize,
+    /// Of those, units read once and kept (`crate::window::pinned_units`); the others
+    /// stream through a ring of `slots - pinned` every token.
+    pub pinned: usize,
     /// Bytes of one slot (the largest unit, aligned for `O_DIRECT`).
     pub slot_bytes: u64,
     /// `slots × slot_bytes`.
@@ -501,8 +504,7 @@ pub struct WindowPlan {
     pub peak_rss_bytes: u64,
     /// The smallest budget that works: `fixed_bytes + slot_bytes + margin` at that budget.
     pub min_budget_bytes: u64,
-    /// Bytes read from disk per decoded token: every unit when the window is smaller
-    /// than the model, 0 when all of them stay resident after the first token.
+    /// Bytes read from disk per decoded token: every unit not pinned (0 when all are).
     pub read_bytes_per_token: u64,
     /// Disk read bandwidth used for the time prediction (GB/s).
     pub disk_gbps: f64,
@@ -511,17 +513,12 @@ pub struct WindowPlan {
     pub token_secs: f64,
 }
 
-/// Plan a window for `budget` bytes: `p` gives the fixed terms, `slot_bytes` the largest
-/// aligned unit, `unit_total_bytes` the sum of all units (one token's reads).
+/// Plan a window for `budget` bytes: `p` gives the fixed terms, `units` the bytes each
+/// unit needs in a slot, in forward order (the largest is the slot size).
 /// `Err` carries the plan at the smallest workable budget when even one slot does not fit.
-pub fn plan_window(
-    p: &Plan,
-    n_units: usize,
-    slot_bytes: u64,
-    unit_total_bytes: u64,
-    budget: u64,
-    disk_gbps: f64,
-) -> Result<WindowPlan, Box<WindowPlan>> {
+pub fn plan_window(p: &Plan, units: &[u64], budget: u64, disk_gbps: f64) -> Result<WindowPlan, Box<WindowPlan>> {
+    let n_units = units.len();
+    let slot_bytes = units.iter().copied().max().unwrap_or(0);
     let fixed = p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
     let margin = |b: u64| WINDOW_MARGIN_BASE + b / WINDOW_MARGIN_DIV;
     // Smallest b with fixed + slot + margin(b) <= b.
@@ -535,13 +532,15 @@ pub fn plan_window(
     let free = budget.saturating_sub(fixed + margin(budget));
     let slots = ((free / slot_bytes.max(1)) as usize).min(n_units);
     let make = |slots: usize, budget: u64| {
-        let read = if slots >= n_units { 0 } else { unit_total_bytes };
+        let pinned = crate::window::pinned_units(n_units, slots);
+        let read: u64 = units[pinned..].iter().sum();
         let compute = if p.membw_gbps > 0.0 { p.bytes_per_token as f64 / (p.membw_gbps * 1e9) } else { 0.0 };
         let io = if disk_gbps > 0.0 { read as f64 / (disk_gbps * 1e9) } else { 0.0 };
         WindowPlan {
             budget_bytes: budget,
             n_units,
             slots,
+            pinned,
             slot_bytes,
             window_bytes: slots as u64 * slot_bytes,
             fixed_bytes: fixed,
@@ -571,23 +570,26 @@ mod window_tests {
         assert_eq!(units.len(), 34);
         assert_eq!(units[32] + units[33], m.tensor("output.weight").unwrap().bytes);
         assert!(units[32] <= units[0]);
-        let slot = units.iter().max().unwrap() + 2 * 4096;
+        let units: Vec<u64> = units.iter().map(|u| u + 2 * 4096).collect();
         let total: u64 = units.iter().sum();
         let params = PlanParams { n_ctx: 256, n_batch: 64, n_threads: 2, cache_type: CacheType::F16, logits_all: false };
         let p = plan(&m, params, 1 << 40, 20.0);
         for budget in [512u64 << 20, 1 << 30, 2 << 30] {
-            let w = plan_window(&p, units.len(), slot, total, budget, 2.0).unwrap();
+            let w = plan_window(&p, &units, budget, 2.0).unwrap();
             assert!(w.peak_rss_bytes + w.margin_bytes <= budget, "{w:?}");
-            assert!(w.slots >= 1 && w.slots < 34 && w.read_bytes_per_token == total);
-            assert!((w.token_secs - total as f64 / 2e9).abs() < 1e-9);
+            // All but two slots pinned; the rest streamed every token.
+            assert!(w.slots >= 2 && w.slots < 34 && w.pinned == w.slots.saturating_sub(2) * (w.slots >= 3) as usize, "{w:?}");
+            let streamed: u64 = units[w.pinned..].iter().sum();
+            assert!(w.read_bytes_per_token == streamed && (streamed < total || w.pinned == 0));
+            assert!((w.token_secs - streamed as f64 / 2e9).abs() < 1e-9);
         }
-        let small = plan_window(&p, units.len(), slot, total, 200 << 20, 2.0).unwrap_err();
-        assert_eq!(small.slots, 1);
+        let small = plan_window(&p, &units, 200 << 20, 2.0).unwrap_err();
+        assert_eq!((small.slots, small.pinned, small.read_bytes_per_token), (1, 0, total));
         // The minimum it names works, and a byte less does not.
-        assert_eq!(plan_window(&p, units.len(), slot, total, small.min_budget_bytes, 2.0).unwrap().slots, 1);
-        assert!(plan_window(&p, units.len(), slot, total, small.min_budget_bytes - 1, 2.0).is_err());
+        assert_eq!(plan_window(&p, &units, small.min_budget_bytes, 2.0).unwrap().slots, 1);
+        assert!(plan_window(&p, &units, small.min_budget_bytes - 1, 2.0).is_err());
         // A budget above the model keeps every unit: nothing is re-read.
-        let all = plan_window(&p, units.len(), slot, total, 8 << 30, 2.0).unwrap();
+        let all = plan_window(&p, &units, 8 << 30, 2.0).unwrap();
         assert_eq!((all.slots, all.read_bytes_per_token), (34, 0));
     }
 }

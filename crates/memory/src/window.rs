@@ -3,13 +3,15 @@
 //! TPI-LLM (Li et al., 2024, §3.3 "sliding window memory scheduler") keeps a window of
 //! layers resident while a background thread loads the next ones and releases finished
 //! ones; prima.cpp leaves eviction of its mmap to the page cache, which thrashes once the
-//! model is larger than RAM. [`Window`] owns the memory instead: a ring of `slots`
-//! page-aligned buffers, each big enough for the largest unit (a transformer block or the
-//! output head, see `hearth_model::unit_ranges`). A loader thread reads unit after unit,
-//! in the order the forward pass uses them (`0..=n_layer`, then again), into the next free
-//! slot; the forward pass waits only when the loader is behind, and releasing a unit hands
-//! its slot back. Weight memory is therefore exactly `slots × slot_bytes`, whatever the
-//! model size.
+//! model is larger than RAM. [`Window`] owns the memory instead: `slots` page-aligned
+//! buffers, each big enough for the largest unit (a transformer block or a chunk of the
+//! output head, see `hearth_model::unit_ranges`). The first `slots − 2` units are read once
+//! and kept (*pinned*: a ring that evicts every unit each token would re-read them all);
+//! the other units stream through a ring of 2 slots: a loader thread reads them in the
+//! order the forward pass uses them, into the next free slot, while the forward pass
+//! computes the previous one (and, each token, the pinned ones). Releasing a streamed unit
+//! hands its slot back. With `slots ≥` the unit count every unit is pinned; with 1 or 2
+//! slots nothing is. Weight memory is exactly `slots × slot_bytes`, whatever the model.
 //!
 //! Reads use `pread` with `O_DIRECT` where the file system allows it (falling back to
 //! buffered reads): the bytes go from disk to the slot without a page-cache copy, so the
@@ -65,10 +67,21 @@ impl Span {
     }
 }
 
-/// Slot bytes needed for units with these file ranges (the largest, aligned at both
-/// ends): what [`crate::plan::plan_window`] multiplies by the slot count.
+/// Bytes a slot needs for the unit at file range `r` (aligned at both ends): what
+/// [`crate::plan::plan_window`] takes per unit.
+pub fn aligned_len(r: &Range<usize>) -> usize {
+    Span::new(r).len
+}
+
+/// Slot bytes needed for units with these file ranges (the largest [`aligned_len`]).
 pub fn slot_bytes(units: &[Range<usize>]) -> usize {
-    units.iter().map(|r| Span::new(r).len).max().unwrap_or(0)
+    units.iter().map(aligned_len).max().unwrap_or(0)
+}
+
+/// Units kept resident for good out of `n_units` with `slots` slots: all when they fit,
+/// else all but a 2-slot streaming ring (none with fewer than 3 slots).
+pub fn pinned_units(n_units: usize, slots: usize) -> usize {
+    if slots >= n_units { n_units } else { slots.saturating_sub(2) }
 }
 
 /// A zeroed, page-aligned heap buffer written by the loader and read by the forward pass;
@@ -104,11 +117,15 @@ impl Drop for SlotBuf {
     }
 }
 
+/// Pinned units are loaded first, in order; then streamed units get sequence numbers
+/// `0, 1, …` (unit `pinned + seq mod (n_units − pinned)`, slot `pinned + seq mod ring`).
 #[derive(Default)]
 struct State {
-    /// Sequence numbers `< loaded` are in their slots.
+    /// Pinned units `< pinned_loaded` are in their slots.
+    pinned_loaded: usize,
+    /// Streamed sequence numbers `< loaded` are in their slots.
     loaded: u64,
-    /// Sequence numbers `< released` are finished with.
+    /// Streamed sequence numbers `< released` are finished with.
     released: u64,
     error: Option<String>,
     stop: bool,
@@ -123,16 +140,21 @@ struct Shared {
     cv: Condvar,
     slots: Vec<SlotBuf>,
     spans: Vec<Span>,
-    /// Every unit fits at once: each is read once and kept (slot = unit).
-    resident: bool,
+    /// Units `0..pinned` are read once and kept, in slots `0..pinned`.
+    pinned: usize,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
-    fn slot_of(&self, seq: u64) -> usize {
-        if self.resident { seq as usize } else { (seq % self.slots.len() as u64) as usize }
+    /// Slots of the streaming ring.
+    fn ring(&self) -> u64 {
+        (self.slots.len() - self.pinned) as u64
+    }
+    /// Streamed units.
+    fn streamed(&self) -> u64 {
+        (self.spans.len() - self.pinned) as u64
     }
 }
 
@@ -144,15 +166,15 @@ pub struct Window {
     /// Buffered handle for embedding rows.
     file: File,
     path: PathBuf,
-    /// The consumer's next sequence number (unit `next % n_units`).
+    /// The consumer's next streamed sequence number.
     next: u64,
     wait_secs: f64,
 }
 
 impl Window {
     /// Start streaming `units` (file byte ranges, in forward order) of the file at `path`
-    /// through `slots` buffers. With `slots >= units.len()` every unit is read once and
-    /// kept. Fails when the file cannot be opened or the slots cannot be allocated.
+    /// through `slots` buffers ([`pinned_units`] of them kept). Fails when the file cannot
+    /// be opened or the slots cannot be allocated.
     pub fn open(path: &Path, units: Vec<Range<usize>>, slots: usize, mode: ReadMode) -> Result<Self, ModelError> {
         let err = |what: String| ModelError::Weights(format!("{}: {what}", path.display()));
         if units.is_empty() || slots == 0 {
@@ -166,12 +188,12 @@ impl Window {
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         }
         let spans: Vec<Span> = units.iter().map(Span::new).collect();
-        let resident = slots >= units.len();
+        let pinned = pinned_units(units.len(), slots);
         let n_slots = slots.min(units.len());
         let size = slot_bytes(&units);
         let slots = (0..n_slots).map(|_| SlotBuf::new(size)).collect::<Result<Vec<_>, _>>().map_err(err)?;
         let reader = match mode {
-            ReadMode::Direct => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok(),
+            ReadMode::Direct => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok().filter(direct_reads_work),
             ReadMode::Buffered => None,
         };
         let direct = reader.is_some();
@@ -184,7 +206,7 @@ impl Window {
             cv: Condvar::new(),
             slots,
             spans,
-            resident,
+            pinned,
         });
         let (sh, p) = (Arc::clone(&shared), path.to_path_buf());
         let loader = std::thread::Builder::new()
@@ -206,6 +228,11 @@ impl Window {
         self.shared.slots.len()
     }
 
+    /// Units read once and kept ([`pinned_units`]).
+    pub fn pinned(&self) -> usize {
+        self.shared.pinned
+    }
+
     /// Bytes of each slot.
     pub fn slot_bytes(&self) -> usize {
         self.shared.slots.first().map_or(0, |s| s.len)
@@ -217,50 +244,77 @@ impl Window {
     }
 }
 
-/// The loader thread: read unit after unit into free slots until stopped or failed.
+/// The loader thread: the pinned units, then streamed units into free ring slots until
+/// stopped or failed.
 fn load_loop(sh: &Shared, mut reader: File, path: &Path) {
-    let n_units = sh.spans.len() as u64;
-    let n_slots = sh.slots.len() as u64;
-    let mut seq = 0u64;
-    loop {
-        if sh.resident && seq == n_units {
+    for u in 0..sh.pinned {
+        // SAFETY: pinned slot `u` is written only here, before `pinned_loaded > u`
+        // publishes it; the consumer reads it only after that.
+        if !load_one(sh, &mut reader, path, u, u, |st| st.pinned_loaded = u + 1) {
             return;
         }
+    }
+    if sh.streamed() == 0 {
+        return;
+    }
+    let mut seq = 0u64;
+    loop {
         {
             let mut st = sh.lock();
-            while !st.stop && seq >= st.released + n_slots && !sh.resident {
+            while !st.stop && seq >= st.released + sh.ring() {
                 st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
             if st.stop {
                 return;
             }
         }
-        let span = sh.spans[(seq % n_units) as usize];
-        let slot = &sh.slots[sh.slot_of(seq)];
-        let t0 = Instant::now();
-        // SAFETY: slot `seq % n_slots` last held sequence `seq - n_slots`, which the
-        // consumer released (checked above); nobody else reads or writes it until we
-        // publish `loaded = seq + 1`.
-        let buf = unsafe { std::slice::from_raw_parts_mut(slot.ptr, span.len) };
-        let r = read_span(&mut reader, path, span, buf);
-        let dt = t0.elapsed().as_secs_f64();
-        let mut st = sh.lock();
-        match r {
-            Ok(direct) => {
-                st.loaded = seq + 1;
-                st.bytes_read += span.need as u64;
-                st.read_secs += dt;
-                st.units_loaded += 1;
-                st.direct &= direct;
-                sh.cv.notify_all();
-            }
-            Err(e) => {
-                st.error = Some(format!("{}: unit {}: {e}", path.display(), seq % n_units));
-                sh.cv.notify_all();
-                return;
-            }
+        let unit = sh.pinned + (seq % sh.streamed()) as usize;
+        let slot = sh.pinned + (seq % sh.ring()) as usize;
+        // SAFETY (of the write in load_one): ring slot `slot` last held sequence
+        // `seq - ring`, which the consumer released (checked above); nobody reads it
+        // until `loaded = seq + 1` publishes it.
+        if !load_one(sh, &mut reader, path, unit, slot, |st| st.loaded = seq + 1) {
+            return;
         }
         seq += 1;
+    }
+}
+
+/// Read `unit` into `slot`, then publish it with `done` (or record the error). Returns
+/// whether to go on. The caller guarantees nobody else touches the slot meanwhile.
+fn load_one(sh: &Shared, reader: &mut File, path: &Path, unit: usize, slot: usize, done: impl FnOnce(&mut State)) -> bool {
+    let span = sh.spans[unit];
+    let t0 = Instant::now();
+    // SAFETY: see the callers; `span.len <= slot length` (slots hold the largest span).
+    let buf = unsafe { std::slice::from_raw_parts_mut(sh.slots[slot].ptr, span.len) };
+    let r = read_span(reader, path, span, buf);
+    let dt = t0.elapsed().as_secs_f64();
+    let mut st = sh.lock();
+    let ok = match r {
+        Ok(direct) => {
+            done(&mut st);
+            st.bytes_read += span.need as u64;
+            st.read_secs += dt;
+            st.units_loaded += 1;
+            st.direct &= direct;
+            true
+        }
+        Err(e) => {
+            st.error = Some(format!("{}: unit {unit}: {e}", path.display()));
+            false
+        }
+    };
+    sh.cv.notify_all();
+    ok
+}
+
+/// Whether an `O_DIRECT` read works on this file (tmpfs and some FUSE file systems
+/// accept the flag at open and reject the reads).
+fn direct_reads_work(f: &File) -> bool {
+    match SlotBuf::new(IO_ALIGN) {
+        // SAFETY: the buffer is ours and IO_ALIGN bytes long.
+        Ok(b) => f.read_at(unsafe { std::slice::from_raw_parts_mut(b.ptr, IO_ALIGN) }, 0).is_ok(),
+        Err(_) => false,
     }
 }
 
@@ -273,11 +327,11 @@ fn read_span(reader: &mut File, path: &Path, span: Span, buf: &mut [u8]) -> Resu
         let want = CHUNK.min(span.len - done);
         match reader.read_at(&mut buf[done..done + want], span.start + done as u64) {
             Ok(0) => {
+                let size = reader.metadata().map(|m| m.len().to_string()).unwrap_or_else(|_| "?".into());
                 return Err(format!(
-                    "the file ends at byte {} but the unit needs bytes up to {} (truncated since it was opened?)",
-                    span.start + done as u64,
+                    "the file is now {size} bytes but the unit needs bytes up to {} (truncated since it was opened?)",
                     span.start + span.need as u64
-                ))
+                ));
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -300,32 +354,38 @@ fn is_direct(f: &File) -> bool {
 
 impl LayerSource for Window {
     fn acquire(&mut self, u: usize) -> Result<Unit<'_>, ModelError> {
-        let n = self.shared.spans.len() as u64;
-        let seq = if self.shared.resident { u as u64 } else { self.next };
-        if u as u64 >= n || (!self.shared.resident && u as u64 != seq % n) {
-            return Err(ModelError::Weights(format!("unit {u} asked for out of order (expected {})", seq % n)));
-        }
+        let sh = &*self.shared;
+        let n = sh.spans.len();
+        let (slot, ready): (usize, Box<dyn Fn(&State) -> bool>) = if u < sh.pinned {
+            (u, Box::new(move |st: &State| st.pinned_loaded > u))
+        } else {
+            let seq = self.next;
+            let want = sh.pinned + (seq % sh.streamed()) as usize;
+            if u >= n || u != want {
+                return Err(ModelError::Weights(format!("unit {u} asked for out of order (expected {want})")));
+            }
+            (sh.pinned + (seq % sh.ring()) as usize, Box::new(move |st: &State| st.loaded > seq))
+        };
         let t0 = Instant::now();
         {
-            let mut st = self.shared.lock();
-            while st.loaded <= seq && st.error.is_none() {
-                st = self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            let mut st = sh.lock();
+            while !ready(&st) && st.error.is_none() {
+                st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
-            if st.loaded <= seq {
+            if !ready(&st) {
                 return Err(ModelError::Weights(st.error.clone().unwrap_or_default()));
             }
         }
         self.wait_secs += t0.elapsed().as_secs_f64();
-        let span = self.shared.spans[u];
-        let slot = &self.shared.slots[self.shared.slot_of(seq)];
-        // SAFETY: the loader published this sequence (loaded > seq) and will not write
-        // its slot again until we release it.
-        let bytes = unsafe { std::slice::from_raw_parts(slot.ptr.add(span.skip), span.need - span.skip) };
+        let span = sh.spans[u];
+        // SAFETY: the loader published this unit in this slot and will not write the slot
+        // again until we release it (pinned slots: never).
+        let bytes = unsafe { std::slice::from_raw_parts(sh.slots[slot].ptr.add(span.skip), span.need - span.skip) };
         Ok(Unit { bytes, base: span.start as usize + span.skip })
     }
 
-    fn release(&mut self, _u: usize) {
-        if self.shared.resident {
+    fn release(&mut self, u: usize) {
+        if u < self.shared.pinned {
             return;
         }
         self.next += 1;

@@ -31,7 +31,7 @@ pub use context::{Context, ContextBuffers, Logits};
 pub use error::{ModelError, Result};
 pub use kv_cache::{CacheType, KvCache};
 pub use model::Model;
-pub use source::{unit_ranges, LayerSource, SourceStats, Unit};
+pub use source::{split_rows, unit_ranges, LayerSource, SourceStats, Unit};
 pub use weights::{LayerWeights, TensorRef, Weights, MATMUL_TYPES};
 mod generate;
 pub use generate::{generate, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};

@@ -89,10 +89,15 @@ pub trait LayerSource: Send {
 /// chunks of (nearly) equal rows.
 pub fn head_chunks(w: &Weights) -> Vec<Range<usize>> {
     let block = w.layers.iter().map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|t| t.size).sum::<usize>()).max();
-    let rows = w.output.rows;
-    let k = block.filter(|&b| b > 0).map_or(1, |b| w.output.size.div_ceil(b)).clamp(1, rows.max(1));
-    let per = rows.div_ceil(k);
-    (0..rows).step_by(per.max(1)).map(|r| r..(r + per).min(rows)).collect()
+    split_rows(w.output.rows, w.output.size, block.unwrap_or(0))
+}
+
+/// `rows` rows of `bytes` in all, cut into `ceil(bytes / max_bytes)` ranges of (nearly)
+/// equal rows (one range when `max_bytes` is 0).
+pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usize>> {
+    let k = if max_bytes == 0 { 1 } else { bytes.div_ceil(max_bytes) }.clamp(1, rows.max(1));
+    let per = rows.div_ceil(k).max(1);
+    (0..rows).step_by(per).map(|r| r..(r + per).min(rows)).collect()
 }
 
 /// The file byte range of each unit: block `i` spans its matrices, then the output head

@@ -281,7 +281,7 @@ impl ModelInfo {
             "n_batch": n_batch, "n_ubatch": n_batch,
             "n_threads": r.n_threads,
             "type_k": cache_type.name(), "type_v": cache_type.name(),
-            "n_gpu_layers": 0, "flash_attn": true, "use_mmap": true, "embeddings": false,
+            "n_gpu_layers": 0, "flash_attn": true, "use_mmap": r.io.is_none(), "embeddings": false,
             "simd": hearth_kernels::simd_level(),
             "n_prompt": r.n_prompt, "n_gen": r.n_gen, "n_depth": 0,
             "test_time": chrono_free_now(),

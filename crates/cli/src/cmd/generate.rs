@@ -182,8 +182,11 @@ pub fn run(a: Args) -> Result<()> {
             mem.human(),
         );
         if window.is_some() {
-            eprintln!("{}", io_line("prefill", &t.prefill_io, t.prefill_ms / 1e3, 1));
-            eprintln!("{}", io_line("decode", &t.decode_io, t.decode_ms / 1e3, t.decode_tokens));
+            let passes = t.prompt_tokens.div_ceil(ctx.n_batch());
+            eprintln!("{}", io_line("prefill", &t.prefill_io, t.prefill_ms / 1e3, passes));
+            if t.decode_tokens > 0 {
+                eprintln!("{}", io_line("decode", &t.decode_io, t.decode_ms / 1e3, t.decode_tokens));
+            }
         }
     }
     Ok(())

@@ -58,6 +58,15 @@ fn gb(b: u64) -> String {
     format!("{:.2} GB", b as f64 / 1e9)
 }
 
+fn mib(b: u64) -> String {
+    crate::common::mib(b)
+}
+
+/// What each sliding-window unit needs in a slot: its tensors, widened for O_DIRECT.
+fn slot_sizes(m: &ModelSummary) -> Vec<u64> {
+    m.unit_bytes().iter().map(|u| u + 2 * hearth_memory::window::IO_ALIGN as u64).collect()
+}
+
 pub fn run(a: Args) -> Result<()> {
     let threads = crate::common::threads_or_default(a.threads);
     if a.shape.is_none() && (a.ty.is_some() || a.output_type.is_some()) {
@@ -114,10 +123,7 @@ pub fn run(a: Args) -> Result<()> {
                 }
                 (None, None) => (DEFAULT_DISK_GBPS, "assumed"),
             };
-            let units = summary.unit_bytes();
-            let slot = units.iter().max().copied().unwrap_or(0) + 2 * hearth_memory::window::IO_ALIGN as u64;
-            let total = units.iter().sum();
-            Some((plan_window(&p, units.len(), slot, total, budget, disk), disk_src))
+            Some((plan_window(&p, &slot_sizes(&summary), budget, disk), disk_src))
         }
     };
     if a.json {
@@ -168,23 +174,27 @@ pub fn run(a: Args) -> Result<()> {
     );
     match window {
         None if !p.fits => {
-            let units = summary.unit_bytes();
-            let slot = units.iter().max().copied().unwrap_or(0) + 2 * hearth_memory::window::IO_ALIGN as u64;
-            let min = plan_window(&p, units.len(), slot, units.iter().sum(), 0, DEFAULT_DISK_GBPS)
-                .map_or_else(|w| w.min_budget_bytes, |w| w.min_budget_bytes);
-            o += &format!("smallest --mem-budget: {} (one unit of {} + KV cache + scratch + overhead + margin)\n", gb(min), gb(slot));
+            let min = plan_window(&p, &slot_sizes(&summary), 0, DEFAULT_DISK_GBPS).map_or_else(|w| *w, |w| w);
+            o += &format!(
+                "smallest --mem-budget: {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
+                mib(min.min_budget_bytes),
+                mib(min.slot_bytes)
+            );
         }
         None => {}
         Some((Err(min), _)) => {
             o += &format!(
                 "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
-                gb(a.mem_budget.unwrap_or(0)), gb(min.min_budget_bytes), gb(min.slot_bytes)
+                mib(a.mem_budget.unwrap_or(0)), mib(min.min_budget_bytes), mib(min.slot_bytes)
             );
         }
         Some((Ok(w), src)) => {
-            o += &format!("\nwindow for --mem-budget {}: {} of {} units resident, {} each\n", gb(w.budget_bytes), w.slots, w.n_units, gb(w.slot_bytes));
-            o += &format!("  window      {:>12}  {} slots · {}\n", gb(w.window_bytes), w.slots, gb(w.slot_bytes));
-            o += &format!("  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n", gb(w.peak_rss_bytes), gb(w.margin_bytes));
+            o += &format!(
+                "\nwindow for --mem-budget {}: {} slots of {} for {} units: {} kept, {} streamed through {} slots\n",
+                mib(w.budget_bytes), w.slots, mib(w.slot_bytes), w.n_units, w.pinned, w.n_units - w.pinned, w.slots - w.pinned
+            );
+            o += &format!("  window      {:>12}  {} slots · {}\n", mib(w.window_bytes), w.slots, mib(w.slot_bytes));
+            o += &format!("  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n", mib(w.peak_rss_bytes), mib(w.margin_bytes));
             if w.read_bytes_per_token == 0 {
                 o += "  every unit stays resident: read once, then decode runs at memory speed\n";
             } else {
