@@ -76,7 +76,7 @@ pub(crate) struct Panel<'a> {
     pub n_rows: usize,
     /// Elements per row (a whole number of `wty` blocks).
     pub cols: usize,
-    /// Activation bytes (type `vec_dot_type(wty)`) from the first token on.
+    /// Activation bytes (type `Kernels::act_type(wty)`) from the first token on.
     pub act: &'a [u8],
     pub act_stride: usize,
     pub n_tokens: usize,
@@ -147,6 +147,26 @@ impl Kernels {
             GgmlType::Q6_K => self.panel_q6_k,
             _ => return None,
         })
+    }
+
+    /// The activation type the panel for weights `wty` reads: ggml's
+    /// `vec_dot_type(wty)`, except F16 weights at the avx512 level, whose panels
+    /// read f32 activations holding f16-rounded values (the same numbers as
+    /// ggml's f16 activations, stored so the tiles multiply them without a
+    /// convert per use: see [`crate::matmul`]).
+    pub fn act_type(&self, wty: GgmlType) -> GgmlType {
+        match (self.level, wty) {
+            (SimdLevel::Avx512, GgmlType::F16) => GgmlType::F32,
+            _ => hearth_quant::vec_dot_type(wty),
+        }
+    }
+
+    /// The quantizer of the activations the panel for `wty` reads (see [`act_type`](Self::act_type)).
+    pub fn act_quantize(&self, wty: GgmlType) -> Option<QuantFn> {
+        match (self.level, wty) {
+            (SimdLevel::Avx512, GgmlType::F16) => Some(crate::matmul::quantize_f16_as_f32),
+            _ => self.quantize(hearth_quant::vec_dot_type(wty)),
+        }
     }
 
     /// The activation quantizer for activation type `aty`.

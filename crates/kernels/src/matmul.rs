@@ -1,7 +1,9 @@
 //! Matrix × activations on quantized weights.
 //!
 //! `matmul` quantizes the activations once per call (into the caller's
-//! scratch, to `vec_dot_type(w.ty)` blocks, exactly like ggml), then hands
+//! scratch, to `vec_dot_type(w.ty)` blocks, exactly like ggml; for F16
+//! weights the avx512 level keeps those f16-rounded values as f32, see
+//! `Kernels::act_type`, so its tiles convert only the weights), then hands
 //! panels of [`PANEL_ROWS`] rows (more for a single token) to the pool's
 //! threads through an atomic counter. A panel covers up to [`PANEL_TOKENS`] tokens; inside, the SIMD
 //! kernels work in tiles of a few rows × a few tokens so that each weight
@@ -56,6 +58,25 @@ fn quantize_activations_with(k: &Kernels, wty: GgmlType, x: &[f32], out: &mut [u
     }
     q(x, out);
     Ok(())
+}
+
+/// F16 activations kept as f32: each value rounded to f16 (as ggml's F16
+/// activations, byte for byte the same numbers) and stored back as f32, the
+/// form the avx512 F16 panels read (`Kernels::act_type`). `dst` holds
+/// `4 * src.len()` bytes.
+pub(crate) fn quantize_f16_as_f32(src: &[f32], dst: &mut [u8]) {
+    use half::slice::HalfFloatSliceExt;
+    assert_eq!(dst.len(), 4 * src.len(), "quantize_f16_as_f32: dst length");
+    const CH: usize = 256;
+    let (mut h, mut f) = ([half::f16::ZERO; CH], [0f32; CH]);
+    for (s, d) in src.chunks(CH).zip(dst.chunks_mut(4 * CH)) {
+        let (h, f) = (&mut h[..s.len()], &mut f[..s.len()]);
+        h.convert_from_f32_slice(s);
+        h.convert_to_f32_slice(f);
+        for (v, o) in f.iter().zip(d.chunks_exact_mut(4)) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
 }
 
 /// `out[t][r] = dot(w row r, x[t])` for `n_tokens` tokens.
@@ -122,9 +143,10 @@ fn matmul_impl(
         return Ok(());
     }
 
-    // 1. Activations → vec_dot_type blocks, once per call.
-    let aty = vec_dot_type(w.ty);
-    let quantize = k.quantize(aty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
+    // 1. Activations → vec_dot_type blocks (or the level's form of them,
+    // `Kernels::act_type`), once per call.
+    let aty = k.act_type(w.ty);
+    let quantize = k.act_quantize(w.ty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
     let arb = aty.row_bytes(cols as u64).expect("cols validated as whole blocks") as usize;
     if scratch.len() < n_tokens * arb {
         scratch.resize(n_tokens * arb, 0);

@@ -159,7 +159,8 @@ fn check_panels(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usiz
     let dot = vec_dot_fn(wty).unwrap();
     for level in levels() {
         let k = Kernels::for_level(level).unwrap();
-        let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };
+        let (ka, karb) = level_acts(k, wty, &a, cols);
+        let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &ka, act_stride: karb, n_tokens: tokens };
         let mut out = vec![f32::NAN; rows * tokens];
         (k.panel(wty).unwrap())(&p, &mut out);
         for t in 0..tokens {
@@ -174,6 +175,36 @@ fn check_panels(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usiz
                 );
             }
         }
+    }
+}
+
+/// Activations `a` (`vec_dot_type(wty)` rows of `cols`) in the form level
+/// `k`'s panels read (`Kernels::act_type`: f32 for F16 weights at avx512),
+/// and their row stride. Converting f16 to f32 is exact: same numbers.
+fn level_acts(k: &Kernels, wty: GgmlType, a: &[u8], cols: usize) -> (Vec<u8>, usize) {
+    let (aty, kty) = (vec_dot_type(wty), k.act_type(wty));
+    if kty == aty {
+        return (a.to_vec(), nbytes(aty, cols));
+    }
+    assert_eq!((aty, kty), (GgmlType::F16, GgmlType::F32));
+    let out = a.chunks(2).flat_map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes()).collect();
+    (out, nbytes(kty, cols))
+}
+
+/// The f32 form of F16 activations is the f16 quantizer's values, exactly.
+#[test]
+fn f16_activations_as_f32_round_like_f16() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut x: Vec<f32> = (0..1000).map(|i| rng.gen_range(-1f32..1.0) * 2f32.powi(i % 40 - 25)).collect();
+    x.extend([0.0, -0.0, 65504.0, 65520.0, -1e9, 1e-9, f32::INFINITY, 6.1e-5, 5.9e-8, 2.9e-8]);
+    let mut h = vec![0u8; 2 * x.len()];
+    quantize_row(GgmlType::F16, &x, &mut h).unwrap();
+    let mut f = vec![0u8; 4 * x.len()];
+    crate::matmul::quantize_f16_as_f32(&x, &mut f);
+    for (i, (h, f)) in h.chunks(2).zip(f.chunks(4)).enumerate() {
+        let want = half::f16::from_le_bytes([h[0], h[1]]).to_f32();
+        let got = f32::from_le_bytes([f[0], f[1], f[2], f[3]]);
+        assert_eq!(got.to_bits(), want.to_bits(), "x[{i}] = {}", x[i]);
     }
 }
 
@@ -232,7 +263,7 @@ proptest! {
 
 /// The weight types whose avx512 kernels hold two rows per vector
 /// (`arch/x86_64/avx512_pair*.rs`): odd rows, 8- and 4-row matvec tiles,
-/// 8×4 / 4×4 prefill tiles and their remainders.
+/// 4×12 / 4×4 prefill tiles and their remainders.
 const PAIRED: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K];
 
 /// `nb` blocks of 32, or 1..3 blocks of 256 for K-quants.
@@ -250,7 +281,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// Every level vs the reference around the tile sizes (1..40 rows, 1..13
-    /// blocks, tokens 1..9; zero scales and ±65504 come from `raw_row`), and
+    /// blocks, tokens 1..26; zero scales and ±65504 come from `raw_row`), and
     /// avx512 bit-identical to avx2 (ggml's order: SmolLM2's logits need it).
     #[test]
     fn paired_panels_match_reference_and_avx2(
@@ -258,7 +289,7 @@ proptest! {
         ti in 0usize..4,
         rows in 1usize..=40,
         nb in 1usize..=13,
-        tokens in 1usize..=9,
+        tokens in 1usize..=26,
         zero in prop::bool::weighted(0.1),
     ) {
         let (wty, cols) = (PAIRED[ti], paired_cols(PAIRED[ti], nb));
@@ -286,7 +317,7 @@ proptest! {
         ti in 0usize..4,
         rows in 1usize..=80,
         nb in 1usize..=13,
-        tokens in 2usize..=9,
+        tokens in 2usize..=26,
     ) {
         let (wty, cols) = (PAIRED[ti], paired_cols(PAIRED[ti], nb));
         let (w, x) = problem(wty, rows, cols, tokens, seed);
@@ -589,6 +620,121 @@ fn avx2_k_dots_are_bit_identical_to_ggml_avx2_order() {
             let (wrb, arb) = (nbytes(wty, cols), nbytes(GgmlType::Q8_K, cols));
             let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, false)).collect();
             let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(GgmlType::Q8_K, cols, &mut rng, false)).collect();
+            for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
+                let k = Kernels::for_level(level).unwrap();
+                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };
+                let mut out = vec![f32::NAN; rows * tokens];
+                (k.panel(wty).unwrap())(&p, &mut out);
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let want = emulate(&w[r * wrb..(r + 1) * wrb], &a[t * arb..(t + 1) * arb], cols);
+                        let got = out[t * rows + r];
+                        assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// ggml's AVX2 `ggml_vec_dot_q2_K_q8_K`, lane by lane: per block the min
+/// terms (`mins[2m]·bsums[2m] + mins[2m+1]·bsums[2m+1]` in lane m) go into the
+/// 8 lanes with one fma, then the scale terms with another.
+#[allow(clippy::needless_range_loop)]
+fn ggml_avx2_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    use hearth_quant::{BlockQ2K, BlockQ8K};
+    let mut acc = [0f32; 8];
+    for i in 0..n / 256 {
+        let x = BlockQ2K::read(&w[i * 84..]);
+        let y = BlockQ8K::read(&a[i * 292..]);
+        let (d, dmin) = (y.d * x.d.to_f32(), -y.d * x.dmin.to_f32());
+        let min = |j: usize| (x.scales[j] >> 4) as i32;
+        for m in 0..8 {
+            let p = min(2 * m) * y.bsums[2 * m] as i32 + min(2 * m + 1) * y.bsums[2 * m + 1] as i32;
+            acc[m] = dmin.mul_add(p as f32, acc[m]);
+        }
+        // Element e = 128j + 32k + b: bits 2k of qs[32j + b], scale e / 16.
+        let q = |e: usize| ((x.qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) as i32;
+        for m in 0..8 {
+            let mut s = 0i32;
+            for grp in 0..8 {
+                for b in 0..4 {
+                    let e = 32 * grp + 4 * m + b;
+                    s += (x.scales[e / 16] & 15) as i32 * q(e) * y.qs[e] as i32;
+                }
+            }
+            acc[m] = d.mul_add(s as f32, acc[m]);
+        }
+    }
+    hsum8(acc)
+}
+
+/// ggml's AVX2 `ggml_vec_dot_q3_K_q8_K`, lane by lane.
+#[allow(clippy::needless_range_loop)]
+fn ggml_avx2_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    use hearth_quant::{k::q3_k_scales, BlockQ3K, BlockQ8K};
+    let mut acc = [0f32; 8];
+    for i in 0..n / 256 {
+        let x = BlockQ3K::read(&w[i * 110..]);
+        let y = BlockQ8K::read(&a[i * 292..]);
+        let d = y.d * x.d.to_f32();
+        let sc = q3_k_scales(&x.scales);
+        // Element e = 128j + 32k + b: bits 2k of qs[32j + b], minus 4 unless
+        // bit 4j + k of hmask[b] is set.
+        let q = |e: usize| {
+            let (j, k, b) = (e / 128, (e % 128) / 32, e % 32);
+            let lo = ((x.qs[32 * j + b] >> (2 * k)) & 3) as i32;
+            lo - if x.hmask[b] >> (4 * j + k) & 1 == 1 { 0 } else { 4 }
+        };
+        for m in 0..8 {
+            let mut s = 0i32;
+            for grp in 0..8 {
+                for b in 0..4 {
+                    let e = 32 * grp + 4 * m + b;
+                    s += (sc[e / 16] as i32 - 32) * q(e) * y.qs[e] as i32;
+                }
+            }
+            acc[m] = d.mul_add(s as f32, acc[m]);
+        }
+    }
+    hsum8(acc)
+}
+
+/// Q2_K / Q3_K at every SIMD level bit for bit against ggml's AVX2 order, on
+/// quantized rows and on raw random blocks (any scale, hmask and quant bits;
+/// Q8_K quants over the whole i8 range, -128 included).
+#[test]
+fn avx2_low_k_dots_are_bit_identical_to_ggml_avx2_order() {
+    if !SimdLevel::Avx2.is_available() {
+        return;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    for (wty, emulate) in [(GgmlType::Q2_K, ggml_avx2_q2_k as fn(&[u8], &[u8], usize) -> f32), (GgmlType::Q3_K, ggml_avx2_q3_k)] {
+        for case in 0..40 {
+            let (rows, cols, tokens) = (1 + case % 5, 256 * (1 + case % 4), 1 + case % 3);
+            let (wrb, arb) = (nbytes(wty, cols), nbytes(GgmlType::Q8_K, cols));
+            let raw = case % 2 == 1;
+            let mut w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, false)).collect();
+            let mut a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(GgmlType::Q8_K, cols, &mut rng, false)).collect();
+            if raw {
+                // Random bytes with finite scales: d/dmin from `scale`, Q8_K's d in ±2^±10.
+                let (ws, d_at) = if wty == GgmlType::Q2_K { (84, vec![80, 82]) } else { (110, vec![108]) };
+                for blk in w.chunks_mut(ws) {
+                    rng.fill(&mut blk[..]);
+                    for &o in &d_at {
+                        blk[o..o + 2].copy_from_slice(&f16_bytes(scale(&mut rng)));
+                    }
+                }
+                for blk in a.chunks_mut(292) {
+                    let d = rng.gen_range(0.5f32..2.0) * 2f32.powi(rng.gen_range(-10..=10));
+                    blk[..4].copy_from_slice(&d.to_le_bytes());
+                    rng.fill(&mut blk[4..260]);
+                    for g in 0..16 {
+                        let s: i16 = blk[4 + 16 * g..20 + 16 * g].iter().map(|&q| q as i8 as i16).sum();
+                        blk[260 + 2 * g..262 + 2 * g].copy_from_slice(&s.to_le_bytes());
+                    }
+                }
+            }
             for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
                 let k = Kernels::for_level(level).unwrap();
                 let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };

@@ -356,16 +356,17 @@ impl LayerSource for Window {
     fn acquire(&mut self, u: usize) -> Result<Unit<'_>, ModelError> {
         let sh = &*self.shared;
         let n = sh.spans.len();
-        let (slot, ready): (usize, Box<dyn Fn(&State) -> bool>) = if u < sh.pinned {
-            (u, Box::new(move |st: &State| st.pinned_loaded > u))
+        let seq = self.next;
+        let slot = if u < sh.pinned {
+            u
         } else {
-            let seq = self.next;
             let want = sh.pinned + (seq % sh.streamed()) as usize;
             if u >= n || u != want {
                 return Err(ModelError::Weights(format!("unit {u} asked for out of order (expected {want})")));
             }
-            (sh.pinned + (seq % sh.ring()) as usize, Box::new(move |st: &State| st.loaded > seq))
+            sh.pinned + (seq % sh.ring()) as usize
         };
+        let ready = |st: &State| if u < sh.pinned { st.pinned_loaded > u } else { st.loaded > seq };
         let t0 = Instant::now();
         {
             let mut st = sh.lock();

@@ -174,7 +174,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     match window {
         None if !p.fits => {
-            let min = plan_window(&p, &slot_sizes(&summary), 0, DEFAULT_DISK_GBPS).map_or_else(|w| *w, |w| w);
+            let min = plan_window(&p, &slot_sizes(&summary), 0, DEFAULT_DISK_GBPS).unwrap_or_else(|w| *w);
             o += &format!(
                 "smallest --mem-budget: {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
                 mib(min.min_budget_bytes),

@@ -1,5 +1,5 @@
-//! AVX2 + FMA + F16C kernels (Q5_x and K-quant weights are in `avx2_k`;
-//! Q2_K and Q3_K have no SIMD path yet and use the scalar reference).
+//! AVX2 + FMA + F16C kernels (Q5_x and Q4_K..Q6_K weights are in `avx2_k`,
+//! Q2_K and Q3_K in `avx2_k_low`).
 //!
 //! Integer dots use ggml's `_mm256_maddubs_epi16` (u8 × i8 → pairs of i16)
 //! then `_mm256_madd_epi16` with ones (→ 8 × i32). Q4 nibbles (0..15) are the
@@ -17,6 +17,7 @@
 //! whole step) from making our logits drift from llama.cpp's.
 
 use super::avx2_k;
+use super::avx2_k_low;
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
@@ -40,9 +41,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q4_k: |p, o| panel::<avx2_k::Q4K>(p, o, GgmlType::Q8_K),
     panel_q6_k: |p, o| panel::<avx2_k::Q6K>(p, o, GgmlType::Q8_K),
     panel_q5_k: |p, o| panel::<avx2_k::Q5K>(p, o, GgmlType::Q8_K),
-    // No SIMD path yet: the scalar reference.
-    panel_q2_k: crate::generic::panel,
-    panel_q3_k: crate::generic::panel,
+    panel_q2_k: |p, o| panel::<avx2_k_low::Q2K>(p, o, GgmlType::Q8_K),
+    panel_q3_k: |p, o| panel::<avx2_k_low::Q3K>(p, o, GgmlType::Q8_K),
 };
 
 #[inline(always)]

@@ -9,7 +9,7 @@
 use super::avx2::{self, rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;
 use super::{avx512_pair, avx512_pair_k};
-use super::tile::{hsum512, run_panel, tail_dot, Fmt};
+use super::tile::{hsum512, hsum512x4, run_panel, tail_dot, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
 use std::arch::x86_64::*;
@@ -26,7 +26,10 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q4_1: |p, o| panel::<avx2::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
     panel_q8_0: |p, o| panel::<avx2::Q8_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_f32: |p, o| panel::<F32, 4, 4, 4>(p, o, GgmlType::F32),
-    panel_f16: |p, o| panel::<F16, 4, 4, 4>(p, o, GgmlType::F16),
+    // F16 × f32 (f16-rounded) activations: 4 rows × 6 tokens, so each
+    // weight convert serves 6 FMAs (24 accumulators + 4 weights + 1
+    // activation of the 32 registers).
+    panel_f16: |p, o| panel::<F16, 4, 4, 6>(p, o, GgmlType::F32),
     panel_bf16: |p, o| panel::<BF16, 4, 4, 4>(p, o, GgmlType::BF16),
     panel_q5_0: |p, o| panel::<avx2_k::Q5_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_q5_1: |p, o| panel::<avx2_k::Q5_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
@@ -40,9 +43,11 @@ pub(super) static KERNELS: Kernels = Kernels {
 
 /// AVX-512 with VNNI: Q4_0/Q4_1/Q8_0 two rows per vector (`avx512_pair`).
 pub(super) static KERNELS_VNNI: Kernels = Kernels {
-    panel_q4_0: |p, o| panel_vnni::<avx512_pair::Q4_0, 8, 8, 4>(p, o, GgmlType::Q8_0),
+    // Prefill: 4 rows (two pairs) × 12 tokens, 24 accumulators: each
+    // unpacked weight pair serves 12 tokens (measured ≈ 5% faster than 8 × 4).
+    panel_q4_0: |p, o| panel_vnni::<avx512_pair::Q4_0, 8, 4, 12>(p, o, GgmlType::Q8_0),
     panel_q4_1: |p, o| panel_vnni::<avx512_pair::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| panel_vnni::<avx512_pair::Q8_0, 4, 8, 4>(p, o, GgmlType::Q8_0),
+    panel_q8_0: |p, o| panel_vnni::<avx512_pair::Q8_0, 4, 4, 12>(p, o, GgmlType::Q8_0),
     ..KERNELS
 };
 
@@ -115,6 +120,10 @@ macro_rules! float_fmt {
                 hsum512(acc)
             }
             #[inline(always)]
+            unsafe fn finish4(acc: [__m512; 4]) -> [f32; 4] {
+                hsum512x4(acc[0], acc[1], acc[2], acc[3])
+            }
+            #[inline(always)]
             unsafe fn tail(w: *const u8, a: *const u8, n: usize) -> f32 {
                 let (w, a) = (std::slice::from_raw_parts(w, n * $esz), std::slice::from_raw_parts(a, n * $esz));
                 tail_dot(n, |i| $scalar(w, i), |i| $scalar(a, i))
@@ -137,5 +146,47 @@ unsafe fn load_bf16(p: *const u8) -> __m512 {
 }
 
 float_fmt!(F32, 4, load_f32, rd_f32);
-float_fmt!(F16, 2, load_f16, rd_f16);
 float_fmt!(BF16, 2, load_bf16, rd_bf16);
+
+/// F16 weights × f32 activations holding f16-rounded values (this level's
+/// `Kernels::act_type` for F16): the same products as f16 × f16, but only
+/// the weights are converted, once per step for all the tile's tokens, and
+/// each activation vector is a plain load (or an FMA memory operand).
+struct F16;
+impl Fmt for F16 {
+    const EPB: usize = 16;
+    const WB: usize = 32;
+    const AB: usize = 64;
+    type W = __m512;
+    type A = __m512;
+    type Acc = __m512;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load_w(p: *const u8) -> __m512 {
+        load_f16(p)
+    }
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> __m512 {
+        load_f32(p)
+    }
+    #[inline(always)]
+    unsafe fn pair(acc: __m512, w: __m512, a: __m512) -> __m512 {
+        _mm512_fmadd_ps(w, a, acc)
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: __m512) -> f32 {
+        hsum512(acc)
+    }
+    #[inline(always)]
+    unsafe fn finish4(acc: [__m512; 4]) -> [f32; 4] {
+        hsum512x4(acc[0], acc[1], acc[2], acc[3])
+    }
+    #[inline(always)]
+    unsafe fn tail(w: *const u8, a: *const u8, n: usize) -> f32 {
+        let (w, a) = (std::slice::from_raw_parts(w, n * 2), std::slice::from_raw_parts(a, n * 4));
+        tail_dot(n, |i| rd_f16(w, i), |i| rd_f32(a, i))
+    }
+}

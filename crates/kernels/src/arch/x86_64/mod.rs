@@ -13,6 +13,7 @@ use crate::dispatch::{Kernels, SimdLevel};
 
 mod avx2;
 mod avx2_k;
+mod avx2_k_low;
 mod avx512;
 mod avx512_pair;
 mod avx512_pair_k;

@@ -44,6 +44,12 @@ pub(super) trait Fmt {
     unsafe fn finish_rows(acc: Self::Acc) -> [f32; 2] {
         [Self::finish(acc), 0.0]
     }
+    /// `finish` of four accumulators (`ROWS` = 1), each bit-identical to
+    /// `finish` alone; a format may share the shuffles among the four.
+    #[inline(always)]
+    unsafe fn finish4(acc: [Self::Acc; 4]) -> [f32; 4] {
+        acc.map(|a| Self::finish(a))
+    }
 }
 
 /// f16 bits → f32, exact (a `const fn` so the table is built at compile time).
@@ -101,6 +107,24 @@ pub(super) unsafe fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// [`hsum512`] of four vectors at once: the same pairwise tree per vector
+/// (halves, then quarters, then lanes i and i+2, then lanes 0 and 1), so each
+/// result is bit-identical to `hsum512` of its vector, in fewer shuffles.
+#[inline(always)]
+pub(super) unsafe fn hsum512x4(a: __m512, b: __m512, c: __m512, d: __m512) -> [f32; 4] {
+    // [a.lo + a.hi | b.lo + b.hi], [c.. | d..]: 256-bit halves added.
+    let ab = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b));
+    let cd = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(c, d), _mm512_shuffle_f32x4::<0b11_10_11_10>(c, d));
+    // Quarter k: vector k's 128-bit halves added.
+    let q = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd), _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd));
+    // Lane 4k: (q0 + q2) + (q1 + q3) of quarter k.
+    let s = _mm512_add_ps(q, _mm512_permute_ps::<0b01_00_11_10>(q));
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
+    let mut r = [0f32; 16];
+    _mm512_storeu_ps(r.as_mut_ptr(), s);
+    [r[0], r[4], r[8], r[12]]
+}
+
 /// Horizontal sum of 16 lanes in a fixed order (AVX-512F callers only).
 #[inline(always)]
 pub(super) unsafe fn hsum512(v: __m512) -> f32 {
@@ -152,6 +176,20 @@ unsafe fn tile<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, r0: usize,
         }
     }
     let tail = p.cols - nb * F::EPB;
+    if F::ROWS == 1 && R.is_multiple_of(4) {
+        for t in 0..T {
+            for r in (0..R).step_by(4) {
+                let v = F::finish4([acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]]);
+                for (k, mut v) in v.into_iter().enumerate() {
+                    if tail > 0 {
+                        v += F::tail(wp.add((r + k) * rs + nb * F::WB), ap.add(t * ast + nb * F::AB), tail);
+                    }
+                    out[(t0 + t) * p.n_rows + r0 + r + k] = v;
+                }
+            }
+        }
+        return;
+    }
     for u in 0..units {
         for t in 0..T {
             let v = F::finish_rows(acc[u][t]);
@@ -187,20 +225,22 @@ macro_rules! tile_dispatch {
 }
 
 /// The whole panel in tiles of at most R rows × T tokens: R ∈ {1, 2, 4, 8}
-/// (rows left over go in tiles of halving size), T ≤ 4.
+/// (rows left over go in tiles of halving size), T ≤ 12. Token groups are
+/// the outer loop: a group's activations stay in L1 while every row of the
+/// panel passes over them (the panel's rows are a few KiB each).
 #[inline(always)]
 pub(super) unsafe fn run_panel<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
-    let mut r = 0;
-    while r < p.n_rows {
-        let left = p.n_rows - r;
-        let nr = if left >= R { R } else { 1 << left.ilog2() };
-        let mut t = 0;
-        while t < p.n_tokens {
-            let nt = T.min(p.n_tokens - t);
-            tile_dispatch!(F, R, T, nr, nt, (p, r, t, out); rows 8 4 2 1; tokens (1 2 3 4));
-            t += nt;
+    let mut t = 0;
+    while t < p.n_tokens {
+        let nt = T.min(p.n_tokens - t);
+        let mut r = 0;
+        while r < p.n_rows {
+            let left = p.n_rows - r;
+            let nr = if left >= R { R } else { 1 << left.ilog2() };
+            tile_dispatch!(F, R, T, nr, nt, (p, r, t, out); rows 8 4 2 1; tokens (1 2 3 4 5 6 7 8 9 10 11 12));
+            r += nr;
         }
-        r += nr;
+        t += nt;
     }
 }
 
