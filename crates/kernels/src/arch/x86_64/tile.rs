@@ -256,6 +256,36 @@ pub(super) unsafe fn tail_dot(n: usize, w: impl Fn(usize) -> f32, a: impl Fn(usi
 
 #[cfg(test)]
 mod tests {
+    /// `hsum512x4` gives each vector's `hsum512`, bit for bit.
+    #[test]
+    fn hsum512x4_is_hsum512() {
+        if !super::super::has_avx512() {
+            return;
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn check(v: &[[f32; 16]; 4]) {
+            use std::arch::x86_64::_mm512_loadu_ps;
+            let l = |i: usize| _mm512_loadu_ps(v[i].as_ptr());
+            let got = super::hsum512x4(l(0), l(1), l(2), l(3));
+            for i in 0..4 {
+                assert_eq!(got[i].to_bits(), super::hsum512(l(i)).to_bits(), "{v:?}");
+            }
+        }
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            let mut v = [[0f32; 16]; 4];
+            for x in v.iter_mut().flatten() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                // Mixed magnitudes, so the summation order shows in the bits.
+                *x = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi((s % 40) as i32 - 20);
+            }
+            // SAFETY: AVX-512F was detected above.
+            unsafe { check(&v) };
+        }
+    }
+
     #[test]
     fn f16_table_is_exact() {
         for i in 0..=u16::MAX {
