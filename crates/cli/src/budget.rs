@@ -76,6 +76,9 @@ impl BudgetArgs {
             WindowIo::Direct => ReadMode::Direct,
             WindowIo::Buffered => ReadMode::Buffered,
         };
+        // Drop the mapping's pages (header, norms) before the window's slots fill up, so the
+        // two never count together in the peak.
+        model.file.release_pages();
         let window = Window::open(model.file.path(), units, w.slots, mode)?;
         eprintln!(
             "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \

@@ -75,6 +75,23 @@ impl GgufFile {
         }
     }
 
+    /// A copy of tensor `t`'s bytes, read with `pread` rather than through the mapping for
+    /// a mapped file: small tensors read once at load (norm vectors) then cost no mapped
+    /// pages. (A fault on the mapping maps a whole page-cache folio, which can be 2 MiB
+    /// around a 2 KiB norm.)
+    pub fn read_tensor(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+        match &self.bytes {
+            Bytes::Owned(_) => Ok(self.tensor_data(t).to_vec()),
+            Bytes::Mapped(_) => {
+                use std::os::unix::fs::FileExt;
+                let io = |source| GgufError::Io { path: self.path.clone(), source };
+                let mut buf = vec![0u8; t.size as usize];
+                std::fs::File::open(&self.path).and_then(|f| f.read_exact_at(&mut buf, self.data_offset() + t.offset)).map_err(io)?;
+                Ok(buf)
+            }
+        }
+    }
+
     /// Drop the mapping's resident pages from this process (`madvise(MADV_DONTNEED)`):
     /// they leave the RSS and are read from the file again if touched. The sliding-window
     /// scheduler calls this after load, when weights come through its own buffers and the

@@ -248,6 +248,9 @@ impl Window {
 /// stopped or failed.
 fn load_loop(sh: &Shared, mut reader: File, path: &Path) {
     for u in 0..sh.pinned {
+        if sh.lock().stop {
+            return;
+        }
         // SAFETY: pinned slot `u` is written only here, before `pinned_loaded > u`
         // publishes it; the consumer reads it only after that.
         if !load_one(sh, &mut reader, path, u, u, |st| st.pinned_loaded = u + 1) {

@@ -72,6 +72,33 @@ pub struct Context {
     /// `HEARTH_TRACE=1`: print each intermediate's sum to stderr, named as in llama.cpp's
     /// eval-callback traces, for layer-by-layer comparison.
     trace: bool,
+    /// `HEARTH_PROFILE=1`: time split of the forward passes, printed when the context ends.
+    profile: Option<Profile>,
+}
+
+/// Where forward-pass time went (`HEARTH_PROFILE=1`).
+#[derive(Debug, Default)]
+struct Profile {
+    passes: usize,
+    tokens: usize,
+    total: std::time::Duration,
+    attention: std::time::Duration,
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let wait = self.source_stats().map_or(0.0, |s| s.wait_secs * 1e3);
+            let pct = |v: f64| if p.total.is_zero() { 0.0 } else { 100.0 * v / ms(p.total) };
+            eprintln!(
+                "profile: {} forward passes, {} tokens, {} threads: {:.1} ms; attention {:.1} ms ({:.0}%), waiting for weights {:.1} ms ({:.0}%), \
+                 matmuls and the rest {:.1} ms ({:.0}%)",
+                p.passes, p.tokens, self.pool.n_threads(), ms(p.total), ms(p.attention), pct(ms(p.attention)), wait, pct(wait),
+                ms(p.total) - ms(p.attention) - wait, pct(ms(p.total) - ms(p.attention) - wait)
+            );
+        }
+    }
 }
 
 fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
@@ -136,7 +163,8 @@ impl Context {
         };
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
-        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, head_chunks: std::iter::once(0..c.n_vocab).collect(), model, source: None, trace })
+        let profile = std::env::var_os("HEARTH_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Profile::default());
+        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, head_chunks: std::iter::once(0..c.n_vocab).collect(), model, source: None, trace, profile })
     }
 
     /// Pin this context's threads to distinct cores, physical cores first
@@ -254,6 +282,8 @@ impl Context {
     /// One batch through every layer. `out_row`: where in `logits` this batch's logits go
     /// (`None`: no logits needed); `all`: every token's logits vs the last one's.
     fn forward(&mut self, tokens: &[u32], out_row: Option<usize>, all: bool) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        let mut attention = std::time::Duration::ZERO;
         let model = Arc::clone(&self.model);
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
         let n = tokens.len();
@@ -308,6 +338,7 @@ impl Context {
             let out = SyncPtr(s.attn.as_mut_ptr());
             let group = c.n_head / c.n_head_kv;
             let hd = c.head_dim;
+            let ta = std::time::Instant::now();
             pool.run(|tid, nth| {
                 let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
                 let out = out;
@@ -319,6 +350,7 @@ impl Context {
                     ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
                 }
             });
+            attention += ta.elapsed();
             matmul(pool, &unit.view(&l.wo)?, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
             trace(tr, "kqv_out", il, &s.attn[..n * qd]);
@@ -389,6 +421,12 @@ impl Context {
             if let Some(src) = self.source.as_mut() {
                 src.release(c.n_layer + k);
             }
+        }
+        if let Some(p) = &mut self.profile {
+            p.passes += 1;
+            p.tokens += n;
+            p.total += t0.elapsed();
+            p.attention += attention;
         }
         Ok(())
     }

@@ -173,7 +173,7 @@ fn vector(f: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected: vec![n as u64] });
     }
     let mut out = vec![0f32; n];
-    hearth_kernels::dequantize_row(t.ty, f.tensor_data(t), &mut out).map_err(|_| ModelError::UnsupportedType {
+    hearth_kernels::dequantize_row(t.ty, &f.read_tensor(t)?, &mut out).map_err(|_| ModelError::UnsupportedType {
         name: name.into(),
         ty: t.ty,
         supported: "f32, f16, bf16".into(),
