@@ -95,7 +95,7 @@ fn shapes_big_and_corrupt() {
     assert!((w as f64 - synth as f64).abs() / (synth as f64) < 0.01, "{w} vs synth file {synth}");
     let human = hearth(&["plan", "--shape", "70b", "--type", "f32", "--membw", "10"]);
     let s = String::from_utf8_lossy(&human.stdout);
-    assert!(human.status.success() && s.contains("does not fit") && s.contains("sliding-window"), "{s}");
+    assert!(human.status.success() && s.contains("does not fit") && s.contains("smallest --mem-budget"), "{s}");
 
     let bad = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan-corrupt.gguf");
     std::fs::write(&bad, &std::fs::read(&m).unwrap()[..1000]).unwrap();
