@@ -107,6 +107,14 @@ pub fn io_line(what: &str, io: &SourceStats, secs: f64, passes: usize) -> String
     )
 }
 
+/// A [`SourceStats`] as JSON (bytes, seconds, GB/s).
+pub fn io_json(io: &SourceStats) -> serde_json::Value {
+    serde_json::json!({
+        "bytes_read": io.bytes_read, "read_secs": io.read_secs, "read_gbps": io.read_gbps(),
+        "wait_secs": io.wait_secs, "units_loaded": io.units_loaded,
+    })
+}
+
 fn mib(b: u64) -> String {
     crate::common::mib(b)
 }

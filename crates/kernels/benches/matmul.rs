@@ -13,28 +13,13 @@
 //!   (30 layers of Q4_1 576/192/1536 matrices + the 49152×576 Q8_0 head),
 //!   bytes = all weights touched once.
 
+mod common;
+use common::random_weights;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use hearth_kernels::{matmul_with, SimdLevel, ThreadPool, WeightView};
 use hearth_quant::GgmlType;
 use std::time::Duration;
 
-fn random_bytes(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    // Valid blocks: quantize a cheap pseudo-random f32 matrix, one row at a time.
-    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
-    let mut out = vec![0u8; rows * rb];
-    let mut s = seed | 1;
-    let mut row = vec![0f32; cols];
-    for r in 0..rows {
-        for v in row.iter_mut() {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            *v = (s % 20001) as f32 / 10000.0 - 1.0;
-        }
-        hearth_quant::quantize_row(ty, &row, &mut out[r * rb..(r + 1) * rb]).unwrap();
-    }
-    out
-}
 
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
@@ -48,7 +33,7 @@ fn square(c: &mut Criterion) {
         let mut g = c.benchmark_group(name);
         g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(10);
         for ty in types {
-            let w = random_bytes(ty, rows, cols, 1);
+            let w = random_weights(ty, rows, cols, 1);
             let view = WeightView::new(ty, &w, rows, cols).unwrap();
             let x: Vec<f32> = (0..tokens * cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
             let mut out = vec![0f32; tokens * rows];
@@ -74,7 +59,7 @@ fn cached(c: &mut Criterion) {
     let mut g = c.benchmark_group("matvec_l2");
     g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q2_K, GgmlType::Q3_K] {
-        let w = random_bytes(ty, rows, cols, 1);
+        let w = random_weights(ty, rows, cols, 1);
         let view = WeightView::new(ty, &w, rows, cols).unwrap();
         let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
         let mut out = vec![0f32; rows];
@@ -98,7 +83,7 @@ fn dram(c: &mut Criterion) {
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         let rb = ty.row_bytes(cols as u64).unwrap() as usize;
         let rows = (256 << 20) / rb / 64 * 64;
-        let seed = random_bytes(ty, 64, cols, 1);
+        let seed = random_weights(ty, 64, cols, 1);
         let w: Vec<u8> = seed.iter().copied().cycle().take(rows * rb).collect();
         let view = WeightView::new(ty, &w, rows, cols).unwrap();
         let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
@@ -123,10 +108,10 @@ fn smollm2(c: &mut Criterion) {
     let mut mats: Vec<(GgmlType, Vec<u8>, usize, usize)> = Vec::new();
     for l in 0..layers {
         for (i, &(r, cc)) in shapes.iter().enumerate() {
-            mats.push((GgmlType::Q4_1, random_bytes(GgmlType::Q4_1, r, cc, (l * 10 + i) as u64 + 7), r, cc));
+            mats.push((GgmlType::Q4_1, random_weights(GgmlType::Q4_1, r, cc, (l * 10 + i) as u64 + 7), r, cc));
         }
     }
-    mats.push((GgmlType::Q8_0, random_bytes(GgmlType::Q8_0, vocab, e, 99), vocab, e));
+    mats.push((GgmlType::Q8_0, random_weights(GgmlType::Q8_0, vocab, e, 99), vocab, e));
     let bytes: usize = mats.iter().map(|m| m.1.len()).sum();
     let x = vec![0.25f32; ff];
     let mut out = vec![0f32; vocab];

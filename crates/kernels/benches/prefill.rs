@@ -11,26 +11,12 @@
 //! GFLOP/s are per second of the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`),
 //! which time slicing by other processes does not inflate; wall time otherwise.
 
+mod common;
+use common::random_weights;
 use hearth_kernels::{matmul_with, SimdLevel, ThreadPool, WeightView};
 use hearth_quant::GgmlType;
 use std::time::Instant;
 
-fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
-    let mut out = vec![0u8; rows * rb];
-    let mut s = seed | 1;
-    let mut row = vec![0f32; cols];
-    for r in 0..rows {
-        for v in row.iter_mut() {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            *v = (s % 20001) as f32 / 10000.0 - 1.0;
-        }
-        hearth_quant::quantize_row(ty, &row, &mut out[r * rb..(r + 1) * rb]).unwrap();
-    }
-    out
-}
 
 /// (rows, cols) of one layer's matmuls: q, k, v, o, gate, up, down.
 fn layer(d: usize, kv: usize, ff: usize) -> Vec<(usize, usize)> {
@@ -69,7 +55,7 @@ fn main() {
             if !levels.iter().any(|l| format!("{m}/{ty}/{}", l.name()).contains(&filter)) {
                 continue;
             }
-            let mats: Vec<_> = shapes.iter().enumerate().map(|(i, &(r, c))| (weights(ty, r, c, i as u64 + 1), r, c)).collect();
+            let mats: Vec<_> = shapes.iter().enumerate().map(|(i, &(r, c))| (random_weights(ty, r, c, i as u64 + 1), r, c)).collect();
             let flops = shapes.iter().map(|&(r, c)| 2.0 * (r * c * tokens) as f64).sum();
             for &level in &levels {
                 let name = format!("{m}/{ty}/{}", level.name());

@@ -177,7 +177,7 @@ impl Context {
     }
 
     /// Read weights through `source` (e.g. `hearth_memory::Window`) instead of the
-    /// mapping, one unit at a time ([`crate::source`]). The mapping's pages are dropped
+    /// mapping, one unit at a time ([`LayerSource`]). The mapping's pages are dropped
     /// from the RSS ([`hearth_gguf::GgufFile::release_pages`]): from now on only the
     /// source's buffers hold weights.
     pub fn set_source(&mut self, source: Box<dyn LayerSource>) {

@@ -101,7 +101,7 @@ pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usiz
 }
 
 /// The file byte range of each unit: block `i` spans its matrices, then the output head
-/// (`output.weight`, or the tied `token_embd.weight`) in the row chunks of [`head_chunks`]. Norm vectors are copied at
+/// (`output.weight`, or the tied `token_embd.weight`) in row chunks no larger than a block ([`split_rows`]). Norm vectors are copied at
 /// load, so only the matrices need to be in range; a block whose matrices are spread
 /// over much more than their own size (an unusual tensor order) is rejected, since a
 /// window would then read the bytes in between.

@@ -1,14 +1,14 @@
 //! Named weight tensors of a llama-style model, as references into the mapped GGUF file.
 //!
 //! Nothing here copies a matrix: a [`TensorRef`] is (type, byte range, shape) and
-//! becomes a [`WeightView`] over the mapping only while a kernel runs. This is what
+//! becomes a `WeightView` (over the mapping, or a sliding window's buffer: see
+//! [`crate::Unit::view`]) only while a kernel runs. This is what
 //! lets later layers take views of row/column ranges (tensor parallelism) or of a
 //! window of layers (the sliding-window scheduler) without touching the rest.
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use hearth_gguf::GgufFile;
-use hearth_kernels::WeightView;
 use hearth_quant::GgmlType;
 
 /// Weight types the matmul kernels compute with directly.
@@ -33,12 +33,6 @@ pub struct TensorRef {
 }
 
 impl TensorRef {
-    /// A zero-copy view of this tensor in `file`'s mapping.
-    pub fn view<'a>(&self, file: &'a GgufFile) -> WeightView<'a> {
-        let data = &file.as_bytes()[self.offset..self.offset + self.size];
-        WeightView::new(self.ty, data, self.rows, self.cols).expect("shape validated at load")
-    }
-
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.size / self.rows

@@ -93,6 +93,11 @@ impl TestResult {
     fn samples_ts(&self) -> Vec<f64> {
         self.samples_ns.iter().map(|&ns| self.n_tokens() as f64 * 1e9 / ns as f64).collect()
     }
+    /// Forward passes over the timed samples (a prefill batch, or one decode token
+    /// each) and their total seconds.
+    fn passes_and_secs(&self) -> (f64, f64) {
+        ((self.samples_ns.len() * self.n_gen.max(1)) as f64, self.samples_ns.iter().sum::<u64>() as f64 / 1e9)
+    }
     fn name(&self) -> String {
         if self.n_gen == 0 { format!("pp{}", self.n_prompt) } else { format!("tg{}", self.n_gen) }
     }
@@ -293,9 +298,8 @@ impl ModelInfo {
             "gbps": gbps, "roofline_pct": pct,
             "memory": r.memory,
             "window_io": r.io.as_ref().map(|io| {
-                let mut v = super::generate::io_json(io);
-                let passes = (r.samples_ns.len() * r.n_gen.max(1)) as f64;
-                let secs = ns.iter().sum::<f64>() / 1e9;
+                let mut v = crate::budget::io_json(io);
+                let (passes, secs) = r.passes_and_secs();
                 v["ms_per_pass"] = serde_json::json!(secs * 1e3 / passes);
                 v["wait_ms_per_pass"] = serde_json::json!(io.wait_secs * 1e3 / passes);
                 v["compute_ms_per_pass"] = serde_json::json!((secs - io.wait_secs).max(0.0) * 1e3 / passes);
@@ -345,8 +349,7 @@ impl ModelInfo {
         for r in results {
             let ts = r.samples_ts();
             let io = r.io.unwrap_or_default();
-            let passes = (r.samples_ns.len() * r.n_gen.max(1)) as f64;
-            let secs = r.samples_ns.iter().sum::<u64>() as f64 / 1e9;
+            let (passes, secs) = r.passes_and_secs();
             let _ = writeln!(
                 o,
                 "| {} | {:.2} GiB | {} | {} | {} | {:.2} ± {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.1} |",

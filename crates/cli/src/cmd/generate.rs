@@ -1,6 +1,6 @@
 //! `hearth generate`: prefill a prompt, stream the completion to stdout, summary to stderr.
 
-use crate::budget::io_line;
+use crate::budget::{io_json, io_line};
 use crate::common::{print_out, MemoryReport, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::{ChatTemplate, Message};
@@ -190,12 +190,4 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A [`hearth_model::SourceStats`] as JSON (bytes, seconds, GB/s).
-pub fn io_json(io: &hearth_model::SourceStats) -> serde_json::Value {
-    serde_json::json!({
-        "bytes_read": io.bytes_read, "read_secs": io.read_secs, "read_gbps": io.read_gbps(),
-        "wait_secs": io.wait_secs, "units_loaded": io.units_loaded,
-    })
 }

@@ -88,14 +88,16 @@ unsafe fn panel_avx512_vnni<F: Fmt, const MR: usize, const R: usize, const T: us
     }
 }
 
+/// A plain-float format, 16 lanes: weights of `$wsz` bytes per element read with
+/// `$wload` / `$wrd` (tail), activations of `$asz` bytes with `$aload` / `$ard`.
 macro_rules! float_fmt {
-    ($name:ident, $esz:literal, $load:expr, $scalar:path) => {
-        /// Plain float weights × the same type of activations, 16 lanes.
+    ($(#[$doc:meta])* $name:ident, ($wsz:literal, $wload:expr, $wrd:path), ($asz:literal, $aload:expr, $ard:path)) => {
+        $(#[$doc])*
         struct $name;
         impl Fmt for $name {
             const EPB: usize = 16;
-            const WB: usize = 16 * $esz;
-            const AB: usize = 16 * $esz;
+            const WB: usize = 16 * $wsz;
+            const AB: usize = 16 * $asz;
             type W = __m512;
             type A = __m512;
             type Acc = __m512;
@@ -105,11 +107,11 @@ macro_rules! float_fmt {
             }
             #[inline(always)]
             unsafe fn load_w(p: *const u8) -> __m512 {
-                $load(p)
+                $wload(p)
             }
             #[inline(always)]
             unsafe fn load_a(p: *const u8) -> __m512 {
-                $load(p)
+                $aload(p)
             }
             #[inline(always)]
             unsafe fn pair(acc: __m512, w: __m512, a: __m512) -> __m512 {
@@ -125,8 +127,8 @@ macro_rules! float_fmt {
             }
             #[inline(always)]
             unsafe fn tail(w: *const u8, a: *const u8, n: usize) -> f32 {
-                let (w, a) = (std::slice::from_raw_parts(w, n * $esz), std::slice::from_raw_parts(a, n * $esz));
-                tail_dot(n, |i| $scalar(w, i), |i| $scalar(a, i))
+                let (w, a) = (std::slice::from_raw_parts(w, n * $wsz), std::slice::from_raw_parts(a, n * $asz));
+                tail_dot(n, |i| $wrd(w, i), |i| $ard(a, i))
             }
         }
     };
@@ -145,48 +147,18 @@ unsafe fn load_bf16(p: *const u8) -> __m512 {
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
 }
 
-float_fmt!(F32, 4, load_f32, rd_f32);
-float_fmt!(BF16, 2, load_bf16, rd_bf16);
-
-/// F16 weights × f32 activations holding f16-rounded values (this level's
-/// `Kernels::act_type` for F16): the same products as f16 × f16, but only
-/// the weights are converted, once per step for all the tile's tokens, and
-/// each activation vector is a plain load (or an FMA memory operand).
-struct F16;
-impl Fmt for F16 {
-    const EPB: usize = 16;
-    const WB: usize = 32;
-    const AB: usize = 64;
-    type W = __m512;
-    type A = __m512;
-    type Acc = __m512;
-    #[inline(always)]
-    unsafe fn zero() -> __m512 {
-        _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn load_w(p: *const u8) -> __m512 {
-        load_f16(p)
-    }
-    #[inline(always)]
-    unsafe fn load_a(p: *const u8) -> __m512 {
-        load_f32(p)
-    }
-    #[inline(always)]
-    unsafe fn pair(acc: __m512, w: __m512, a: __m512) -> __m512 {
-        _mm512_fmadd_ps(w, a, acc)
-    }
-    #[inline(always)]
-    unsafe fn finish(acc: __m512) -> f32 {
-        hsum512(acc)
-    }
-    #[inline(always)]
-    unsafe fn finish4(acc: [__m512; 4]) -> [f32; 4] {
-        hsum512x4(acc[0], acc[1], acc[2], acc[3])
-    }
-    #[inline(always)]
-    unsafe fn tail(w: *const u8, a: *const u8, n: usize) -> f32 {
-        let (w, a) = (std::slice::from_raw_parts(w, n * 2), std::slice::from_raw_parts(a, n * 4));
-        tail_dot(n, |i| rd_f16(w, i), |i| rd_f32(a, i))
-    }
-}
+float_fmt!(
+    /// F32 weights × f32 activations.
+    F32, (4, load_f32, rd_f32), (4, load_f32, rd_f32)
+);
+float_fmt!(
+    /// BF16 weights × bf16 activations.
+    BF16, (2, load_bf16, rd_bf16), (2, load_bf16, rd_bf16)
+);
+float_fmt!(
+    /// F16 weights × f32 activations holding f16-rounded values (this level's
+    /// `Kernels::act_type` for F16): the same products as f16 × f16, but only
+    /// the weights are converted, once per step for all the tile's tokens, and
+    /// each activation vector is a plain load (or an FMA memory operand).
+    F16, (2, load_f16, rd_f16), (4, load_f32, rd_f32)
+);
