@@ -34,6 +34,18 @@ pub struct ModelArgs {
     pub pin: bool,
     #[command(flatten)]
     pub budget: crate::budget::BudgetArgs,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
+}
+
+/// A context ready to run, with what `--mem-budget` and `--workers` set up.
+pub struct Prepared {
+    /// The inference context.
+    pub ctx: Context,
+    /// The sliding-window plan, when `--mem-budget` made one.
+    pub window: Option<hearth_memory::WindowPlan>,
+    /// The tensor-parallel group, when `--workers`/`--cluster` named one.
+    pub cluster: Option<crate::cluster::ClusterRun>,
 }
 
 /// `--cache-type` values (clap lists them and rejects others).
@@ -88,24 +100,24 @@ impl ModelArgs {
 
     /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
     pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
-        Ok(self.context_with_window(model, default_ctx, false)?.0)
+        Ok(self.prepare(model, default_ctx, false)?.ctx)
     }
 
-    /// [`Self::context`], and the sliding-window plan when `--mem-budget` made one;
-    /// `logits_all`: every position's logits will be asked for (perplexity).
-    pub fn context_with_window(
-        &self,
-        model: &Arc<Model>,
-        default_ctx: usize,
-        logits_all: bool,
-    ) -> Result<(Context, Option<hearth_memory::WindowPlan>)> {
+    /// [`Self::context`], with the sliding window (`--mem-budget`) or the tensor-parallel
+    /// group (`--workers`) it runs with; `logits_all`: every position's logits will be
+    /// asked for (perplexity).
+    pub fn prepare(&self, model: &Arc<Model>, default_ctx: usize, logits_all: bool) -> Result<Prepared> {
+        if self.cluster.enabled() && self.budget.mem_budget.is_some() {
+            bail!("--mem-budget on the coordinator together with --workers is not supported yet (workers split the weights instead)");
+        }
         let n_ctx = self.ctx_size(model, default_ctx)?;
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?;
         if self.pin {
             ctx.pin_threads()?;
         }
         let window = self.budget.apply(model, &mut ctx, logits_all)?;
-        Ok((ctx, window))
+        let cluster = self.cluster.apply(model, &mut ctx)?;
+        Ok(Prepared { ctx, window, cluster })
     }
 }
 

@@ -4,6 +4,7 @@
 //! subcommand lives in `cmd/` and turns its flags into calls on the library crates.
 
 mod budget;
+mod cluster;
 mod cmd;
 mod common;
 
@@ -49,6 +50,9 @@ enum Command {
     Quantize(cmd::quantize::Args),
     /// Predict peak memory and the decode speed bound from metadata; say whether it fits.
     Plan(cmd::plan::Args),
+    /// Serve a share of a model to a coordinator (`generate --workers`): tensor parallelism
+    /// across machines.
+    Worker(cmd::worker::Args),
 }
 
 fn main() {
@@ -71,6 +75,7 @@ fn main() {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Worker(a) => cmd::worker::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -5,6 +5,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{CacheType, KvCache};
 use crate::model::Model;
 use crate::source::{LayerSource, SourceStats, Unit};
+use crate::split::{Collective, TensorSplit};
 use hearth_kernels::ops::{self, AttnScratch, AttnShape};
 use hearth_kernels::{matmul, ThreadPool};
 use std::sync::{Arc, Mutex};
@@ -74,6 +75,15 @@ pub struct Context {
     trace: bool,
     /// `HEARTH_PROFILE=1`: time split of the forward passes, printed when the context ends.
     profile: Option<Profile>,
+    /// Tensor parallelism: this node's share and the group's allreduce (`set_tensor_split`).
+    split: Option<SplitState>,
+}
+
+struct SplitState {
+    split: TensorSplit,
+    comm: Box<dyn Collective>,
+    /// Seconds inside `begin_pass` and `allreduce` calls.
+    comm_secs: f64,
 }
 
 /// Where forward-pass time went (`HEARTH_PROFILE=1`).
@@ -164,7 +174,7 @@ impl Context {
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
         let profile = std::env::var_os("HEARTH_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Profile::default());
-        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, head_chunks: std::iter::once(0..c.n_vocab).collect(), model, source: None, trace, profile })
+        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, head_chunks: std::iter::once(0..c.n_vocab).collect(), model, source: None, trace, profile, split: None })
     }
 
     /// Pin this context's threads to distinct cores, physical cores first
@@ -184,6 +194,38 @@ impl Context {
         self.model.file.release_pages();
         self.head_chunks = crate::source::head_chunks(&self.model.weights);
         self.source = Some(source);
+    }
+
+    /// Compute only `split`'s share of every block and sum the partial products with
+    /// `comm` (tensor parallelism; see [`TensorSplit`]). The KV cache is re-created for
+    /// this node's KV heads only, so this must come before the first [`Self::eval`].
+    pub fn set_tensor_split(&mut self, split: TensorSplit, comm: Box<dyn Collective>) -> Result<()> {
+        if self.n_past > 0 {
+            return Err(ModelError::Context("a tensor split must be set before the first evaluation".into()));
+        }
+        if self.source.is_some() {
+            return Err(ModelError::Context(
+                "tensor parallelism with a sliding window (--mem-budget) is not supported yet: a window would read whole blocks".into(),
+            ));
+        }
+        let c = &self.model.config;
+        split.validate(c, &self.model.weights)?;
+        let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
+        self.kv = KvCache::new(0, 0, 0, ty);
+        self.kv = KvCache::new(c.n_layer, n_ctx, split.kv_rows(c).len(), ty);
+        self.split = Some(SplitState { split, comm, comm_secs: 0.0 });
+        Ok(())
+    }
+
+    /// This node's share when tensor-parallel.
+    pub fn tensor_split(&self) -> Option<&TensorSplit> {
+        self.split.as_ref().map(|s| &s.split)
+    }
+
+    /// Seconds spent in the tensor-parallel group's calls (sending inputs, allreduces,
+    /// waiting for the other nodes) since the split was set; 0 on one node.
+    pub fn comm_secs(&self) -> f64 {
+        self.split.as_ref().map_or(0.0, |s| s.comm_secs)
     }
 
     /// The source's I/O counters, when weights come through one.
@@ -283,33 +325,100 @@ impl Context {
     /// (`None`: no logits needed); `all`: every token's logits vs the last one's.
     fn forward(&mut self, tokens: &[u32], out_row: Option<usize>, all: bool) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let mut attention = std::time::Duration::ZERO;
-        let model = Arc::clone(&self.model);
-        let (c, w, file) = (&model.config, &model.weights, &*model.file);
         let n = tokens.len();
-        let pos0 = self.n_past;
-        let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
-        let s = &mut self.s;
-        let pool = &self.pool;
-        let tr = self.trace;
+        let e = self.model.config.n_embd;
+        self.embed(tokens)?;
+        if let Some(sp) = &mut self.split {
+            let tc = std::time::Instant::now();
+            let r = sp.comm.begin_pass(self.n_past, &self.s.x[..n * e], n);
+            sp.comm_secs += tc.elapsed().as_secs_f64();
+            r.map_err(ModelError::Collective)?;
+        }
+        let attention = self.blocks(n)?;
+        self.head(n, out_row, all)?;
+        if let Some(p) = &mut self.profile {
+            p.passes += 1;
+            p.tokens += n;
+            p.total += t0.elapsed();
+            p.attention += attention;
+        }
+        Ok(())
+    }
 
-        // Embedding: dequantize only the rows of the tokens we need.
-        let emb = &w.token_embd;
+    /// Tensor parallelism, worker side: run `x: [n_tokens, n_embd]` (input embeddings
+    /// the coordinator computed) through this node's share of every block at positions
+    /// `pos0..`, dropping cached positions from `pos0` on first. No logits: the
+    /// coordinator computes them. `n_tokens` must be at most [`Self::n_batch`].
+    pub fn eval_embeddings(&mut self, pos0: usize, x: &[f32]) -> Result<()> {
+        let e = self.model.config.n_embd;
+        let n = x.len() / e;
+        if n == 0 || x.len() != n * e {
+            return Err(ModelError::Input(format!("embeddings of {} values are not whole rows of n_embd {e}", x.len())));
+        }
+        if n > self.n_batch {
+            return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
+        }
+        if pos0 > self.n_past {
+            return Err(ModelError::Context(format!("a pass at position {pos0} but only {} positions are cached", self.n_past)));
+        }
+        if pos0 + n > self.n_ctx() {
+            return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
+        }
+        self.n_past = pos0;
+        self.s.x[..n * e].copy_from_slice(x);
+        self.blocks(n)?;
+        Ok(())
+    }
+
+    /// Rows of `token_embd` for `tokens` into `x`, dequantized.
+    fn embed(&mut self, tokens: &[u32]) -> Result<()> {
+        let model = Arc::clone(&self.model);
+        let (e, emb, file) = (model.config.n_embd, &model.weights.token_embd, &*model.file);
         let row_bytes = emb.row_bytes();
         for (t, &tok) in tokens.iter().enumerate() {
             let at = emb.offset + tok as usize * row_bytes;
             let row = match self.source.as_mut() {
                 Some(src) => {
-                    s.emb_row.resize(row_bytes, 0);
-                    src.read_at(at as u64, &mut s.emb_row)?;
-                    &s.emb_row[..]
+                    self.s.emb_row.resize(row_bytes, 0);
+                    src.read_at(at as u64, &mut self.s.emb_row)?;
+                    &self.s.emb_row[..]
                 }
                 None => &file.as_bytes()[at..at + row_bytes],
             };
-            hearth_kernels::dequantize_row(emb.ty, row, &mut s.x[t * e..(t + 1) * e])?;
+            hearth_kernels::dequantize_row(emb.ty, row, &mut self.s.x[t * e..(t + 1) * e])?;
         }
+        Ok(())
+    }
 
-        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+    /// `x: [n, n_embd]` through every block at positions `n_past..`; returns the time
+    /// spent in attention. With a split, this node's rows and columns only, and the two
+    /// partial products of each block summed across nodes.
+    fn blocks(&mut self, n: usize) -> Result<std::time::Duration> {
+        let mut attention = std::time::Duration::ZERO;
+        let model = Arc::clone(&self.model);
+        let (c, w, file) = (&model.config, &model.weights, &*model.file);
+        let pos0 = self.n_past;
+        let e = c.n_embd;
+        let whole = TensorSplit::whole(c);
+        let part = self.split.as_ref().map_or(&whole, |sp| &sp.split).clone();
+        let (qr, kvr, fr) = (part.q_rows(c), part.kv_rows(c), part.ffn_rows.clone());
+        let (qd, kvd, ff) = (qr.len(), kvr.len(), fr.len());
+        let n_head = part.n_head(c);
+        let s = &mut self.s;
+        let pool = &self.pool;
+        let tr = self.trace;
+        let mut comm = self.split.as_mut().map(|sp| (&mut sp.comm, &mut sp.comm_secs));
+        let mut allreduce = |buf: &mut [f32]| -> Result<()> {
+            if let Some((comm, secs)) = comm.as_mut() {
+                let tc = std::time::Instant::now();
+                let r = comm.allreduce(buf);
+                **secs += tc.elapsed().as_secs_f64();
+                r.map_err(ModelError::Collective)?;
+            }
+            Ok(())
+        };
+
+        let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };
         let mapped = Unit { bytes: file.as_bytes(), base: 0 };
         for (il, l) in w.layers.iter().enumerate() {
             let unit = match self.source.as_mut() {
@@ -318,55 +427,65 @@ impl Context {
             };
             // Attention block: xb = rmsnorm(x) · attn_norm; q,k,v = xb·Wqᵀ, xb·Wkᵀ, xb·Wvᵀ.
             ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
-            matmul(pool, &unit.view(&l.wq)?, &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
-            matmul(pool, &unit.view(&l.wk)?, &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
-            matmul(pool, &unit.view(&l.wv)?, &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
             trace(tr, "attn_norm", il, &s.xb[..n * e]);
-            trace(tr, "Qcur", il, &s.q[..n * qd]);
-            trace(tr, "Kcur", il, &s.k[..n * kvd]);
-            trace(tr, "Vcur", il, &s.v[..n * kvd]);
-            ops::rope_norm(&mut s.q[..n * qd], c.n_head, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
-            ops::rope_norm(&mut s.k[..n * kvd], c.n_head_kv, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
-            self.kv.store(il, pos0, &s.k[..n * kvd], &s.v[..n * kvd]);
-            trace(tr, "Qrope", il, &s.q[..n * qd]);
-            trace(tr, "Krope", il, &s.k[..n * kvd]);
+            if n_head > 0 {
+                matmul(pool, &unit.view(&l.wq)?.rows(qr.clone()), &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
+                matmul(pool, &unit.view(&l.wk)?.rows(kvr.clone()), &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
+                matmul(pool, &unit.view(&l.wv)?.rows(kvr.clone()), &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
+                trace(tr, "Qcur", il, &s.q[..n * qd]);
+                trace(tr, "Kcur", il, &s.k[..n * kvd]);
+                trace(tr, "Vcur", il, &s.v[..n * kvd]);
+                ops::rope_norm(&mut s.q[..n * qd], n_head, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
+                ops::rope_norm(&mut s.k[..n * kvd], shape.n_head_kv, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
+                self.kv.store(il, pos0, &s.k[..n * kvd], &s.v[..n * kvd]);
+                trace(tr, "Qrope", il, &s.q[..n * qd]);
+                trace(tr, "Krope", il, &s.k[..n * kvd]);
 
-            // Causal GQA attention, parallel over (token, head) pairs.
-            let (kc, vc) = self.kv.layer(il);
-            let q = &s.q;
-            let accs = &s.attn_acc;
-            let out = SyncPtr(s.attn.as_mut_ptr());
-            let group = c.n_head / c.n_head_kv;
-            let hd = c.head_dim;
-            let ta = std::time::Instant::now();
-            pool.run(|tid, nth| {
-                let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
-                let out = out;
-                for item in (tid..n * c.n_head).step_by(nth) {
-                    let (t, h) = (item / c.n_head, item % c.n_head);
-                    let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    // SAFETY: each (t, h) output slice is written by exactly one thread.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
-                    ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
-                }
-            });
-            attention += ta.elapsed();
-            matmul(pool, &unit.view(&l.wo)?, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
+                // Causal GQA attention, parallel over (token, head) pairs.
+                let (kc, vc) = self.kv.layer(il);
+                let q = &s.q;
+                let accs = &s.attn_acc;
+                let out = SyncPtr(s.attn.as_mut_ptr());
+                let group = c.n_head / c.n_head_kv;
+                let hd = c.head_dim;
+                let ta = std::time::Instant::now();
+                pool.run(|tid, nth| {
+                    let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
+                    let out = out;
+                    for item in (tid..n * n_head).step_by(nth) {
+                        let (t, h) = (item / n_head, item % n_head);
+                        let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                        // SAFETY: each (t, h) output slice is written by exactly one thread.
+                        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
+                        ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
+                    }
+                });
+                attention += ta.elapsed();
+                trace(tr, "kqv_out", il, &s.attn[..n * qd]);
+                matmul(pool, &unit.view(&l.wo)?.cols(qr.clone())?, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
+            } else {
+                s.xb[..n * e].fill(0.0);
+            }
+            allreduce(&mut s.xb[..n * e])?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
-            trace(tr, "kqv_out", il, &s.attn[..n * qd]);
             trace(tr, "attn_out", il, &s.xb[..n * e]);
             trace(tr, "ffn_inp", il, &s.x[..n * e]);
 
             // FFN block (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb).
             ops::rmsnorm(&s.x[..n * e], &l.ffn_norm, c.rms_eps, &mut s.xb[..n * e]);
-            matmul(pool, &unit.view(&l.w_gate)?, &s.xb[..n * e], n, &mut s.gate[..n * ff], &mut s.quant)?;
-            matmul(pool, &unit.view(&l.w_up)?, &s.xb[..n * e], n, &mut s.up[..n * ff], &mut s.quant)?;
             trace(tr, "ffn_norm", il, &s.xb[..n * e]);
-            trace(tr, "ffn_gate", il, &s.gate[..n * ff]);
-            trace(tr, "ffn_up", il, &s.up[..n * ff]);
-            ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
-            trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
-            matmul(pool, &unit.view(&l.w_down)?, &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
+            if ff > 0 {
+                matmul(pool, &unit.view(&l.w_gate)?.rows(fr.clone()), &s.xb[..n * e], n, &mut s.gate[..n * ff], &mut s.quant)?;
+                matmul(pool, &unit.view(&l.w_up)?.rows(fr.clone()), &s.xb[..n * e], n, &mut s.up[..n * ff], &mut s.quant)?;
+                trace(tr, "ffn_gate", il, &s.gate[..n * ff]);
+                trace(tr, "ffn_up", il, &s.up[..n * ff]);
+                ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
+                trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
+                matmul(pool, &unit.view(&l.w_down)?.cols(fr.clone())?, &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
+            } else {
+                s.xb[..n * e].fill(0.0);
+            }
+            allreduce(&mut s.xb[..n * e])?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
             trace(tr, "ffn_out", il, &s.xb[..n * e]);
             trace(tr, "l_out", il, &s.x[..n * e]);
@@ -375,6 +494,18 @@ impl Context {
             }
         }
         self.n_past += n;
+        Ok(attention)
+    }
+
+    /// The output head: logits of the last (or, with `all`, every) row of `x` into
+    /// `logits` at `out_row` (`None`: no logits; a source still streams the head units).
+    fn head(&mut self, n: usize, out_row: Option<usize>, all: bool) -> Result<()> {
+        let model = Arc::clone(&self.model);
+        let (c, w, file) = (&model.config, &model.weights, &*model.file);
+        let e = c.n_embd;
+        let s = &mut self.s;
+        let pool = &self.pool;
+        let mapped = Unit { bytes: file.as_bytes(), base: 0 };
 
         // Output head on the rows that need logits. A source streams it as units
         // n_layer.. (row chunks) on every pass, needed or not, to keep its order.
@@ -421,12 +552,6 @@ impl Context {
             if let Some(src) = self.source.as_mut() {
                 src.release(c.n_layer + k);
             }
-        }
-        if let Some(p) = &mut self.profile {
-            p.passes += 1;
-            p.tokens += n;
-            p.total += t0.elapsed();
-            p.attention += attention;
         }
         Ok(())
     }

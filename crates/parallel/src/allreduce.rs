@@ -317,15 +317,17 @@ impl Peer {
         self.recv_within(self.timeout)
     }
 
-    fn recv_within(&mut self, timeout: Duration) -> Result<(Message, usize), CommError> {
-        if timeout != self.timeout {
-            let _ = self.stream.set_read_timeout(Some(timeout));
-        }
+    /// Receive one message, waiting as long as it takes (a worker idle between
+    /// requests). A closed or reset connection still ends the wait.
+    pub fn recv_idle(&mut self) -> Result<(Message, usize), CommError> {
+        let _ = self.stream.set_read_timeout(None);
         let r = read_frame(&mut self.stream, self.max_frame);
-        if timeout != self.timeout {
-            let _ = self.stream.set_read_timeout(Some(self.timeout));
-        }
-        r.map_err(|e| match e {
+        let _ = self.stream.set_read_timeout(Some(self.timeout));
+        r.map_err(|e| self.recv_err(e, self.timeout))
+    }
+
+    fn recv_err(&self, e: WireError, timeout: Duration) -> CommError {
+        match e {
             WireError::Io(e) => {
                 let mut err = self.io_err("receiving", e);
                 if let CommError::Timeout { after, .. } = &mut err {
@@ -337,7 +339,18 @@ impl Peer {
                 CommError::Closed { node: self.node, addr: self.addr.clone(), op: "receiving" }
             }
             source => CommError::Wire { node: self.node, addr: self.addr.clone(), source },
-        })
+        }
+    }
+
+    fn recv_within(&mut self, timeout: Duration) -> Result<(Message, usize), CommError> {
+        if timeout != self.timeout {
+            let _ = self.stream.set_read_timeout(Some(timeout));
+        }
+        let r = read_frame(&mut self.stream, self.max_frame);
+        if timeout != self.timeout {
+            let _ = self.stream.set_read_timeout(Some(self.timeout));
+        }
+        r.map_err(|e| self.recv_err(e, timeout))
     }
 
     /// Best effort: tell the peer about a failure (errors ignored).

@@ -63,6 +63,20 @@ pub enum HandshakeError {
     },
 }
 
+impl HandshakeError {
+    /// The peer this error is about, if known.
+    pub fn node(&self) -> Option<usize> {
+        match self {
+            HandshakeError::Comm(c) => c.failed_node(),
+            HandshakeError::Auth { node, .. }
+            | HandshakeError::Mismatch { node, .. }
+            | HandshakeError::Rejected { node, .. }
+            | HandshakeError::Unexpected { node, .. } => Some(*node),
+            HandshakeError::Shard(_) => None,
+        }
+    }
+}
+
 fn auth_err(peer: &Peer, source: AuthError) -> HandshakeError {
     match source {
         AuthError::Rejected(message) => HandshakeError::Rejected { node: peer.node(), message },

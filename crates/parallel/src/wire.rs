@@ -21,6 +21,9 @@
 //! | 6 | [`Message::Partial`] | u64 seq, u32 step, u64 offset, u64 n, u8 wire type, data (see [`Partial`]) |
 //! | 7 | [`Message::Error`] | u8 has-node, u64 failed node, UTF-8 message (rest of the frame) |
 //! | 8 | [`Message::Shutdown`] | empty |
+//! | 9 | [`Message::Session`] | u64 n_ctx, u64 n_batch, u8 KV cache type (0 f32, 1 f16, 2 q8_0) |
+//! | 10 | [`Message::Ready`] | u64 KV-cache bytes, u64 weight bytes of the worker's shard |
+//! | 11 | [`Message::Step`] | u64 first position, u64 element count, f32 × count (`[n_tokens, n_embd]` input embeddings) |
 //!
 //! Decoding never panics: a wrong length, an unknown type or a truncated payload is a
 //! [`WireError`], and the connection it came on should be closed.
@@ -365,6 +368,34 @@ pub enum Message {
     Error(ErrorMsg),
     /// Orderly end of the session.
     Shutdown,
+    /// Coordinator → worker after the handshake: the inference session's shape.
+    Session(Session),
+    /// Worker → coordinator: the session's buffers are allocated.
+    Ready {
+        /// Bytes of the worker's KV cache (its KV heads only).
+        kv_bytes: u64,
+        /// Bytes of the weight rows and columns the worker computes with.
+        weight_bytes: u64,
+    },
+    /// Coordinator → worker: one forward pass.
+    Step {
+        /// Position of the first token; the worker forgets cached positions from here on.
+        pos0: u64,
+        /// Input embeddings `[n_tokens, n_embd]`, row-major.
+        x: Vec<f32>,
+    },
+}
+
+/// The shape of an inference session, sent once after the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    /// Context size (KV cache positions).
+    pub n_ctx: u64,
+    /// Most tokens per forward pass.
+    pub n_batch: u64,
+    /// KV cache type: 0 f32, 1 f16, 2 q8_0 (every node must use the coordinator's, for
+    /// identical results).
+    pub cache_type: u8,
 }
 
 const T_HELLO: u8 = 1;
@@ -375,6 +406,9 @@ const T_AUTH_PROOF: u8 = 5;
 const T_PARTIAL: u8 = 6;
 const T_ERROR: u8 = 7;
 const T_SHUTDOWN: u8 = 8;
+const T_SESSION: u8 = 9;
+const T_READY: u8 = 10;
+const T_STEP: u8 = 11;
 
 /// Reads fields from a payload, each read checked.
 struct Fields<'a> {
@@ -437,6 +471,9 @@ impl Message {
             Message::Partial(_) => T_PARTIAL,
             Message::Error(_) => T_ERROR,
             Message::Shutdown => T_SHUTDOWN,
+            Message::Session(_) => T_SESSION,
+            Message::Ready { .. } => T_READY,
+            Message::Step { .. } => T_STEP,
         }
     }
 
@@ -451,6 +488,9 @@ impl Message {
             Message::Partial(_) => "Partial",
             Message::Error(_) => "Error",
             Message::Shutdown => "Shutdown",
+            Message::Session(_) => "Session",
+            Message::Ready { .. } => "Ready",
+            Message::Step { .. } => "Step",
         }
     }
 
@@ -505,6 +545,23 @@ impl Message {
                 out.extend_from_slice(e.message.as_bytes());
             }
             Message::Shutdown => {}
+            Message::Session(x) => {
+                out.extend_from_slice(&x.n_ctx.to_le_bytes());
+                out.extend_from_slice(&x.n_batch.to_le_bytes());
+                out.push(x.cache_type);
+            }
+            Message::Ready { kv_bytes, weight_bytes } => {
+                out.extend_from_slice(&kv_bytes.to_le_bytes());
+                out.extend_from_slice(&weight_bytes.to_le_bytes());
+            }
+            Message::Step { pos0, x } => {
+                out.extend_from_slice(&pos0.to_le_bytes());
+                put_u64(out, x.len());
+                out.reserve(4 * x.len());
+                for v in x {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
         }
     }
 
@@ -536,6 +593,9 @@ impl Message {
             T_PARTIAL => "Partial",
             T_ERROR => "Error",
             T_SHUTDOWN => "Shutdown",
+            T_SESSION => "Session",
+            T_READY => "Ready",
+            T_STEP => "Step",
             _ => return Err(WireError::UnknownType(ty)),
         };
         let mut f = Fields { buf: payload, what };
@@ -595,6 +655,25 @@ impl Message {
                 };
                 let message = String::from_utf8_lossy(f.rest()).into_owned();
                 Message::Error(ErrorMsg { failed_node, message })
+            }
+            T_SESSION => {
+                let (n_ctx, n_batch, cache_type) = (f.u64()?, f.u64()?, f.u8()?);
+                if cache_type > 2 {
+                    return Err(WireError::Invalid { what: "Session", why: format!("KV cache type {cache_type}") });
+                }
+                Message::Session(Session { n_ctx, n_batch, cache_type })
+            }
+            T_READY => Message::Ready { kv_bytes: f.u64()?, weight_bytes: f.u64()? },
+            T_STEP => {
+                let pos0 = f.u64()?;
+                let n = f.u64()?;
+                let n_us = usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n <= usize::MAX / 4)
+                    .ok_or_else(|| WireError::Invalid { what: "Step", why: format!("element count {n}") })?;
+                let data = f.bytes(4 * n_us)?;
+                let x = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                Message::Step { pos0, x }
             }
             _ => Message::Shutdown,
         };
@@ -687,6 +766,9 @@ mod tests {
             Message::Error(ErrorMsg { failed_node: Some(3), message: "node 3 closed the connection".into() }),
             Message::Error(ErrorMsg { failed_node: None, message: String::new() }),
             Message::Shutdown,
+            Message::Session(Session { n_ctx: 2048, n_batch: 512, cache_type: 1 }),
+            Message::Ready { kv_bytes: 1 << 20, weight_bytes: 3 << 20 },
+            Message::Step { pos0: 7, x: vec![0.5, -1.0, 2.0] },
         ]
     }
 
@@ -707,8 +789,9 @@ mod tests {
         let s = samples();
         let sizes: Vec<usize> = s.iter().map(|m| m.encode().len()).collect();
         // Hello, HelloAck, AuthChallenge, AuthResponse, AuthProof, Partial (3 × f32),
-        // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown
-        assert_eq!(sizes, vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5]);
+        // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
+        // Ready, Step (3 × f32)
+        assert_eq!(sizes, vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 22, 21, 21 + 12]);
     }
 
     #[test]
@@ -827,6 +910,13 @@ mod tests {
             (prop::option::of(any::<u64>()), ".{0,40}")
                 .prop_map(|(failed_node, message)| Message::Error(ErrorMsg { failed_node, message })),
             Just(Message::Shutdown),
+            (any::<u64>(), any::<u64>(), 0u8..3).prop_map(|(n_ctx, n_batch, cache_type)| Message::Session(Session {
+                n_ctx,
+                n_batch,
+                cache_type
+            })),
+            (any::<u64>(), any::<u64>()).prop_map(|(kv_bytes, weight_bytes)| Message::Ready { kv_bytes, weight_bytes }),
+            (any::<u64>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(|(pos0, x)| Message::Step { pos0, x }),
         ]
     }
 
@@ -853,7 +943,7 @@ mod tests {
             let _ = decode_frame(&bytes, 4096);
             let _ = read_frame(&mut &bytes[..], 4096);
             if let Some((&ty, payload)) = bytes.split_first() {
-                let _ = Message::decode(ty % 10, payload);
+                let _ = Message::decode(ty % 13, payload);
             }
         }
 

@@ -116,7 +116,9 @@ pub fn run(a: Args) -> Result<()> {
     if ids.is_empty() {
         anyhow::bail!("the prompt is empty: give some text with --prompt");
     }
-    let (mut ctx, window) = a.model.context_with_window(&model, 2048, false)?;
+    let crate::common::Prepared { mut ctx, window, cluster } = a.model.prepare(&model, 2048, false)?;
+    let comm0 = cluster.as_ref().map(|c| c.snapshot());
+    let mut comm1 = None;
     if ids.len() > ctx.n_ctx() {
         anyhow::bail!("the prompt has {} tokens, more than the context size {} (--ctx-size)", ids.len(), ctx.n_ctx());
     }
@@ -127,6 +129,10 @@ pub fn run(a: Args) -> Result<()> {
     let sampler = a.sampling.config()?;
     let mut write_err = None;
     let out = generate_with(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, |id| {
+        // The first token comes right after prefill: split the group's counters there.
+        if comm1.is_none() {
+            comm1 = cluster.as_ref().map(|c| c.snapshot());
+        }
         if !json && !tok.is_eog(id) {
             let s = dec.push(id);
             if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()) {
@@ -158,6 +164,14 @@ pub fn run(a: Args) -> Result<()> {
             "peak_rss_bytes": mem.proc.peak_rss_bytes,
             "memory": mem.json(),
             "seed": sampler.seed,
+            "tensor_parallel": cluster.as_ref().map(|c| {
+                let now = c.snapshot();
+                serde_json::json!({
+                    "nodes": c.n_nodes, "wire": c.wire.name(), "passes": now.passes, "allreduces": now.allreduces,
+                    "bytes_sent": now.total.bytes_sent, "bytes_received": now.total.bytes_received,
+                    "comm_secs": now.total.seconds, "allreduce_secs": now.allreduce_secs, "step_secs": now.step_secs,
+                })
+            }),
             "window": window.as_ref().map(|w| serde_json::json!({
                 "plan": w,
                 "prefill_io": io_json(&t.prefill_io),
@@ -181,6 +195,13 @@ pub fn run(a: Args) -> Result<()> {
             out.stop,
             mem.human(),
         );
+        if let (Some(run), Some(c0)) = (&cluster, &comm0) {
+            let (c1, c2) = (comm1.clone().unwrap_or_else(|| run.snapshot()), run.snapshot());
+            eprintln!("{}", crate::cluster::comm_line("prefill", run.n_nodes, c0, &c1, t.prefill_ms / 1e3, t.prompt_tokens));
+            if t.decode_tokens > 0 {
+                eprintln!("{}", crate::cluster::comm_line("decode", run.n_nodes, &c1, &c2, t.decode_ms / 1e3, t.decode_tokens));
+            }
+        }
         if window.is_some() {
             let passes = t.prompt_tokens.div_ceil(ctx.n_batch());
             eprintln!("{}", io_line("prefill", &t.prefill_io, t.prefill_ms / 1e3, passes));

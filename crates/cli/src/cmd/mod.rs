@@ -8,3 +8,4 @@ pub mod quantize;
 pub mod plan;
 pub mod synth;
 pub mod tokenize;
+pub mod worker;

@@ -24,7 +24,7 @@ pub fn run(a: Args) -> Result<()> {
     let text = crate::common::read_text(&a.file)?;
     let tokens = model.tokenizer.encode(&text, true, true);
     // 512: llama-perplexity's default chunk size.
-    let (mut ctx, _) = a.model.context_with_window(&model, 512, true)?;
+    let mut ctx = a.model.prepare(&model, 512, true)?.ctx;
     let n_ctx = ctx.n_ctx();
     let start = Instant::now();
     let json = a.json;

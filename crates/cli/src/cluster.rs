@@ -1,0 +1,211 @@
+//! `--workers`, `--cluster`, `--node-weights`, `--wire-type`, `--cluster-key`: running one
+//! model across several machines with tensor parallelism (`hearth_parallel`).
+
+use anyhow::{bail, Context as _, Result};
+use hearth_model::{Context, Model};
+use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, WireType};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Flags of a tensor-parallel group (generate, chat, perplexity).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Split the model across these `hearth worker` daemons as well as this machine
+    /// (tensor parallelism, star allreduce), e.g. 192.168.1.10:7070,192.168.1.11:7070
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', conflicts_with = "cluster")]
+    pub workers: Vec<String>,
+    /// A cluster file (TOML) naming the workers and optional per-node weights:
+    /// `weight = 2.0` (this machine's) and `[[worker]]` tables with `addr` and `weight`
+    #[arg(long, value_name = "PATH")]
+    pub cluster: Option<PathBuf>,
+    /// Relative speed of each node, this machine first, e.g. 2,1,1: each gets that share
+    /// of the attention heads and FFN rows [default: equal]
+    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',')]
+    pub node_weights: Vec<f64>,
+    /// How partial sums travel: f32 (exact) or q8_0 (27% of the bytes, ~1/127 relative error per block)
+    #[arg(long, default_value = "f32", value_parser = parse_wire)]
+    pub wire_type: WireType,
+    /// Shared secret: the handshake with every worker is mutually authenticated (HMAC-SHA256)
+    #[arg(long, value_name = "KEY", conflicts_with = "cluster_key_file", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
+    pub cluster_key: Option<String>,
+    /// Read the shared secret from a file (first line)
+    #[arg(long, value_name = "PATH")]
+    pub cluster_key_file: Option<PathBuf>,
+    /// Seconds to wait for any node at any step before failing the request, naming the node
+    #[arg(long, default_value_t = 5.0, value_parser = parse_secs)]
+    pub step_timeout: f64,
+}
+
+fn parse_wire(s: &str) -> Result<WireType, String> {
+    s.parse()
+}
+
+/// Seconds in (0, 3600].
+pub fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 3600]")),
+    }
+}
+
+/// The cluster file's contents.
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    /// This machine's weight.
+    weight: Option<f64>,
+    /// Wire type.
+    wire_type: Option<String>,
+    #[serde(default)]
+    worker: Vec<WorkerEntry>,
+}
+
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct WorkerEntry {
+    addr: String,
+    weight: Option<f64>,
+}
+
+/// A running group's coordinator-side counters, for reports.
+pub struct ClusterRun {
+    /// Nodes including this one.
+    pub n_nodes: usize,
+    /// Wire type.
+    pub wire: WireType,
+    /// Counters of this node's calls to the group.
+    pub counters: Arc<Mutex<CommCounters>>,
+}
+
+impl ClusterRun {
+    /// A snapshot of the counters.
+    pub fn snapshot(&self) -> CommCounters {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Read a cluster key from `--cluster-key` or `--cluster-key-file`.
+pub fn read_key(key: Option<&str>, file: Option<&Path>) -> Result<Option<ClusterKey>> {
+    let text = match (key, file) {
+        (Some(k), _) => k.to_string(),
+        (None, Some(f)) => {
+            let s = std::fs::read_to_string(f).with_context(|| format!("reading the cluster key file {}", f.display()))?;
+            s.lines().next().unwrap_or("").trim().to_string()
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(ClusterKey::new(text).context("cluster key")?))
+}
+
+impl ClusterArgs {
+    /// Whether any worker was named.
+    pub fn enabled(&self) -> bool {
+        !self.workers.is_empty() || self.cluster.is_some()
+    }
+
+    /// The workers, weights and wire type from the flags or the cluster file.
+    fn options(&self) -> Result<ClusterOptions> {
+        let mut wire = self.wire_type;
+        let (workers, mut weights) = match &self.cluster {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
+                let f: ClusterFile = toml::from_str(&text).with_context(|| format!("cluster file {}", path.display()))?;
+                if f.worker.is_empty() {
+                    bail!("cluster file {} names no [[worker]] (each with addr = \"HOST:PORT\")", path.display());
+                }
+                if let Some(w) = &f.wire_type {
+                    wire = w.parse().map_err(|e: String| anyhow::anyhow!("cluster file {}: {e}", path.display()))?;
+                }
+                let any_weight = f.weight.is_some() || f.worker.iter().any(|w| w.weight.is_some());
+                let weights =
+                    if any_weight { std::iter::once(f.weight.unwrap_or(1.0)).chain(f.worker.iter().map(|w| w.weight.unwrap_or(1.0))).collect() } else { vec![] };
+                (f.worker.into_iter().map(|w| w.addr).collect::<Vec<_>>(), weights)
+            }
+            None => (self.workers.clone(), vec![]),
+        };
+        if !self.node_weights.is_empty() {
+            if self.node_weights.len() != workers.len() + 1 {
+                bail!(
+                    "--node-weights has {} values for {} nodes (this machine first, then each worker)",
+                    self.node_weights.len(),
+                    workers.len() + 1
+                );
+            }
+            weights = self.node_weights.clone();
+        }
+        if let Some(w) = workers.iter().find(|w| w.trim().is_empty()) {
+            bail!("empty worker address {w:?} in --workers");
+        }
+        Ok(ClusterOptions {
+            workers,
+            weights,
+            wire,
+            key: read_key(self.cluster_key.as_deref(), self.cluster_key_file.as_deref())?,
+            timeout: Duration::from_secs_f64(self.step_timeout),
+        })
+    }
+
+    /// Connect to the workers and make `ctx` compute node 0's share. Prints the split.
+    pub fn apply(&self, model: &Model, ctx: &mut Context) -> Result<Option<ClusterRun>> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let opts = self.options()?;
+        let path = model.file.path();
+        let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
+        let group = hearth_parallel::connect(model, sha, &opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type())?;
+        let c = &model.config;
+        eprintln!(
+            "tensor parallel over {} nodes (star allreduce, {} wire; {} KV heads, {} FFN rows):",
+            group.plan.n_nodes(),
+            opts.wire,
+            c.n_head_kv,
+            c.n_ff
+        );
+        for (i, s) in group.plan.nodes().iter().enumerate() {
+            let who = if i == 0 { "this machine".to_string() } else { group.workers[i - 1].0.clone() };
+            let split = hearth_parallel::cluster::tensor_split(s);
+            let wb = hearth_parallel::cluster::shard_weight_bytes(model, &split);
+            let kv = if i == 0 { None } else { Some(group.workers[i - 1].1) };
+            eprintln!(
+                "  node {i} ({who}): KV heads {:?}, FFN rows {:?}, {} of block weights{}",
+                s.kv_heads,
+                s.ffn_rows,
+                crate::common::mib(wb),
+                kv.map(|b| format!(", KV cache {}", crate::common::mib(b))).unwrap_or_default()
+            );
+        }
+        if group.plan.n_nodes() > c.n_head_kv {
+            eprintln!(
+                "  ({} nodes > {} KV heads: KV heads are not replicated; nodes without one compute only their FFN share)",
+                group.plan.n_nodes(),
+                c.n_head_kv
+            );
+        }
+        let counters = group.collective.counters();
+        ctx.set_tensor_split(group.split, Box::new(group.collective))?;
+        Ok(Some(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, counters }))
+    }
+}
+
+/// One line on the communication between two snapshots of a run's counters: per token,
+/// compute vs time in the group, and bytes.
+pub fn comm_line(what: &str, n_nodes: usize, before: &CommCounters, now: &CommCounters, secs: f64, tokens: usize) -> String {
+    let comm = now.total.seconds - before.total.seconds;
+    let sent = now.total.bytes_sent - before.total.bytes_sent;
+    let recv = now.total.bytes_received - before.total.bytes_received;
+    let per = |v: f64| v / tokens.max(1) as f64;
+    let links = n_nodes.saturating_sub(1).max(1) as f64;
+    format!(
+        "{what}: per token {:.1} ms = compute {:.1} ms + allreduce and waiting for workers {:.1} ms ({:.0}%); \
+         {:.1} KB sent, {:.1} KB received per token ({:.1} KB each way per worker link)",
+        per(secs * 1e3),
+        per((secs - comm).max(0.0) * 1e3),
+        per(comm * 1e3),
+        if secs > 0.0 { 100.0 * comm / secs } else { 0.0 },
+        per(sent as f64 / 1e3),
+        per(recv as f64 / 1e3),
+        per((sent + recv) as f64 / 2.0 / links / 1e3),
+    )
+}

@@ -1,0 +1,379 @@
+//! A tensor-parallel group running a model: the coordinator's side ([`connect`]) and
+//! the worker's ([`serve_session`]), on top of the handshake and the star allreduce.
+//!
+//! A session, after the [handshake](crate::handshake):
+//!
+//! 1. coordinator → worker [`Message::Session`] (context size, batch size, KV cache
+//!    type); the worker allocates its KV share and answers [`Message::Ready`] with
+//!    its KV-cache and weight bytes (or [`Message::Error`]);
+//! 2. per forward pass: coordinator → every worker [`Message::Step`] (first position
+//!    and the input embeddings `[n_tokens, n_embd]`), then every node runs its share
+//!    of each block with two star allreduces per block; the coordinator alone computes
+//!    the output head and samples;
+//! 3. [`Message::Shutdown`] (or a closed connection) ends it; the worker waits for the
+//!    next coordinator.
+//!
+//! A worker that fails mid-pass sends [`Message::Error`] in place of its partial sum,
+//! so the coordinator's allreduce fails naming it; a worker that dies is named by the
+//! closed socket; one that stalls, by the step timeout.
+
+use crate::allreduce::{AllReduce, CommError, CommStats, Peer, Star};
+use crate::auth::ClusterKey;
+use crate::handshake::{coordinator_handshake, worker_handshake, HandshakeError};
+use crate::shard::{lcm_block, ModelDims, NodeShard, ShardPlan};
+use crate::wire::{Hello, Message, Session, WireType, PROTOCOL_VERSION};
+use hearth_model::{CacheType, Collective, CollectiveError, Context, Model, TensorSplit};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Why a group could not be formed or a worker session ended with an error.
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    /// Connecting to a worker failed.
+    #[error("node {node} ({addr}): cannot connect: {source}")]
+    Connect {
+        /// The node index it would have had.
+        node: usize,
+        /// Its address.
+        addr: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The handshake failed.
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    /// A send or receive failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// The split could not be planned or does not fit the model.
+    #[error("{0}")]
+    Plan(String),
+    /// A worker refused the session.
+    #[error("node {node} refused the session: {message}")]
+    Refused {
+        /// The worker.
+        node: usize,
+        /// Its reason.
+        message: String,
+    },
+    /// The local model run failed.
+    #[error(transparent)]
+    Model(#[from] hearth_model::ModelError),
+}
+
+impl ClusterError {
+    /// The node to blame, if any (to drop it before trying again).
+    pub fn failed_node(&self) -> Option<usize> {
+        match self {
+            ClusterError::Connect { node, .. } | ClusterError::Refused { node, .. } => Some(*node),
+            ClusterError::Handshake(h) => h.node(),
+            ClusterError::Comm(c) => c.failed_node(),
+            _ => None,
+        }
+    }
+}
+
+/// The split dimensions of `model` (block: the least common multiple of the block
+/// sizes of every column-split matrix).
+pub fn model_dims(model: &Model) -> ModelDims {
+    let c = &model.config;
+    let blocks: Vec<usize> = model.weights.layers.iter().flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()]).collect();
+    ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
+}
+
+/// The model's view of a node's shard.
+pub fn tensor_split(shard: &NodeShard) -> TensorSplit {
+    TensorSplit { kv_heads: shard.kv_heads.clone(), ffn_rows: shard.ffn_rows.clone() }
+}
+
+fn cache_byte(t: CacheType) -> u8 {
+    match t {
+        CacheType::F32 => 0,
+        CacheType::F16 => 1,
+        CacheType::Q8_0 => 2,
+    }
+}
+
+fn cache_type(b: u8) -> CacheType {
+    match b {
+        0 => CacheType::F32,
+        1 => CacheType::F16,
+        _ => CacheType::Q8_0,
+    }
+}
+
+/// Bytes of the weight rows and columns a node computes with (every block's share;
+/// the coordinator's embedding and head are not counted).
+pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
+    let c = &model.config;
+    let (q, kv, f) = (split.q_rows(c).len(), split.kv_rows(c).len(), split.ffn_rows.len());
+    let part = |t: &hearth_model::TensorRef, num: usize, den: usize| (t.size as u64) * num as u64 / den.max(1) as u64;
+    model
+        .weights
+        .layers
+        .iter()
+        .map(|l| {
+            part(&l.wq, q, l.wq.rows)
+                + part(&l.wk, kv, l.wk.rows)
+                + part(&l.wv, kv, l.wv.rows)
+                + part(&l.wo, q, l.wo.cols)
+                + part(&l.w_gate, f, l.w_gate.rows)
+                + part(&l.w_up, f, l.w_up.rows)
+                + part(&l.w_down, f, l.w_down.cols)
+        })
+        .sum()
+}
+
+/// Communication counters of a tensor-parallel group, shared with whoever reports them.
+#[derive(Debug, Clone, Default)]
+pub struct CommCounters {
+    /// Forward passes.
+    pub passes: u64,
+    /// Allreduces.
+    pub allreduces: u64,
+    /// Bytes sent and received by this node, and seconds in calls to the group.
+    pub total: CommStats,
+    /// Seconds inside allreduces (sending partials, waiting for the slowest node,
+    /// receiving sums).
+    pub allreduce_secs: f64,
+    /// Seconds sending each pass's inputs (coordinator only).
+    pub step_secs: f64,
+}
+
+/// A node's [`Collective`]: the star allreduce, plus (on the coordinator) sending each
+/// pass's input to the workers.
+pub struct StarCollective {
+    star: Arc<Mutex<Star>>,
+    counters: Arc<Mutex<CommCounters>>,
+}
+
+impl StarCollective {
+    /// Wrap `star`; the counters are readable through [`Self::counters`].
+    pub fn new(star: Arc<Mutex<Star>>) -> Self {
+        Self { star, counters: Arc::default() }
+    }
+
+    /// The shared counters.
+    pub fn counters(&self) -> Arc<Mutex<CommCounters>> {
+        self.counters.clone()
+    }
+}
+
+impl Drop for StarCollective {
+    /// The coordinator ends the session politely (workers also cope with a closed socket).
+    fn drop(&mut self) {
+        let mut star = lock(&self.star);
+        if star.node() == 0 {
+            for p in star.peers_mut() {
+                let _ = p.send(&Message::Shutdown);
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Collective for StarCollective {
+    fn begin_pass(&mut self, pos0: usize, x: &[f32], _n_tokens: usize) -> Result<(), CollectiveError> {
+        let t = std::time::Instant::now();
+        let mut star = lock(&self.star);
+        let mut sent = 0;
+        if star.node() == 0 {
+            let step = Message::Step { pos0: pos0 as u64, x: x.to_vec() };
+            for p in star.peers_mut() {
+                sent += p.send(&step)? as u64;
+            }
+        }
+        let mut c = lock(&self.counters);
+        c.passes += 1;
+        c.total.bytes_sent += sent;
+        c.step_secs += t.elapsed().as_secs_f64();
+        c.total.seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn allreduce(&mut self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        let st = lock(&self.star).allreduce(buf)?;
+        let mut c = lock(&self.counters);
+        c.allreduces += 1;
+        c.total += st;
+        c.allreduce_secs += st.seconds;
+        Ok(())
+    }
+}
+
+/// How the coordinator forms the group.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Worker addresses (`HOST:PORT`); they become nodes `1..=workers.len()`.
+    pub workers: Vec<String>,
+    /// Per-node shares, node 0 (this coordinator) first; empty: equal.
+    pub weights: Vec<f64>,
+    /// Encoding of the partial sums.
+    pub wire: WireType,
+    /// Shared key for mutual authentication.
+    pub key: Option<ClusterKey>,
+    /// Per-step timeout (connect, each receive).
+    pub timeout: Duration,
+}
+
+/// What [`connect`] set up: the coordinator's share and the group, ready for
+/// [`Context::set_tensor_split`].
+pub struct Group {
+    /// The split plan over every node.
+    pub plan: ShardPlan,
+    /// Node 0's share.
+    pub split: TensorSplit,
+    /// Node 0's allreduce and step sender.
+    pub collective: StarCollective,
+    /// Per worker (nodes 1..): `(address, KV-cache bytes, weight bytes)` as it reported.
+    pub workers: Vec<(String, u64, u64)>,
+}
+
+/// Connect to every worker, hand out shards and open a session of `n_ctx` positions,
+/// batches of `n_batch` and KV cache type `cache`, for `model` whose file has SHA-256
+/// `sha256`.
+pub fn connect(
+    model: &Model,
+    sha256: [u8; 32],
+    opts: &ClusterOptions,
+    n_ctx: usize,
+    n_batch: usize,
+    cache: CacheType,
+) -> Result<Group, ClusterError> {
+    let n = opts.workers.len() + 1;
+    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
+    if weights.len() != n {
+        return Err(ClusterError::Plan(format!(
+            "{} node weights for {n} nodes (the coordinator and {} workers)",
+            weights.len(),
+            opts.workers.len()
+        )));
+    }
+    let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
+    let mut peers = Vec::with_capacity(n - 1);
+    let mut workers = Vec::with_capacity(n - 1);
+    for (i, addr) in opts.workers.iter().enumerate() {
+        let node = i + 1;
+        let cerr = |source| ClusterError::Connect { node, addr: addr.clone(), source };
+        let sa = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
+            .map_err(cerr)?
+            .next()
+            .ok_or_else(|| cerr(std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))?;
+        let stream = TcpStream::connect_timeout(&sa, opts.timeout).map_err(cerr)?;
+        let mut peer = Peer::new(stream, node, opts.timeout).map_err(cerr)?;
+        let shard = plan.node(node).expect("node in plan").clone();
+        let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
+        coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
+        peer.send(&Message::Session(Session { n_ctx: n_ctx as u64, n_batch: n_batch as u64, cache_type: cache_byte(cache) }))?;
+        match peer.recv()?.0 {
+            Message::Ready { kv_bytes, weight_bytes } => workers.push((addr.clone(), kv_bytes, weight_bytes)),
+            Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
+            other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Ready", other.name()) }),
+        }
+        peers.push(peer);
+    }
+    let star = Star::master(peers, opts.wire)?;
+    let split = tensor_split(plan.node(0).expect("node 0"));
+    Ok(Group { plan, split, collective: StarCollective::new(Arc::new(Mutex::new(star))), workers })
+}
+
+/// How a worker session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The coordinator sent Shutdown or closed the connection between passes.
+    Finished {
+        /// Forward passes served.
+        passes: u64,
+    },
+}
+
+/// Serve one coordinator on `stream` until it leaves: handshake against `sha256` (and
+/// `key`), open the session on `model` with `n_threads` threads, then run every
+/// [`Message::Step`] through this node's share. `admitted` is told the shard once the
+/// coordinator has passed the handshake (before this session allocates anything).
+/// Errors are reported to the coordinator before returning.
+pub fn serve_session(
+    stream: TcpStream,
+    model: &Arc<Model>,
+    sha256: &[u8; 32],
+    key: Option<&ClusterKey>,
+    n_threads: usize,
+    timeout: Duration,
+    admitted: impl FnOnce(&NodeShard),
+) -> Result<SessionEnd, ClusterError> {
+    let mut peer = Peer::new(stream, 0, timeout).map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?;
+    let hello = worker_handshake(&mut peer, sha256, key)?;
+    let shard = hello.shard.clone();
+    let me = shard.node;
+    let ours = model_dims(model);
+    if shard.dims != ours {
+        let why = format!("the shard's model dimensions {:?} are not this model's {ours:?}", shard.dims);
+        peer.report(Some(me), &why);
+        return Err(ClusterError::Plan(why));
+    }
+    admitted(&shard);
+    let session = match peer.recv()?.0 {
+        Message::Session(s) => s,
+        other => {
+            let why = format!("expected Session, got {}", other.name());
+            peer.report(Some(me), &why);
+            return Err(ClusterError::Plan(why));
+        }
+    };
+    let split = tensor_split(&shard);
+    let opened = (|| {
+        let n_ctx = usize::try_from(session.n_ctx).ok().filter(|&c| c >= 1 && c <= model.config.n_ctx_train).ok_or_else(|| {
+            hearth_model::ModelError::Context(format!(
+                "context size {} is outside 1..={} (the model's trained context)",
+                session.n_ctx, model.config.n_ctx_train
+            ))
+        })?;
+        let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
+        Context::with_cache_type(model.clone(), n_ctx, n_batch, n_threads, cache_type(session.cache_type))
+    })();
+    let mut ctx = match opened {
+        Ok(c) => c,
+        Err(e) => {
+            peer.report(Some(me), &format!("node {me}: {e}"));
+            return Err(e.into());
+        }
+    };
+    let star = Arc::new(Mutex::new(Star::worker(me, shard.n_nodes, peer, hello.wire)?));
+    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(StarCollective::new(star.clone()))) {
+        lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
+        return Err(e.into());
+    }
+    let ready = Message::Ready { kv_bytes: ctx.kv_bytes() as u64, weight_bytes: shard_weight_bytes(model, &split) };
+    lock(&star).peers_mut()[0].send(&ready)?;
+
+    let mut passes = 0;
+    loop {
+        // Between passes the coordinator may be sampling, or idle between requests.
+        let msg = lock(&star).peers_mut()[0].recv_idle();
+        let (pos0, x) = match msg {
+            Ok((Message::Step { pos0, x }, _)) => (pos0, x),
+            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes }),
+            Ok((other, _)) => {
+                let why = format!("expected Step, got {}", other.name());
+                lock(&star).peers_mut()[0].report(Some(me), &why);
+                return Err(ClusterError::Plan(why));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let pos0 = usize::try_from(pos0).unwrap_or(usize::MAX);
+        if let Err(e) = ctx.eval_embeddings(pos0, &x) {
+            // A failed allreduce already told the coordinator; anything else is ours.
+            if !matches!(e, hearth_model::ModelError::Collective(_)) {
+                lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
+            }
+            return Err(e.into());
+        }
+        passes += 1;
+    }
+}
