@@ -13,7 +13,12 @@ use std::time::Duration;
 pub struct ClusterArgs {
     /// Split the model across these `hearth worker` daemons as well as this machine
     /// (tensor parallelism, star allreduce), e.g. 192.168.1.10:7070,192.168.1.11:7070
-    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', conflicts_with = "cluster")]
+    #[arg(
+        long,
+        value_name = "HOST:PORT,...",
+        value_delimiter = ',',
+        conflicts_with = "cluster"
+    )]
     pub workers: Vec<String>,
     /// A cluster file (TOML) naming the workers and optional per-node weights:
     /// `weight = 2.0` (this machine's) and `[[worker]]` tables with `addr` and `weight`
@@ -27,14 +32,34 @@ pub struct ClusterArgs {
     #[arg(long, default_value = "f32", value_parser = parse_wire)]
     pub wire_type: WireType,
     /// Shared secret: the handshake with every worker is mutually authenticated (HMAC-SHA256)
-    #[arg(long, value_name = "KEY", conflicts_with = "cluster_key_file", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "KEY",
+        conflicts_with = "cluster_key_file",
+        env = "HEARTH_CLUSTER_KEY",
+        hide_env_values = true
+    )]
     pub cluster_key: Option<String>,
     /// Read the shared secret from a file (first line)
     #[arg(long, value_name = "PATH")]
     pub cluster_key_file: Option<PathBuf>,
+    /// How the two column-split products of each block are combined: sum (partial sums,
+    /// two allreduces per block; logits differ from one node's by rounding) or gather
+    /// (exact: four gathers per block, logits bit-identical to one node's)
+    #[arg(long, value_enum, default_value_t = TpSchedule::Sum)]
+    pub tp_schedule: TpSchedule,
     /// Seconds to wait for any node at any step before failing the request, naming the node
     #[arg(long, default_value_t = 5.0, value_parser = parse_secs)]
     pub step_timeout: f64,
+}
+
+/// `--tp-schedule` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TpSchedule {
+    /// Partial sums of attn_output and ffn_down, two allreduces per block (Megatron, TPI-LLM)
+    Sum,
+    /// Gather their inputs and compute whole rows: four exchanges per block, exact
+    Gather,
 }
 
 fn parse_wire(s: &str) -> Result<WireType, String> {
@@ -81,7 +106,10 @@ pub struct ClusterRun {
 impl ClusterRun {
     /// A snapshot of the counters.
     pub fn snapshot(&self) -> CommCounters {
-        self.counters.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -90,7 +118,8 @@ pub fn read_key(key: Option<&str>, file: Option<&Path>) -> Result<Option<Cluster
     let text = match (key, file) {
         (Some(k), _) => k.to_string(),
         (None, Some(f)) => {
-            let s = std::fs::read_to_string(f).with_context(|| format!("reading the cluster key file {}", f.display()))?;
+            let s = std::fs::read_to_string(f)
+                .with_context(|| format!("reading the cluster key file {}", f.display()))?;
             s.lines().next().unwrap_or("").trim().to_string()
         }
         (None, None) => return Ok(None),
@@ -109,18 +138,33 @@ impl ClusterArgs {
         let mut wire = self.wire_type;
         let (workers, mut weights) = match &self.cluster {
             Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
-                let f: ClusterFile = toml::from_str(&text).with_context(|| format!("cluster file {}", path.display()))?;
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the cluster file {}", path.display()))?;
+                let f: ClusterFile = toml::from_str(&text)
+                    .with_context(|| format!("cluster file {}", path.display()))?;
                 if f.worker.is_empty() {
-                    bail!("cluster file {} names no [[worker]] (each with addr = \"HOST:PORT\")", path.display());
+                    bail!(
+                        "cluster file {} names no [[worker]] (each with addr = \"HOST:PORT\")",
+                        path.display()
+                    );
                 }
                 if let Some(w) = &f.wire_type {
-                    wire = w.parse().map_err(|e: String| anyhow::anyhow!("cluster file {}: {e}", path.display()))?;
+                    wire = w.parse().map_err(|e: String| {
+                        anyhow::anyhow!("cluster file {}: {e}", path.display())
+                    })?;
                 }
                 let any_weight = f.weight.is_some() || f.worker.iter().any(|w| w.weight.is_some());
-                let weights =
-                    if any_weight { std::iter::once(f.weight.unwrap_or(1.0)).chain(f.worker.iter().map(|w| w.weight.unwrap_or(1.0))).collect() } else { vec![] };
-                (f.worker.into_iter().map(|w| w.addr).collect::<Vec<_>>(), weights)
+                let weights = if any_weight {
+                    std::iter::once(f.weight.unwrap_or(1.0))
+                        .chain(f.worker.iter().map(|w| w.weight.unwrap_or(1.0)))
+                        .collect()
+                } else {
+                    vec![]
+                };
+                (
+                    f.worker.into_iter().map(|w| w.addr).collect::<Vec<_>>(),
+                    weights,
+                )
             }
             None => (self.workers.clone(), vec![]),
         };
@@ -141,8 +185,12 @@ impl ClusterArgs {
             workers,
             weights,
             wire,
-            key: read_key(self.cluster_key.as_deref(), self.cluster_key_file.as_deref())?,
+            key: read_key(
+                self.cluster_key.as_deref(),
+                self.cluster_key_file.as_deref(),
+            )?,
             timeout: Duration::from_secs_f64(self.step_timeout),
+            exact: self.tp_schedule == TpSchedule::Gather,
         })
     }
 
@@ -153,27 +201,46 @@ impl ClusterArgs {
         }
         let opts = self.options()?;
         let path = model.file.path();
-        let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
-        let group = hearth_parallel::connect(model, sha, &opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type())?;
+        let sha = hearth_parallel::model_hash::file_sha256(path)
+            .with_context(|| format!("hashing {}", path.display()))?;
+        let group = hearth_parallel::connect(
+            model,
+            sha,
+            &opts,
+            ctx.n_ctx(),
+            ctx.n_batch(),
+            ctx.cache_type(),
+        )?;
         let c = &model.config;
         eprintln!(
-            "tensor parallel over {} nodes (star allreduce, {} wire; {} KV heads, {} FFN rows):",
+            "tensor parallel over {} nodes (star allreduce, {} wire, {} schedule; {} KV heads, {} FFN rows):",
             group.plan.n_nodes(),
             opts.wire,
+            if opts.exact { "gather" } else { "sum" },
             c.n_head_kv,
             c.n_ff
         );
         for (i, s) in group.plan.nodes().iter().enumerate() {
-            let who = if i == 0 { "this machine".to_string() } else { group.workers[i - 1].0.clone() };
-            let split = hearth_parallel::cluster::tensor_split(s);
-            let wb = hearth_parallel::cluster::shard_weight_bytes(model, &split);
-            let kv = if i == 0 { None } else { Some(group.workers[i - 1].1) };
+            let who = if i == 0 {
+                "this machine".to_string()
+            } else {
+                group.workers[i - 1].0.clone()
+            };
+            // Workers report their own bytes (computed from the shard they accepted).
+            let (wb, kv) = match i {
+                0 => (
+                    hearth_parallel::cluster::shard_weight_bytes(model, &group.split),
+                    None,
+                ),
+                _ => (group.workers[i - 1].2, Some(group.workers[i - 1].1)),
+            };
             eprintln!(
                 "  node {i} ({who}): KV heads {:?}, FFN rows {:?}, {} of block weights{}",
                 s.kv_heads,
                 s.ffn_rows,
                 crate::common::mib(wb),
-                kv.map(|b| format!(", KV cache {}", crate::common::mib(b))).unwrap_or_default()
+                kv.map(|b| format!(", KV cache {}", crate::common::mib(b)))
+                    .unwrap_or_default()
             );
         }
         if group.plan.n_nodes() > c.n_head_kv {
@@ -185,13 +252,24 @@ impl ClusterArgs {
         }
         let counters = group.collective.counters();
         ctx.set_tensor_split(group.split, Box::new(group.collective))?;
-        Ok(Some(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, counters }))
+        Ok(Some(ClusterRun {
+            n_nodes: group.plan.n_nodes(),
+            wire: opts.wire,
+            counters,
+        }))
     }
 }
 
 /// One line on the communication between two snapshots of a run's counters: per token,
 /// compute vs time in the group, and bytes.
-pub fn comm_line(what: &str, n_nodes: usize, before: &CommCounters, now: &CommCounters, secs: f64, tokens: usize) -> String {
+pub fn comm_line(
+    what: &str,
+    n_nodes: usize,
+    before: &CommCounters,
+    now: &CommCounters,
+    secs: f64,
+    tokens: usize,
+) -> String {
     let comm = now.total.seconds - before.total.seconds;
     let sent = now.total.bytes_sent - before.total.bytes_sent;
     let recv = now.total.bytes_received - before.total.bytes_received;

@@ -21,17 +21,18 @@ pub enum Logits {
 
 /// Scratch activations for up to `n_batch` tokens, allocated once.
 struct Scratch {
-    x: Vec<f32>,     // [n_batch, n_embd] residual stream
-    xb: Vec<f32>,    // [n_batch, n_embd] normed input / projection output
-    q: Vec<f32>,     // [n_batch, q_dim]
-    k: Vec<f32>,     // [n_batch, kv_dim]
-    v: Vec<f32>,     // [n_batch, kv_dim]
-    attn: Vec<f32>,  // [n_batch, q_dim]
-    gate: Vec<f32>,  // [n_batch, n_ff]
-    up: Vec<f32>,    // [n_batch, n_ff]
-    logits: Vec<f32>, // [n_batch or 1, n_vocab]
-    quant: Vec<u8>,  // activations quantized for the current matmul
-    emb_row: Vec<u8>, // one token_embd row read through a LayerSource
+    x: Vec<f32>,                       // [n_batch, n_embd] residual stream
+    xb: Vec<f32>,                      // [n_batch, n_embd] normed input / projection output
+    q: Vec<f32>,                       // [n_batch, q_dim]
+    k: Vec<f32>,                       // [n_batch, kv_dim]
+    v: Vec<f32>,                       // [n_batch, kv_dim]
+    attn: Vec<f32>,                    // [n_batch, q_dim]
+    gate: Vec<f32>,                    // [n_batch, n_ff]
+    up: Vec<f32>,                      // [n_batch, n_ff]
+    logits: Vec<f32>,                  // [n_batch or 1, n_vocab]
+    quant: Vec<u8>,                    // activations quantized for the current matmul
+    part: Vec<f32>,                    // [n_batch, gathered rows] tensor parallel, gather schedule
+    emb_row: Vec<u8>,                  // one token_embd row read through a LayerSource
     attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
 }
 
@@ -54,7 +55,11 @@ pub struct ContextBuffers {
 impl ContextBuffers {
     /// Sum of every category.
     pub fn total(&self) -> usize {
-        self.kv_cache_bytes + self.activations_bytes + self.logits_bytes + self.quantized_activations_bytes + self.per_thread_bytes
+        self.kv_cache_bytes
+            + self.activations_bytes
+            + self.logits_bytes
+            + self.quantized_activations_bytes
+            + self.per_thread_bytes
     }
 }
 
@@ -100,7 +105,13 @@ impl Drop for Context {
         if let Some(p) = &self.profile {
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             let wait = self.source_stats().map_or(0.0, |s| s.wait_secs * 1e3);
-            let pct = |v: f64| if p.total.is_zero() { 0.0 } else { 100.0 * v / ms(p.total) };
+            let pct = |v: f64| {
+                if p.total.is_zero() {
+                    0.0
+                } else {
+                    100.0 * v / ms(p.total)
+                }
+            };
             eprintln!(
                 "profile: {} forward passes, {} tokens, {} threads: {:.1} ms; attention {:.1} ms ({:.0}%), waiting for weights {:.1} ms ({:.0}%), \
                  matmuls and the rest {:.1} ms ({:.0}%)",
@@ -115,6 +126,25 @@ fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
     if on {
         let sum: f64 = x.iter().map(|&v| v as f64).sum();
         eprintln!("trace {name}-{il} {sum:.6}");
+    }
+}
+
+/// `buf` holds `[n, w]` (this node's columns); rewrite it in place as `[n, full]` with
+/// those columns at `start` and zeros elsewhere (for an exact gather by summing).
+fn spread(buf: &mut [f32], n: usize, w: usize, full: usize, start: usize) {
+    for t in (0..n).rev() {
+        buf.copy_within(t * w..(t + 1) * w, t * full + start);
+        buf[t * full..t * full + start].fill(0.0);
+        buf[t * full + start + w..(t + 1) * full].fill(0.0);
+    }
+}
+
+/// `part: [n, rows.len()]` into columns `rows` of `out: [n, e]`, zeros elsewhere.
+fn place(part: &[f32], out: &mut [f32], n: usize, rows: &std::ops::Range<usize>, e: usize) {
+    let k = rows.len();
+    out[..n * e].fill(0.0);
+    for t in 0..n {
+        out[t * e + rows.start..t * e + rows.end].copy_from_slice(&part[t * k..(t + 1) * k]);
     }
 }
 
@@ -141,7 +171,9 @@ impl Context {
         cache_type: CacheType,
     ) -> Result<Self> {
         if n_ctx == 0 {
-            return Err(ModelError::Context("context size must be at least 1".into()));
+            return Err(ModelError::Context(
+                "context size must be at least 1".into(),
+            ));
         }
         let c = &model.config;
         cache_type.check(c.head_dim).map_err(ModelError::Context)?;
@@ -166,6 +198,7 @@ impl Context {
             up: z(n_batch * c.n_ff),
             logits: Vec::new(),
             quant: Vec::new(),
+            part: Vec::new(),
             emb_row: Vec::new(),
             attn_acc: (0..n_threads)
                 .map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16)))
@@ -173,8 +206,22 @@ impl Context {
         };
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
-        let profile = std::env::var_os("HEARTH_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Profile::default());
-        Ok(Self { pool: ThreadPool::new(n_threads), kv, n_past: 0, n_batch, s, head_chunks: std::iter::once(0..c.n_vocab).collect(), model, source: None, trace, profile, split: None })
+        let profile = std::env::var_os("HEARTH_PROFILE")
+            .filter(|v| !v.is_empty() && v != "0")
+            .map(|_| Profile::default());
+        Ok(Self {
+            pool: ThreadPool::new(n_threads),
+            kv,
+            n_past: 0,
+            n_batch,
+            s,
+            head_chunks: std::iter::once(0..c.n_vocab).collect(),
+            model,
+            source: None,
+            trace,
+            profile,
+            split: None,
+        })
     }
 
     /// Pin this context's threads to distinct cores, physical cores first
@@ -182,7 +229,8 @@ impl Context {
     pub fn pin_threads(&mut self) -> Result<()> {
         let n = self.pool.n_threads();
         let cpus = hearth_kernels::affinity::pin_order();
-        self.pool = ThreadPool::new_pinned(n, &cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
+        self.pool = ThreadPool::new_pinned(n, &cpus)
+            .map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
         Ok(())
     }
 
@@ -199,9 +247,15 @@ impl Context {
     /// Compute only `split`'s share of every block and sum the partial products with
     /// `comm` (tensor parallelism; see [`TensorSplit`]). The KV cache is re-created for
     /// this node's KV heads only, so this must come before the first [`Self::eval`].
-    pub fn set_tensor_split(&mut self, split: TensorSplit, comm: Box<dyn Collective>) -> Result<()> {
+    pub fn set_tensor_split(
+        &mut self,
+        split: TensorSplit,
+        comm: Box<dyn Collective>,
+    ) -> Result<()> {
         if self.n_past > 0 {
-            return Err(ModelError::Context("a tensor split must be set before the first evaluation".into()));
+            return Err(ModelError::Context(
+                "a tensor split must be set before the first evaluation".into(),
+            ));
         }
         if self.source.is_some() {
             return Err(ModelError::Context(
@@ -213,7 +267,14 @@ impl Context {
         let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
         self.kv = KvCache::new(0, 0, 0, ty);
         self.kv = KvCache::new(c.n_layer, n_ctx, split.kv_rows(c).len(), ty);
-        self.split = Some(SplitState { split, comm, comm_secs: 0.0 });
+        if let Some(r) = &split.gather_rows {
+            self.s.part = vec![0.0; self.n_batch * r.len()];
+        }
+        self.split = Some(SplitState {
+            split,
+            comm,
+            comm_secs: 0.0,
+        });
         Ok(())
     }
 
@@ -266,14 +327,20 @@ impl Context {
     /// What this context's buffers hold now, by category.
     pub fn buffers(&self) -> ContextBuffers {
         let s = &self.s;
-        let f32s = [&s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up].iter().map(|b| b.capacity()).sum::<usize>();
+        let f32s = [
+            &s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up, &s.part,
+        ]
+        .iter()
+        .map(|b| b.capacity())
+        .sum::<usize>();
         let v_f16 = self.kv.cache_type() == CacheType::F16;
         ContextBuffers {
             kv_cache_bytes: self.kv.bytes(),
             activations_bytes: 4 * f32s,
             logits_bytes: 4 * s.logits.capacity(),
             quantized_activations_bytes: s.quant.capacity(),
-            per_thread_bytes: s.attn_acc.len() * AttnScratch::bytes(self.model.config.head_dim, v_f16),
+            per_thread_bytes: s.attn_acc.len()
+                * AttnScratch::bytes(self.model.config.head_dim, v_f16),
         }
     }
 
@@ -292,10 +359,15 @@ impl Context {
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         let c = &self.model.config;
         if tokens.is_empty() {
-            return Err(ModelError::Input("no tokens to evaluate (empty prompt)".into()));
+            return Err(ModelError::Input(
+                "no tokens to evaluate (empty prompt)".into(),
+            ));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary (n_vocab {})", c.n_vocab)));
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the vocabulary (n_vocab {})",
+                c.n_vocab
+            )));
         }
         if self.n_past + tokens.len() > self.n_ctx() {
             return Err(ModelError::Context(format!(
@@ -306,7 +378,11 @@ impl Context {
             )));
         }
         let n_vocab = c.n_vocab;
-        let n_out = if which == Logits::All { tokens.len() } else { 1 };
+        let n_out = if which == Logits::All {
+            tokens.len()
+        } else {
+            1
+        };
         self.s.logits.resize(n_out * n_vocab, 0.0);
         let mut done = 0;
         for chunk in tokens.chunks(self.n_batch) {
@@ -353,16 +429,29 @@ impl Context {
         let e = self.model.config.n_embd;
         let n = x.len() / e;
         if n == 0 || x.len() != n * e {
-            return Err(ModelError::Input(format!("embeddings of {} values are not whole rows of n_embd {e}", x.len())));
+            return Err(ModelError::Input(format!(
+                "embeddings of {} values are not whole rows of n_embd {e}",
+                x.len()
+            )));
         }
         if n > self.n_batch {
-            return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
+            return Err(ModelError::Input(format!(
+                "{n} tokens in one pass exceed the batch size {}",
+                self.n_batch
+            )));
         }
         if pos0 > self.n_past {
-            return Err(ModelError::Context(format!("a pass at position {pos0} but only {} positions are cached", self.n_past)));
+            return Err(ModelError::Context(format!(
+                "a pass at position {pos0} but only {} positions are cached",
+                self.n_past
+            )));
         }
         if pos0 + n > self.n_ctx() {
-            return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
+            return Err(ModelError::Context(format!(
+                "positions {pos0}..{} do not fit a context of {}",
+                pos0 + n,
+                self.n_ctx()
+            )));
         }
         self.n_past = pos0;
         self.s.x[..n * e].copy_from_slice(x);
@@ -404,10 +493,14 @@ impl Context {
         let (qr, kvr, fr) = (part.q_rows(c), part.kv_rows(c), part.ffn_rows.clone());
         let (qd, kvd, ff) = (qr.len(), kvr.len(), fr.len());
         let n_head = part.n_head(c);
+        let gather = part.gather_rows.clone();
         let s = &mut self.s;
         let pool = &self.pool;
         let tr = self.trace;
-        let mut comm = self.split.as_mut().map(|sp| (&mut sp.comm, &mut sp.comm_secs));
+        let mut comm = self
+            .split
+            .as_mut()
+            .map(|sp| (&mut sp.comm, &mut sp.comm_secs));
         let mut allreduce = |buf: &mut [f32]| -> Result<()> {
             if let Some((comm, secs)) = comm.as_mut() {
                 let tc = std::time::Instant::now();
@@ -418,8 +511,15 @@ impl Context {
             Ok(())
         };
 
-        let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };
-        let mapped = Unit { bytes: file.as_bytes(), base: 0 };
+        let shape = AttnShape {
+            n_head,
+            n_head_kv: part.kv_heads.len(),
+            head_dim: c.head_dim,
+        };
+        let mapped = Unit {
+            bytes: file.as_bytes(),
+            base: 0,
+        };
         for (il, l) in w.layers.iter().enumerate() {
             let unit = match self.source.as_mut() {
                 Some(src) => src.acquire(il)?,
@@ -429,14 +529,49 @@ impl Context {
             ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
             trace(tr, "attn_norm", il, &s.xb[..n * e]);
             if n_head > 0 {
-                matmul(pool, &unit.view(&l.wq)?.rows(qr.clone()), &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
-                matmul(pool, &unit.view(&l.wk)?.rows(kvr.clone()), &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
-                matmul(pool, &unit.view(&l.wv)?.rows(kvr.clone()), &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
+                matmul(
+                    pool,
+                    &unit.view(&l.wq)?.rows(qr.clone()),
+                    &s.xb[..n * e],
+                    n,
+                    &mut s.q[..n * qd],
+                    &mut s.quant,
+                )?;
+                matmul(
+                    pool,
+                    &unit.view(&l.wk)?.rows(kvr.clone()),
+                    &s.xb[..n * e],
+                    n,
+                    &mut s.k[..n * kvd],
+                    &mut s.quant,
+                )?;
+                matmul(
+                    pool,
+                    &unit.view(&l.wv)?.rows(kvr.clone()),
+                    &s.xb[..n * e],
+                    n,
+                    &mut s.v[..n * kvd],
+                    &mut s.quant,
+                )?;
                 trace(tr, "Qcur", il, &s.q[..n * qd]);
                 trace(tr, "Kcur", il, &s.k[..n * kvd]);
                 trace(tr, "Vcur", il, &s.v[..n * kvd]);
-                ops::rope_norm(&mut s.q[..n * qd], n_head, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
-                ops::rope_norm(&mut s.k[..n * kvd], shape.n_head_kv, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
+                ops::rope_norm(
+                    &mut s.q[..n * qd],
+                    n_head,
+                    c.head_dim,
+                    c.rope_dims,
+                    pos0,
+                    c.rope_freq_base,
+                );
+                ops::rope_norm(
+                    &mut s.k[..n * kvd],
+                    shape.n_head_kv,
+                    c.head_dim,
+                    c.rope_dims,
+                    pos0,
+                    c.rope_freq_base,
+                );
                 self.kv.store(il, pos0, &s.k[..n * kvd], &s.v[..n * kvd]);
                 trace(tr, "Qrope", il, &s.q[..n * qd]);
                 trace(tr, "Krope", il, &s.k[..n * kvd]);
@@ -456,15 +591,41 @@ impl Context {
                         let (t, h) = (item / n_head, item % n_head);
                         let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
                         // SAFETY: each (t, h) output slice is written by exactly one thread.
-                        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd)
+                        };
                         ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
                     }
                 });
                 attention += ta.elapsed();
                 trace(tr, "kqv_out", il, &s.attn[..n * qd]);
-                matmul(pool, &unit.view(&l.wo)?.cols(qr.clone())?, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
+                if gather.is_none() {
+                    matmul(
+                        pool,
+                        &unit.view(&l.wo)?.cols(qr.clone())?,
+                        &s.attn[..n * qd],
+                        n,
+                        &mut s.xb[..n * e],
+                        &mut s.quant,
+                    )?;
+                }
             } else {
                 s.xb[..n * e].fill(0.0);
+            }
+            if let Some(rows) = &gather {
+                // Exact: gather every node's heads, then whole dot products for our rows.
+                spread(&mut s.attn, n, qd, c.q_dim(), qr.start);
+                allreduce(&mut s.attn[..n * c.q_dim()])?;
+                let wo = unit.view(&l.wo)?.rows(rows.clone());
+                matmul(
+                    pool,
+                    &wo,
+                    &s.attn[..n * c.q_dim()],
+                    n,
+                    &mut s.part[..n * rows.len()],
+                    &mut s.quant,
+                )?;
+                place(&s.part, &mut s.xb, n, rows, e);
             }
             allreduce(&mut s.xb[..n * e])?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
@@ -475,15 +636,52 @@ impl Context {
             ops::rmsnorm(&s.x[..n * e], &l.ffn_norm, c.rms_eps, &mut s.xb[..n * e]);
             trace(tr, "ffn_norm", il, &s.xb[..n * e]);
             if ff > 0 {
-                matmul(pool, &unit.view(&l.w_gate)?.rows(fr.clone()), &s.xb[..n * e], n, &mut s.gate[..n * ff], &mut s.quant)?;
-                matmul(pool, &unit.view(&l.w_up)?.rows(fr.clone()), &s.xb[..n * e], n, &mut s.up[..n * ff], &mut s.quant)?;
+                matmul(
+                    pool,
+                    &unit.view(&l.w_gate)?.rows(fr.clone()),
+                    &s.xb[..n * e],
+                    n,
+                    &mut s.gate[..n * ff],
+                    &mut s.quant,
+                )?;
+                matmul(
+                    pool,
+                    &unit.view(&l.w_up)?.rows(fr.clone()),
+                    &s.xb[..n * e],
+                    n,
+                    &mut s.up[..n * ff],
+                    &mut s.quant,
+                )?;
                 trace(tr, "ffn_gate", il, &s.gate[..n * ff]);
                 trace(tr, "ffn_up", il, &s.up[..n * ff]);
                 ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
                 trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
-                matmul(pool, &unit.view(&l.w_down)?.cols(fr.clone())?, &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
+                if gather.is_none() {
+                    matmul(
+                        pool,
+                        &unit.view(&l.w_down)?.cols(fr.clone())?,
+                        &s.gate[..n * ff],
+                        n,
+                        &mut s.xb[..n * e],
+                        &mut s.quant,
+                    )?;
+                }
             } else {
                 s.xb[..n * e].fill(0.0);
+            }
+            if let Some(rows) = &gather {
+                spread(&mut s.gate, n, ff, c.n_ff, fr.start);
+                allreduce(&mut s.gate[..n * c.n_ff])?;
+                let down = unit.view(&l.w_down)?.rows(rows.clone());
+                matmul(
+                    pool,
+                    &down,
+                    &s.gate[..n * c.n_ff],
+                    n,
+                    &mut s.part[..n * rows.len()],
+                    &mut s.quant,
+                )?;
+                place(&s.part, &mut s.xb, n, rows, e);
             }
             allreduce(&mut s.xb[..n * e])?;
             ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
@@ -505,13 +703,21 @@ impl Context {
         let e = c.n_embd;
         let s = &mut self.s;
         let pool = &self.pool;
-        let mapped = Unit { bytes: file.as_bytes(), base: 0 };
+        let mapped = Unit {
+            bytes: file.as_bytes(),
+            base: 0,
+        };
 
         // Output head on the rows that need logits. A source streams it as units
         // n_layer.. (row chunks) on every pass, needed or not, to keep its order.
         let (first, m) = if all { (0, n) } else { (n - 1, 1) };
         if out_row.is_some() {
-            ops::rmsnorm(&s.x[first * e..(first + m) * e], &w.output_norm, c.rms_eps, &mut s.xb[..m * e]);
+            ops::rmsnorm(
+                &s.x[first * e..(first + m) * e],
+                &w.output_norm,
+                c.rms_eps,
+                &mut s.xb[..m * e],
+            );
         }
         let v = c.n_vocab;
         for (k, rows) in self.head_chunks.iter().enumerate() {
@@ -525,7 +731,14 @@ impl Context {
                 if m == 1 || nr == v {
                     // [m, nr] is contiguous in the [m, v] logits.
                     let at = row * v + rows.start;
-                    matmul(pool, &head, &s.xb[..m * e], m, &mut s.logits[at..at + m * nr], &mut s.quant)?;
+                    matmul(
+                        pool,
+                        &head,
+                        &s.xb[..m * e],
+                        m,
+                        &mut s.logits[at..at + m * nr],
+                        &mut s.quant,
+                    )?;
                 } else {
                     // Logits of every token through a chunk: [tb, nr] at a time in the FFN
                     // buffer (free here, so no memory beyond what the plan counts), then
@@ -535,13 +748,27 @@ impl Context {
                     if tb == 0 {
                         for t in 0..m {
                             let at = (row + t) * v + rows.start;
-                            matmul(pool, &head, &s.xb[t * e..(t + 1) * e], 1, &mut s.logits[at..at + nr], &mut s.quant)?;
+                            matmul(
+                                pool,
+                                &head,
+                                &s.xb[t * e..(t + 1) * e],
+                                1,
+                                &mut s.logits[at..at + nr],
+                                &mut s.quant,
+                            )?;
                         }
                     }
                     for t0 in (0..m).step_by(tb.max(1)).take_while(|_| tb > 0) {
                         let k = tb.min(m - t0);
                         let tmp = &mut s.gate[..k * nr];
-                        matmul(pool, &head, &s.xb[t0 * e..(t0 + k) * e], k, tmp, &mut s.quant)?;
+                        matmul(
+                            pool,
+                            &head,
+                            &s.xb[t0 * e..(t0 + k) * e],
+                            k,
+                            tmp,
+                            &mut s.quant,
+                        )?;
                         for t in 0..k {
                             let at = (row + t0 + t) * v + rows.start;
                             s.logits[at..at + nr].copy_from_slice(&tmp[t * nr..(t + 1) * nr]);

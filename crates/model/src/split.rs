@@ -10,6 +10,18 @@
 //! groups with their query heads (GQA), so attention itself needs no communication;
 //! its KV cache holds only its own KV heads.
 //!
+//! **Two schedules.** Summing partial products (above, [`TensorSplit::gather_rows`]
+//! `None`) reassociates the `attn_output` and `ffn_down` dot products, so its logits
+//! differ from one node's by rounding — and, through the on-the-fly Q8 quantization of
+//! activations and the f16 KV cache, which turn a last-bit difference into a whole
+//! quantization step now and then, by up to a few tenths of a logit on SmolLM2 Q4_1
+//! (F32 weights with an f32 cache: ~1e-7 relative). The *gather* schedule
+//! (`gather_rows` = `Some(rows)`) instead gathers the full inputs of those two
+//! matrices (each node's attention heads, each node's SwiGLU rows) and has each node
+//! compute whole dot products for `rows` of their outputs, gathered again: four
+//! exchanges per block instead of two, each exact (every element comes from one node,
+//! the others add zeros), so the logits are bit-identical to one node's.
+//!
 //! The plan (how ranges are chosen, proportional to node speed, on quantization-block
 //! boundaries) is `hearth-parallel`'s `ShardPlan`; this module only executes one.
 
@@ -25,12 +37,19 @@ pub struct TensorSplit {
     pub kv_heads: Range<usize>,
     /// Rows of `ffn_gate`/`ffn_up` (= columns of `ffn_down`), a range of `0..n_ff`.
     pub ffn_rows: Range<usize>,
+    /// The gather schedule (see the module docs): the output rows of `attn_output`
+    /// and `ffn_down` this node computes, a range of `0..n_embd`. `None`: partial sums.
+    pub gather_rows: Option<Range<usize>>,
 }
 
 impl TensorSplit {
     /// The whole model (a single node).
     pub fn whole(c: &ModelConfig) -> Self {
-        Self { kv_heads: 0..c.n_head_kv, ffn_rows: 0..c.n_ff }
+        Self {
+            kv_heads: 0..c.n_head_kv,
+            ffn_rows: 0..c.n_ff,
+            gather_rows: None,
+        }
     }
 
     /// Rows of `attn_q` (= columns of `attn_output`).
@@ -52,19 +71,34 @@ impl TensorSplit {
     /// Check the ranges against the model, including that the column cuts of every
     /// layer's `attn_output` and `ffn_down` fall on quantization-block boundaries.
     pub fn validate(&self, c: &ModelConfig, w: &crate::Weights) -> Result<()> {
-        let bad = |why: String| Err(ModelError::Context(format!("invalid tensor split {self:?}: {why}")));
+        let bad = |why: String| {
+            Err(ModelError::Context(format!(
+                "invalid tensor split {self:?}: {why}"
+            )))
+        };
         if self.kv_heads.start > self.kv_heads.end || self.kv_heads.end > c.n_head_kv {
             return bad(format!("KV heads must lie in 0..{}", c.n_head_kv));
         }
         if self.ffn_rows.start > self.ffn_rows.end || self.ffn_rows.end > c.n_ff {
             return bad(format!("FFN rows must lie in 0..{}", c.n_ff));
         }
+        if let Some(r) = &self.gather_rows {
+            if r.start > r.end || r.end > c.n_embd {
+                return bad(format!("gathered output rows must lie in 0..{}", c.n_embd));
+            }
+            return Ok(());
+        }
         let (q, f) = (self.q_rows(c), self.ffn_rows.clone());
         for l in &w.layers {
             for (t, r) in [(&l.wo, &q), (&l.w_down, &f)] {
                 let bs = t.ty.block_size();
                 if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) {
-                    return bad(format!("columns {r:?} of {} are not whole {}-element blocks of {}", t.name, bs, t.ty.name()));
+                    return bad(format!(
+                        "columns {r:?} of {} are not whole {}-element blocks of {}",
+                        t.name,
+                        bs,
+                        t.ty.name()
+                    ));
                 }
             }
         }
@@ -80,7 +114,12 @@ impl TensorSplit {
 pub trait Collective: Send {
     /// A pass over `n_tokens` rows of `x: [n_tokens, n_embd]` starts at position `pos0`
     /// (the coordinator sends them to the workers; a worker has already received them).
-    fn begin_pass(&mut self, pos0: usize, x: &[f32], n_tokens: usize) -> std::result::Result<(), CollectiveError>;
+    fn begin_pass(
+        &mut self,
+        pos0: usize,
+        x: &[f32],
+        n_tokens: usize,
+    ) -> std::result::Result<(), CollectiveError>;
     /// Replace `buf` by the sum of every node's `buf`; every node ends with the same values.
     fn allreduce(&mut self, buf: &mut [f32]) -> std::result::Result<(), CollectiveError>;
 }

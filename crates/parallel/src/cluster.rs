@@ -80,13 +80,29 @@ impl ClusterError {
 /// sizes of every column-split matrix).
 pub fn model_dims(model: &Model) -> ModelDims {
     let c = &model.config;
-    let blocks: Vec<usize> = model.weights.layers.iter().flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()]).collect();
-    ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
+    let blocks: Vec<usize> = model
+        .weights
+        .layers
+        .iter()
+        .flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()])
+        .collect();
+    ModelDims {
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_dim: c.head_dim,
+        n_embd: c.n_embd,
+        n_ff: c.n_ff,
+        block: lcm_block(&blocks),
+    }
 }
 
 /// The model's view of a node's shard.
 pub fn tensor_split(shard: &NodeShard) -> TensorSplit {
-    TensorSplit { kv_heads: shard.kv_heads.clone(), ffn_rows: shard.ffn_rows.clone() }
+    TensorSplit {
+        kv_heads: shard.kv_heads.clone(),
+        ffn_rows: shard.ffn_rows.clone(),
+        gather_rows: None,
+    }
 }
 
 fn cache_byte(t: CacheType) -> u8 {
@@ -109,8 +125,14 @@ fn cache_type(b: u8) -> CacheType {
 /// the coordinator's embedding and head are not counted).
 pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
     let c = &model.config;
-    let (q, kv, f) = (split.q_rows(c).len(), split.kv_rows(c).len(), split.ffn_rows.len());
-    let part = |t: &hearth_model::TensorRef, num: usize, den: usize| (t.size as u64) * num as u64 / den.max(1) as u64;
+    let (q, kv, f) = (
+        split.q_rows(c).len(),
+        split.kv_rows(c).len(),
+        split.ffn_rows.len(),
+    );
+    let part = |t: &hearth_model::TensorRef, num: usize, den: usize| {
+        (t.size as u64) * num as u64 / den.max(1) as u64
+    };
     model
         .weights
         .layers
@@ -119,10 +141,14 @@ pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
             part(&l.wq, q, l.wq.rows)
                 + part(&l.wk, kv, l.wk.rows)
                 + part(&l.wv, kv, l.wv.rows)
-                + part(&l.wo, q, l.wo.cols)
                 + part(&l.w_gate, f, l.w_gate.rows)
                 + part(&l.w_up, f, l.w_up.rows)
-                + part(&l.w_down, f, l.w_down.cols)
+                + match &split.gather_rows {
+                    Some(r) => {
+                        part(&l.wo, r.len(), l.wo.rows) + part(&l.w_down, r.len(), l.w_down.rows)
+                    }
+                    None => part(&l.wo, q, l.wo.cols) + part(&l.w_down, f, l.w_down.cols),
+                }
         })
         .sum()
 }
@@ -153,7 +179,10 @@ pub struct StarCollective {
 impl StarCollective {
     /// Wrap `star`; the counters are readable through [`Self::counters`].
     pub fn new(star: Arc<Mutex<Star>>) -> Self {
-        Self { star, counters: Arc::default() }
+        Self {
+            star,
+            counters: Arc::default(),
+        }
     }
 
     /// The shared counters.
@@ -179,12 +208,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Collective for StarCollective {
-    fn begin_pass(&mut self, pos0: usize, x: &[f32], _n_tokens: usize) -> Result<(), CollectiveError> {
+    fn begin_pass(
+        &mut self,
+        pos0: usize,
+        x: &[f32],
+        _n_tokens: usize,
+    ) -> Result<(), CollectiveError> {
         let t = std::time::Instant::now();
         let mut star = lock(&self.star);
         let mut sent = 0;
         if star.node() == 0 {
-            let step = Message::Step { pos0: pos0 as u64, x: x.to_vec() };
+            let step = Message::Step {
+                pos0: pos0 as u64,
+                x: x.to_vec(),
+            };
             for p in star.peers_mut() {
                 sent += p.send(&step)? as u64;
             }
@@ -220,6 +257,9 @@ pub struct ClusterOptions {
     pub key: Option<ClusterKey>,
     /// Per-step timeout (connect, each receive).
     pub timeout: Duration,
+    /// The gather schedule: logits bit-identical to one node's, at four exchanges per
+    /// block instead of two (see `hearth_model::TensorSplit`).
+    pub exact: bool,
 }
 
 /// What [`connect`] set up: the coordinator's share and the group, ready for
@@ -247,7 +287,11 @@ pub fn connect(
     cache: CacheType,
 ) -> Result<Group, ClusterError> {
     let n = opts.workers.len() + 1;
-    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
+    let weights = if opts.weights.is_empty() {
+        vec![1.0; n]
+    } else {
+        opts.weights.clone()
+    };
     if weights.len() != n {
         return Err(ClusterError::Plan(format!(
             "{} node weights for {n} nodes (the coordinator and {} workers)",
@@ -255,32 +299,87 @@ pub fn connect(
             opts.workers.len()
         )));
     }
-    let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
+    let plan = ShardPlan::new(model_dims(model), &weights)
+        .map_err(|e| ClusterError::Plan(e.to_string()))?;
+    // The gather schedule's output rows: n_embd shared like everything else.
+    let gather: Vec<Option<std::ops::Range<usize>>> = if opts.exact {
+        let counts = crate::shard::proportional_split(model.config.n_embd, &weights)
+            .map_err(|e| ClusterError::Plan(e.to_string()))?;
+        let mut at = 0;
+        counts
+            .iter()
+            .map(|&k| {
+                at += k;
+                Some(at - k..at)
+            })
+            .collect()
+    } else {
+        vec![None; n]
+    };
     let mut peers = Vec::with_capacity(n - 1);
     let mut workers = Vec::with_capacity(n - 1);
     for (i, addr) in opts.workers.iter().enumerate() {
         let node = i + 1;
-        let cerr = |source| ClusterError::Connect { node, addr: addr.clone(), source };
+        let cerr = |source| ClusterError::Connect {
+            node,
+            addr: addr.clone(),
+            source,
+        };
         let sa = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
             .map_err(cerr)?
             .next()
-            .ok_or_else(|| cerr(std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))?;
+            .ok_or_else(|| {
+                cerr(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the address resolves to nothing",
+                ))
+            })?;
         let stream = TcpStream::connect_timeout(&sa, opts.timeout).map_err(cerr)?;
         let mut peer = Peer::new(stream, node, opts.timeout).map_err(cerr)?;
         let shard = plan.node(node).expect("node in plan").clone();
-        let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            model_sha256: sha256,
+            wire: opts.wire,
+            shard,
+        };
         coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
-        peer.send(&Message::Session(Session { n_ctx: n_ctx as u64, n_batch: n_batch as u64, cache_type: cache_byte(cache) }))?;
+        let gather_rows = gather[node].clone().map(|r| r.start as u64..r.end as u64);
+        peer.send(&Message::Session(Session {
+            n_ctx: n_ctx as u64,
+            n_batch: n_batch as u64,
+            cache_type: cache_byte(cache),
+            gather_rows,
+        }))?;
         match peer.recv()?.0 {
-            Message::Ready { kv_bytes, weight_bytes } => workers.push((addr.clone(), kv_bytes, weight_bytes)),
-            Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
-            other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Ready", other.name()) }),
+            Message::Ready {
+                kv_bytes,
+                weight_bytes,
+            } => workers.push((addr.clone(), kv_bytes, weight_bytes)),
+            Message::Error(e) => {
+                return Err(ClusterError::Refused {
+                    node,
+                    message: e.message,
+                })
+            }
+            other => {
+                return Err(ClusterError::Refused {
+                    node,
+                    message: format!("answered {} instead of Ready", other.name()),
+                })
+            }
         }
         peers.push(peer);
     }
     let star = Star::master(peers, opts.wire)?;
-    let split = tensor_split(plan.node(0).expect("node 0"));
-    Ok(Group { plan, split, collective: StarCollective::new(Arc::new(Mutex::new(star))), workers })
+    let mut split = tensor_split(plan.node(0).expect("node 0"));
+    split.gather_rows = gather[0].clone();
+    Ok(Group {
+        plan,
+        split,
+        collective: StarCollective::new(Arc::new(Mutex::new(star))),
+        workers,
+    })
 }
 
 /// How a worker session ended.
@@ -307,13 +406,20 @@ pub fn serve_session(
     timeout: Duration,
     admitted: impl FnOnce(&NodeShard),
 ) -> Result<SessionEnd, ClusterError> {
-    let mut peer = Peer::new(stream, 0, timeout).map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?;
+    let mut peer = Peer::new(stream, 0, timeout).map_err(|source| ClusterError::Connect {
+        node: 0,
+        addr: "coordinator".into(),
+        source,
+    })?;
     let hello = worker_handshake(&mut peer, sha256, key)?;
     let shard = hello.shard.clone();
     let me = shard.node;
     let ours = model_dims(model);
     if shard.dims != ours {
-        let why = format!("the shard's model dimensions {:?} are not this model's {ours:?}", shard.dims);
+        let why = format!(
+            "the shard's model dimensions {:?} are not this model's {ours:?}",
+            shard.dims
+        );
         peer.report(Some(me), &why);
         return Err(ClusterError::Plan(why));
     }
@@ -326,16 +432,31 @@ pub fn serve_session(
             return Err(ClusterError::Plan(why));
         }
     };
-    let split = tensor_split(&shard);
+    let mut split = tensor_split(&shard);
+    split.gather_rows = session
+        .gather_rows
+        .clone()
+        .map(|r| r.start as usize..r.end as usize);
     let opened = (|| {
-        let n_ctx = usize::try_from(session.n_ctx).ok().filter(|&c| c >= 1 && c <= model.config.n_ctx_train).ok_or_else(|| {
-            hearth_model::ModelError::Context(format!(
-                "context size {} is outside 1..={} (the model's trained context)",
-                session.n_ctx, model.config.n_ctx_train
-            ))
-        })?;
-        let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
-        Context::with_cache_type(model.clone(), n_ctx, n_batch, n_threads, cache_type(session.cache_type))
+        let n_ctx = usize::try_from(session.n_ctx)
+            .ok()
+            .filter(|&c| c >= 1 && c <= model.config.n_ctx_train)
+            .ok_or_else(|| {
+                hearth_model::ModelError::Context(format!(
+                    "context size {} is outside 1..={} (the model's trained context)",
+                    session.n_ctx, model.config.n_ctx_train
+                ))
+            })?;
+        let n_batch = usize::try_from(session.n_batch)
+            .unwrap_or(usize::MAX)
+            .clamp(1, n_ctx);
+        Context::with_cache_type(
+            model.clone(),
+            n_ctx,
+            n_batch,
+            n_threads,
+            cache_type(session.cache_type),
+        )
     })();
     let mut ctx = match opened {
         Ok(c) => c,
@@ -344,12 +465,21 @@ pub fn serve_session(
             return Err(e.into());
         }
     };
-    let star = Arc::new(Mutex::new(Star::worker(me, shard.n_nodes, peer, hello.wire)?));
-    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(StarCollective::new(star.clone()))) {
+    let star = Arc::new(Mutex::new(Star::worker(
+        me,
+        shard.n_nodes,
+        peer,
+        hello.wire,
+    )?));
+    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(StarCollective::new(star.clone())))
+    {
         lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
         return Err(e.into());
     }
-    let ready = Message::Ready { kv_bytes: ctx.kv_bytes() as u64, weight_bytes: shard_weight_bytes(model, &split) };
+    let ready = Message::Ready {
+        kv_bytes: ctx.kv_bytes() as u64,
+        weight_bytes: shard_weight_bytes(model, &split),
+    };
     lock(&star).peers_mut()[0].send(&ready)?;
 
     let mut passes = 0;
@@ -358,7 +488,9 @@ pub fn serve_session(
         let msg = lock(&star).peers_mut()[0].recv_idle();
         let (pos0, x) = match msg {
             Ok((Message::Step { pos0, x }, _)) => (pos0, x),
-            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes }),
+            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => {
+                return Ok(SessionEnd::Finished { passes })
+            }
             Ok((other, _)) => {
                 let why = format!("expected Step, got {}", other.name());
                 lock(&star).peers_mut()[0].report(Some(me), &why);

@@ -1,0 +1,306 @@
+//! Tensor parallelism across processes on loopback: `hearth worker` daemons and a
+//! `hearth generate --workers …` coordinator (issue #6).
+
+mod common;
+
+use common::{assert_clean_error, hearth, model, ok};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PROMPT: &str = "The three primary colors are red, blue and";
+
+/// A `hearth worker` on an ephemeral loopback port, killed when dropped.
+struct Worker {
+    child: Child,
+    addr: String,
+}
+
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("hearth-cache")
+}
+
+impl Worker {
+    fn start(model: &Path, extra: &[&str]) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["worker", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
+            .arg(model)
+            .args(extra)
+            .env("HEARTH_CACHE_DIR", cache_dir())
+            .env_remove("HEARTH_CLUSTER_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .strip_prefix("hearth worker listening on ")
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Worker { child, addr }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn generate(extra: &[&str]) -> std::process::Output {
+    let m = model();
+    let mut args = vec![
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        PROMPT,
+        "-n",
+        "20",
+        "--temperature",
+        "0",
+        "-t",
+        "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(&args)
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_MODEL")
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .output()
+        .unwrap()
+}
+
+fn tokens(v: &serde_json::Value) -> Vec<u64> {
+    v["completion_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+fn addrs(ws: &[&Worker]) -> String {
+    ws.iter()
+        .map(|w| w.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
+    let m = model();
+    let single = tokens(&ok(generate(&[])));
+    assert_eq!(single.len(), 20);
+    let ws: Vec<Worker> = (0..3).map(|_| Worker::start(&m, &[])).collect();
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (addrs(&[&ws[0]]), vec![]),
+        (addrs(&[&ws[0], &ws[1]]), vec![]),
+        // uneven: this machine 3 parts, node 1 one part (no KV head), node 2 two parts
+        (addrs(&[&ws[0], &ws[1]]), vec!["--node-weights", "3,1,2"]),
+        // 4 nodes > SmolLM2's 3 KV heads: one node computes only its FFN share
+        (addrs(&[&ws[0], &ws[1], &ws[2]]), vec![]),
+        // the coordinator computes nothing of the blocks
+        (
+            addrs(&[&ws[0], &ws[1], &ws[2]]),
+            vec!["--node-weights", "0,1,1,1"],
+        ),
+    ];
+    for (workers, extra) in cases {
+        // The gather schedule is exact: the same tokens as one node, always.
+        let mut args = vec!["--workers", workers.as_str(), "--tp-schedule", "gather"];
+        args.extend(extra.iter().copied());
+        let out = generate(&args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let v = ok(out);
+        assert_eq!(tokens(&v), single, "{args:?}: {err}");
+        let n_nodes = workers.split(',').count() + 1;
+        let tp = &v["tensor_parallel"];
+        assert_eq!(tp["nodes"], n_nodes as u64);
+        // 30 blocks × 4 exchanges per forward pass (one prefill pass, 19 decode passes)
+        assert_eq!(tp["allreduces"], 120 * tp["passes"].as_u64().unwrap());
+        if n_nodes == 4 {
+            assert!(err.contains("compute only their FFN share"), "{err}");
+        }
+    }
+    // The sum schedule (the default): two allreduces per block; its rounding differs
+    // from one node's (crates/parallel/tests/tensor_split.rs measures by how much).
+    let sum = ok(generate(&["--workers", &addrs(&[&ws[0], &ws[1]])]));
+    assert_eq!(tokens(&sum).len(), 20);
+    assert_eq!(
+        sum["tensor_parallel"]["allreduces"],
+        60 * sum["tensor_parallel"]["passes"].as_u64().unwrap()
+    );
+    // Q8_0 partial sums: a quarter of the bytes; tokens may drift, the run must complete.
+    let f32_bytes = ok(generate(&["--workers", &ws[0].addr]))["tensor_parallel"]["bytes_sent"]
+        .as_u64()
+        .unwrap();
+    let q8 = ok(generate(&["--workers", &ws[0].addr, "--wire-type", "q8_0"]));
+    let q8_bytes = q8["tensor_parallel"]["bytes_sent"].as_u64().unwrap();
+    assert_eq!(tokens(&q8).len(), 20);
+    assert!(
+        q8_bytes * 3 < f32_bytes,
+        "q8_0 {q8_bytes} vs f32 {f32_bytes}"
+    );
+}
+
+#[test]
+fn a_killed_worker_fails_the_request_within_5_s_naming_it_and_the_rest_still_serve() {
+    let m = model();
+    let w1 = Worker::start(&m, &[]);
+    let mut w2 = Worker::start(&m, &[]);
+    let workers = addrs(&[&w1, &w2]);
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args([
+            "generate",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            PROMPT,
+            "-n",
+            "1500",
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "-t",
+            "1",
+        ])
+        .args(["--workers", &workers])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until tokens stream, then kill node 2.
+    let mut stdout = coord.stdout.take().unwrap();
+    let mut got = 0;
+    let mut buf = [0u8; 256];
+    while got < 40 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the coordinator ended before the kill");
+        got += n;
+    }
+    w2.child.kill().unwrap();
+    let killed = Instant::now();
+    std::thread::spawn(move || while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
+    let status = loop {
+        if let Some(s) = coord.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the coordinator hangs after a worker died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = killed.elapsed();
+    let mut err = String::new();
+    coord
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(
+        err.contains("node 2") && err.contains(&w2.addr),
+        "the error must name node 2 ({}): {err}",
+        w2.addr
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    // The next request with the remaining worker succeeds, with the single-node tokens.
+    let single = tokens(&ok(generate(&[])));
+    assert_eq!(
+        tokens(&ok(generate(&[
+            "--workers",
+            &w1.addr,
+            "--tp-schedule",
+            "gather"
+        ]))),
+        single
+    );
+}
+
+#[test]
+fn bad_peers_get_clear_errors_and_the_worker_survives() {
+    let m = model();
+    let keyed = Worker::start(&m, &["--cluster-key", "s3cret"]);
+    // no key, wrong key, right key
+    assert_clean_error(
+        &generate(&["--workers", &keyed.addr]),
+        "requires a cluster key",
+    );
+    assert_clean_error(
+        &generate(&["--workers", &keyed.addr, "--cluster-key", "wrong"]),
+        "node 1",
+    );
+    let single = tokens(&ok(generate(&[])));
+    let keyed_run = |extra: &[&str]| {
+        tokens(&ok(generate(
+            &[
+                &[
+                    "--workers",
+                    &keyed.addr,
+                    "--cluster-key",
+                    "s3cret",
+                    "--tp-schedule",
+                    "gather",
+                ],
+                extra,
+            ]
+            .concat(),
+        )))
+    };
+    assert_eq!(keyed_run(&[]), single);
+
+    // garbage and a huge length prefix on the socket: the worker drops that connection only
+    for junk in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3][..],
+        &[0, 0, 0, 0][..],
+    ] {
+        let mut s = std::net::TcpStream::connect(&keyed.addr).unwrap();
+        std::io::Write::write_all(&mut s, junk).unwrap();
+        let _ = s.read(&mut [0u8; 64]);
+    }
+    assert_eq!(keyed_run(&[]), single);
+
+    // a worker holding another file (same model plus trailing bytes): refused by hash
+    let other = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-other.gguf");
+    let mut bytes = std::fs::read(&m).unwrap();
+    bytes.extend_from_slice(&[0u8; 64]);
+    std::fs::write(&other, bytes).unwrap();
+    let w_other = Worker::start(&other, &[]);
+    assert_clean_error(&generate(&["--workers", &w_other.addr]), "model mismatch");
+
+    // nobody listening
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    assert_clean_error(&generate(&["--workers", &dead]), "cannot connect");
+    // bad flags
+    assert_clean_error(
+        &hearth(&[
+            "generate",
+            "-p",
+            "x",
+            "--workers",
+            "127.0.0.1:1",
+            "--node-weights",
+            "1,2,3",
+        ]),
+        "--node-weights",
+    );
+}
