@@ -80,14 +80,28 @@ impl GgufFile {
     /// pages. (A fault on the mapping maps a whole page-cache folio, which can be 2 MiB
     /// around a 2 KiB norm.)
     pub fn read_tensor(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; t.size as usize];
+        self.read_at(self.data_offset() + t.offset, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Fill `buf` from absolute file offset `offset` with `pread` (not through the
+    /// mapping: see [`Self::read_tensor`]); an error if the range is past the end.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         match &self.bytes {
-            Bytes::Owned(_) => Ok(self.tensor_data(t).to_vec()),
+            Bytes::Owned(b) => {
+                let src = usize::try_from(offset).ok().and_then(|o| b.get(o..o.checked_add(buf.len())?));
+                let src = src.ok_or_else(|| GgufError::Io {
+                    path: self.path.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "read past the end of the buffer"),
+                })?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
             Bytes::Mapped(_) => {
                 use std::os::unix::fs::FileExt;
                 let io = |source| GgufError::Io { path: self.path.clone(), source };
-                let mut buf = vec![0u8; t.size as usize];
-                std::fs::File::open(&self.path).and_then(|f| f.read_exact_at(&mut buf, self.data_offset() + t.offset)).map_err(io)?;
-                Ok(buf)
+                std::fs::File::open(&self.path).and_then(|f| f.read_exact_at(buf, offset)).map_err(io)
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::model::Model;
 use crate::source::{LayerSource, SourceStats, Unit};
 use crate::split::{Collective, TensorSplit};
 use hearth_kernels::ops::{self, AttnScratch, AttnShape};
-use hearth_kernels::{matmul, ThreadPool};
+use hearth_kernels::{matmul, ThreadPool, WeightView};
 use std::sync::{Arc, Mutex};
 
 /// Which positions of a batch need logits.
@@ -50,6 +50,8 @@ pub struct ContextBuffers {
     pub quantized_activations_bytes: usize,
     /// Per-thread attention accumulators.
     pub per_thread_bytes: usize,
+    /// Tensor parallel: this node's columns of `attn_output`/`ffn_down`, copied compact.
+    pub weight_columns_bytes: usize,
 }
 
 impl ContextBuffers {
@@ -60,6 +62,7 @@ impl ContextBuffers {
             + self.logits_bytes
             + self.quantized_activations_bytes
             + self.per_thread_bytes
+            + self.weight_columns_bytes
     }
 }
 
@@ -86,6 +89,11 @@ pub struct Context {
 
 struct SplitState {
     split: TensorSplit,
+    /// Per block, this node's columns of `attn_output` and `ffn_down` copied into compact
+    /// `[n_embd, cols]` matrices (partial-sum schedule). A column slice of a row-major
+    /// matrix has bytes on every page of it, so computing on the mapping would make the
+    /// whole matrix resident; the copies keep the RSS at this node's share.
+    columns: Vec<[Vec<u8>; 2]>,
     comm: Box<dyn Collective>,
     /// Seconds inside `begin_pass` and `allreduce` calls.
     comm_secs: f64,
@@ -127,6 +135,24 @@ fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
         let sum: f64 = x.iter().map(|&v| v as f64).sum();
         eprintln!("trace {name}-{il} {sum:.6}");
     }
+}
+
+/// Columns `cols` (whole blocks) of matrix `t`, as a compact `[t.rows, cols.len()]`
+/// matrix of `t`'s type, read from the file with `pread` a few MiB at a time.
+fn column_slice(file: &hearth_gguf::GgufFile, t: &crate::TensorRef, cols: std::ops::Range<usize>) -> Result<Vec<u8>> {
+    let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
+    let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes());
+    let mut out = Vec::with_capacity(t.rows * len);
+    let per = ((4 << 20) / rb.max(1)).max(1);
+    let mut buf = vec![0u8; per.min(t.rows) * rb];
+    for r0 in (0..t.rows).step_by(per) {
+        let nr = per.min(t.rows - r0);
+        file.read_at((t.offset + r0 * rb) as u64, &mut buf[..nr * rb])?;
+        for r in 0..nr {
+            out.extend_from_slice(&buf[r * rb + off..r * rb + off + len]);
+        }
+    }
+    Ok(out)
 }
 
 /// `buf` holds `[n, w]` (this node's columns); rewrite it in place as `[n, full]` with
@@ -270,11 +296,14 @@ impl Context {
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
         }
-        self.split = Some(SplitState {
-            split,
-            comm,
-            comm_secs: 0.0,
-        });
+        let mut columns = Vec::new();
+        if split.gather_rows.is_none() && (split.q_rows(c) != (0..c.q_dim()) || split.ffn_rows != (0..c.n_ff)) {
+            let file = &self.model.file;
+            for l in &self.model.weights.layers {
+                columns.push([column_slice(file, &l.wo, split.q_rows(c))?, column_slice(file, &l.w_down, split.ffn_rows.clone())?]);
+            }
+        }
+        self.split = Some(SplitState { split, columns, comm, comm_secs: 0.0 });
         Ok(())
     }
 
@@ -341,6 +370,9 @@ impl Context {
             quantized_activations_bytes: s.quant.capacity(),
             per_thread_bytes: s.attn_acc.len()
                 * AttnScratch::bytes(self.model.config.head_dim, v_f16),
+            weight_columns_bytes: self.split.as_ref().map_or(0, |sp| {
+                sp.columns.iter().map(|[a, b]| a.len() + b.len()).sum()
+            }),
         }
     }
 
@@ -497,10 +529,10 @@ impl Context {
         let s = &mut self.s;
         let pool = &self.pool;
         let tr = self.trace;
-        let mut comm = self
-            .split
-            .as_mut()
-            .map(|sp| (&mut sp.comm, &mut sp.comm_secs));
+        let (columns, mut comm) = match self.split.as_mut() {
+            Some(SplitState { columns, comm, comm_secs, .. }) => (&columns[..], Some((comm, comm_secs))),
+            None => (&[][..], None),
+        };
         let mut allreduce = |buf: &mut [f32]| -> Result<()> {
             if let Some((comm, secs)) = comm.as_mut() {
                 let tc = std::time::Instant::now();
@@ -600,9 +632,13 @@ impl Context {
                 attention += ta.elapsed();
                 trace(tr, "kqv_out", il, &s.attn[..n * qd]);
                 if gather.is_none() {
+                    let wo = match columns.get(il) {
+                        Some([wo, _]) => WeightView::new(l.wo.ty, wo, e, qd)?,
+                        None => unit.view(&l.wo)?.cols(qr.clone())?,
+                    };
                     matmul(
                         pool,
-                        &unit.view(&l.wo)?.cols(qr.clone())?,
+                        &wo,
                         &s.attn[..n * qd],
                         n,
                         &mut s.xb[..n * e],
@@ -657,9 +693,13 @@ impl Context {
                 ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
                 trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
                 if gather.is_none() {
+                    let down = match columns.get(il) {
+                        Some([_, down]) => WeightView::new(l.w_down.ty, down, e, ff)?,
+                        None => unit.view(&l.w_down)?.cols(fr.clone())?,
+                    };
                     matmul(
                         pool,
-                        &unit.view(&l.w_down)?.cols(fr.clone())?,
+                        &down,
                         &s.gate[..n * ff],
                         n,
                         &mut s.xb[..n * e],

@@ -87,7 +87,15 @@ pub fn run(a: Args) -> Result<()> {
             });
             match r {
                 Ok(hearth_parallel::cluster::SessionEnd::Finished { passes }) => {
-                    eprintln!("coordinator {peer}: session ended after {passes} forward passes")
+                    let mem = hearth_memory::ProcMemory::read().map(|m| {
+                        format!(
+                            "; worker peak RSS {} (now {} file-backed, {} anonymous)",
+                            crate::common::mib(m.peak_rss_bytes),
+                            crate::common::mib(m.rss_file_bytes),
+                            crate::common::mib(m.rss_anon_bytes)
+                        )
+                    });
+                    eprintln!("coordinator {peer}: session ended after {passes} forward passes{}", mem.unwrap_or_default())
                 }
                 Err(e) => eprintln!("coordinator {peer}: session failed: {e}"),
             }
