@@ -131,6 +131,20 @@ fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
             assert!(err.contains("compute only their FFN share"), "{err}");
         }
     }
+    // The same split from a cluster file (this machine's weight, then each worker's).
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-test.toml");
+    let toml = format!(
+        "weight = 3.0\n[[worker]]\naddr = \"{}\"\nweight = 1.0\n[[worker]]\naddr = \"{}\"\nweight = 2.0\n",
+        ws[0].addr, ws[1].addr
+    );
+    std::fs::write(&file, toml).unwrap();
+    let out = generate(&["--cluster", file.to_str().unwrap(), "--tp-schedule", "gather"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(tokens(&ok(out)), single);
+    assert!(err.contains("node 1") && err.contains("KV heads 2..2"), "weights 3:1:2 leave node 1 without a KV head: {err}");
+    std::fs::write(&file, "[[worker]]\nadress = \"x\"\n").unwrap();
+    assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "unknown field");
+
     // The sum schedule (the default): two allreduces per block; its rounding differs
     // from one node's (crates/parallel/tests/tensor_split.rs measures by how much).
     let sum = ok(generate(&["--workers", &addrs(&[&ws[0], &ws[1]])]));

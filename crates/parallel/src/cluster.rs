@@ -169,6 +169,23 @@ pub struct CommCounters {
     pub step_secs: f64,
 }
 
+impl CommCounters {
+    /// The counts since `earlier` (a snapshot of the same counters).
+    pub fn since(&self, earlier: &CommCounters) -> CommCounters {
+        CommCounters {
+            passes: self.passes - earlier.passes,
+            allreduces: self.allreduces - earlier.allreduces,
+            total: CommStats {
+                bytes_sent: self.total.bytes_sent - earlier.total.bytes_sent,
+                bytes_received: self.total.bytes_received - earlier.total.bytes_received,
+                seconds: self.total.seconds - earlier.total.seconds,
+            },
+            allreduce_secs: self.allreduce_secs - earlier.allreduce_secs,
+            step_secs: self.step_secs - earlier.step_secs,
+        }
+    }
+}
+
 /// A node's [`Collective`]: the star allreduce, plus (on the coordinator) sending each
 /// pass's input to the workers.
 pub struct StarCollective {

@@ -69,6 +69,11 @@ pub struct Args {
     /// bandwidth measurement is skipped: its buffer would not fit the budget)
     #[command(flatten)]
     pub budget: crate::budget::BudgetArgs,
+    /// With --workers the model is split across this machine and the workers (tensor
+    /// parallelism); the table adds, per forward pass, the time in the group's exchanges
+    /// (allreduces and waiting for the slowest node) and the bytes this node sent
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 /// One test's result.
@@ -84,6 +89,8 @@ struct TestResult {
     io: Option<hearth_model::SourceStats>,
     /// Peak RSS after the test (bytes).
     peak_rss: u64,
+    /// Tensor parallel: the group's counters over the timed samples.
+    comm: Option<hearth_parallel::CommCounters>,
 }
 
 impl TestResult {
@@ -147,6 +154,9 @@ pub fn run(a: Args) -> Result<()> {
         bail!("nothing to measure: both -p and -n are 0");
     }
     let path = resolve_model(a.model.as_ref())?;
+    if a.cluster.enabled() && a.budget.mem_budget.is_some() {
+        bail!("--mem-budget together with --workers is not supported yet (workers split the weights instead)");
+    }
     a.budget.before_load(&path)?;
     let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let c = &model.config;
@@ -169,15 +179,17 @@ pub fn run(a: Args) -> Result<()> {
             ctx.pin_threads()?;
         }
         pb.suspend(|| a.budget.apply(&model, &mut ctx, false))?;
+        let cluster = pb.suspend(|| a.cluster.apply(&model, &mut ctx))?;
         let windowed = ctx.source_stats().is_some();
         pb.set_message(format!("t={t} membw"));
         let bw = if windowed { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
-            let mut io0 = None;
+            let (mut io0, mut comm0) = (None, None);
             for rep in 0..=reps {
                 if rep == 1 {
                     io0 = ctx.source_stats();
+                    comm0 = cluster.as_ref().map(|c| c.snapshot());
                 }
                 pb.set_message(format!("t={t} {}", if n_gen == 0 { format!("pp{n_prompt}") } else { format!("tg{n_gen}") }));
                 ctx.truncate(0);
@@ -210,6 +222,7 @@ pub fn run(a: Args) -> Result<()> {
                 memory: memory.json(),
                 io,
                 peak_rss: memory.proc.peak_rss_bytes,
+                comm: cluster.as_ref().zip(comm0).map(|(c, before)| c.snapshot().since(&before)),
             });
         }
     }
@@ -297,6 +310,16 @@ impl ModelInfo {
             "membw_gbps": r.membw_gbps,
             "gbps": gbps, "roofline_pct": pct,
             "memory": r.memory,
+            "tensor_parallel": r.comm.as_ref().map(|c| {
+                let (passes, secs) = r.passes_and_secs();
+                serde_json::json!({
+                    "allreduces_per_pass": c.allreduces as f64 / passes,
+                    "comm_ms_per_pass": c.total.seconds * 1e3 / passes,
+                    "comm_share": c.total.seconds / secs,
+                    "bytes_sent_per_pass": c.total.bytes_sent as f64 / passes,
+                    "bytes_received_per_pass": c.total.bytes_received as f64 / passes,
+                })
+            }),
             "window_io": r.io.as_ref().map(|io| {
                 let mut v = crate::budget::io_json(io);
                 let (passes, secs) = r.passes_and_secs();
@@ -313,9 +336,11 @@ impl ModelInfo {
         if results.iter().any(|r| r.io.is_some()) {
             return self.window_table(results);
         }
+        let tp = results.iter().any(|r| r.comm.is_some());
         let mut o = String::new();
-        let _ = writeln!(o, "| model | size | params | type | threads | test | t/s | weights GB/s | % of read BW |");
-        let _ = writeln!(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+        let (h, d) = if tp { (" comm ms/pass | comm % | KB sent/pass |", " ---: | ---: | ---: |") } else { ("", "") };
+        let _ = writeln!(o, "| model | size | params | type | threads | test | t/s | weights GB/s | % of read BW |{h}");
+        let _ = writeln!(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |{d}");
         for r in results {
             let ts = r.samples_ts();
             let (gbps, pct) = match self.roofline(r) {
@@ -324,7 +349,7 @@ impl ModelInfo {
             };
             let _ = writeln!(
                 o,
-                "| {} | {:.2} GiB | {} | {} | {} | {} | {:.2} ± {:.2} | {gbps} | {pct} |",
+                "| {} | {:.2} GiB | {} | {} | {} | {} | {:.2} ± {:.2} | {gbps} | {pct} |{}",
                 self.filename,
                 self.size_bytes as f64 / (1u64 << 30) as f64,
                 params_label(self.n_params),
@@ -332,7 +357,16 @@ impl ModelInfo {
                 r.n_threads,
                 r.name(),
                 mean(&ts),
-                stddev(&ts)
+                stddev(&ts),
+                r.comm.as_ref().map_or(String::new(), |c| {
+                    let (passes, secs) = r.passes_and_secs();
+                    format!(
+                        " {:.2} | {:.0}% | {:.1} |",
+                        c.total.seconds * 1e3 / passes,
+                        100.0 * c.total.seconds / secs,
+                        c.total.bytes_sent as f64 / 1e3 / passes
+                    )
+                })
             );
         }
         o
