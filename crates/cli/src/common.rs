@@ -187,7 +187,7 @@ impl MemoryReport {
             "logits_bytes": b.logits_bytes,
             "quantized_activations_bytes": b.quantized_activations_bytes,
             "per_thread_bytes": b.per_thread_bytes,
-            "weight_columns_bytes": b.weight_columns_bytes,
+            "weight_shard_bytes": b.weight_shard_bytes,
             "context_bytes": b.total(),
             "heap_live_bytes": h.heap_live_bytes,
             "heap_peak_bytes": h.heap_peak_bytes,
@@ -203,7 +203,7 @@ impl MemoryReport {
             mib(p.peak_rss_bytes), mib(p.rss_file_bytes), mib(self.model_file_bytes), mib(p.rss_anon_bytes),
             mib(b.total() as u64), mib(b.kv_cache_bytes as u64), self.cache_type, mib(b.activations_bytes as u64),
             mib(b.logits_bytes as u64), mib(b.quantized_activations_bytes as u64), mib(b.per_thread_bytes as u64),
-            if b.weight_columns_bytes > 0 { format!(", weight columns (tensor parallel) {}", mib(b.weight_columns_bytes as u64)) } else { String::new() },
+            if b.weight_shard_bytes > 0 { format!(", weight shard (tensor parallel) {}", mib(b.weight_shard_bytes as u64)) } else { String::new() },
             mib(self.heap.heap_peak_bytes),
         )
     }

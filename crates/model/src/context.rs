@@ -50,8 +50,8 @@ pub struct ContextBuffers {
     pub quantized_activations_bytes: usize,
     /// Per-thread attention accumulators.
     pub per_thread_bytes: usize,
-    /// Tensor parallel: this node's columns of `attn_output`/`ffn_down`, copied compact.
-    pub weight_columns_bytes: usize,
+    /// Tensor parallel: this node's share of the block weights, copied compact.
+    pub weight_shard_bytes: usize,
 }
 
 impl ContextBuffers {
@@ -62,7 +62,7 @@ impl ContextBuffers {
             + self.logits_bytes
             + self.quantized_activations_bytes
             + self.per_thread_bytes
-            + self.weight_columns_bytes
+            + self.weight_shard_bytes
     }
 }
 
@@ -87,13 +87,28 @@ pub struct Context {
     split: Option<SplitState>,
 }
 
+/// One block's matrices as this node computes them (shapes as in `blocks`).
+struct ShardBlock {
+    m: [Vec<u8>; 7],
+}
+
+/// Index of each matrix in [`ShardBlock::m`] (the order of `LayerWeights`).
+const WQ: usize = 0;
+const WK: usize = 1;
+const WV: usize = 2;
+const WO: usize = 3;
+const W_GATE: usize = 4;
+const W_UP: usize = 5;
+const W_DOWN: usize = 6;
+
 struct SplitState {
     split: TensorSplit,
-    /// Per block, this node's columns of `attn_output` and `ffn_down` copied into compact
-    /// `[n_embd, cols]` matrices (partial-sum schedule). A column slice of a row-major
-    /// matrix has bytes on every page of it, so computing on the mapping would make the
-    /// whole matrix resident; the copies keep the RSS at this node's share.
-    columns: Vec<[Vec<u8>; 2]>,
+    /// Per block, this node's rows and columns of the seven matrices, copied into compact
+    /// matrices with `pread` (empty when the node computes the whole model). Columns of a
+    /// row-major matrix have bytes on every page of it, and the page cache maps whole
+    /// folios around what is touched, so computing on the mapping would make far more
+    /// than the share resident; the copies keep the RSS at this node's share.
+    shard: Vec<ShardBlock>,
     comm: Box<dyn Collective>,
     /// Seconds inside `begin_pass` and `allreduce` calls.
     comm_secs: f64,
@@ -137,22 +152,49 @@ fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
     }
 }
 
-/// Columns `cols` (whole blocks) of matrix `t`, as a compact `[t.rows, cols.len()]`
-/// matrix of `t`'s type, read from the file with `pread` a few MiB at a time.
-fn column_slice(file: &hearth_gguf::GgufFile, t: &crate::TensorRef, cols: std::ops::Range<usize>) -> Result<Vec<u8>> {
+/// Rows `rows` × columns `cols` (whole blocks) of matrix `t`, as a compact
+/// `[rows.len(), cols.len()]` matrix of `t`'s type, read from the file with `pread` a
+/// few MiB at a time.
+fn slice_matrix(
+    file: &hearth_gguf::GgufFile,
+    t: &crate::TensorRef,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) -> Result<Vec<u8>> {
     let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
     let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes());
-    let mut out = Vec::with_capacity(t.rows * len);
+    let mut out = vec![0u8; rows.len() * len];
+    if len == rb {
+        file.read_at((t.offset + rows.start * rb) as u64, &mut out)?;
+        return Ok(out);
+    }
     let per = ((4 << 20) / rb.max(1)).max(1);
-    let mut buf = vec![0u8; per.min(t.rows) * rb];
-    for r0 in (0..t.rows).step_by(per) {
-        let nr = per.min(t.rows - r0);
+    let mut buf = vec![0u8; per.min(rows.len()) * rb];
+    for (k, r0) in rows.clone().step_by(per).enumerate() {
+        let nr = per.min(rows.end - r0);
         file.read_at((t.offset + r0 * rb) as u64, &mut buf[..nr * rb])?;
         for r in 0..nr {
-            out.extend_from_slice(&buf[r * rb + off..r * rb + off + len]);
+            let dst = (k * per + r) * len;
+            out[dst..dst + len].copy_from_slice(&buf[r * rb + off..r * rb + off + len]);
         }
     }
     Ok(out)
+}
+
+/// A matrix as this node computes with it: its compact copy when it has one, else rows
+/// `rows` × columns `cols` of the tensor in `unit`.
+fn matrix<'a>(
+    own: Option<&'a ShardBlock>,
+    which: usize,
+    unit: &Unit<'a>,
+    t: &crate::TensorRef,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) -> Result<WeightView<'a>> {
+    Ok(match own {
+        Some(b) => WeightView::new(t.ty, &b.m[which], rows.len(), cols.len())?,
+        None => unit.view(t)?.rows(rows).cols(cols)?,
+    })
 }
 
 /// `buf` holds `[n, w]` (this node's columns); rewrite it in place as `[n, full]` with
@@ -296,14 +338,30 @@ impl Context {
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
         }
-        let mut columns = Vec::new();
-        if split.gather_rows.is_none() && (split.q_rows(c) != (0..c.q_dim()) || split.ffn_rows != (0..c.n_ff)) {
+        let mut shard = Vec::new();
+        if split != TensorSplit::whole(c) {
             let file = &self.model.file;
+            let (q, kv, f) = (split.q_rows(c), split.kv_rows(c), split.ffn_rows.clone());
+            let (e, all_q, all_f) = (0..c.n_embd, 0..c.q_dim(), 0..c.n_ff);
             for l in &self.model.weights.layers {
-                columns.push([column_slice(file, &l.wo, split.q_rows(c))?, column_slice(file, &l.w_down, split.ffn_rows.clone())?]);
+                let (wo, down) = match &split.gather_rows {
+                    Some(r) => (slice_matrix(file, &l.wo, r.clone(), all_q.clone())?, slice_matrix(file, &l.w_down, r.clone(), all_f.clone())?),
+                    None => (slice_matrix(file, &l.wo, e.clone(), q.clone())?, slice_matrix(file, &l.w_down, e.clone(), f.clone())?),
+                };
+                shard.push(ShardBlock {
+                    m: [
+                        slice_matrix(file, &l.wq, q.clone(), e.clone())?,
+                        slice_matrix(file, &l.wk, kv.clone(), e.clone())?,
+                        slice_matrix(file, &l.wv, kv.clone(), e.clone())?,
+                        wo,
+                        slice_matrix(file, &l.w_gate, f.clone(), e.clone())?,
+                        slice_matrix(file, &l.w_up, f.clone(), e.clone())?,
+                        down,
+                    ],
+                });
             }
         }
-        self.split = Some(SplitState { split, columns, comm, comm_secs: 0.0 });
+        self.split = Some(SplitState { split, shard, comm, comm_secs: 0.0 });
         Ok(())
     }
 
@@ -370,9 +428,10 @@ impl Context {
             quantized_activations_bytes: s.quant.capacity(),
             per_thread_bytes: s.attn_acc.len()
                 * AttnScratch::bytes(self.model.config.head_dim, v_f16),
-            weight_columns_bytes: self.split.as_ref().map_or(0, |sp| {
-                sp.columns.iter().map(|[a, b]| a.len() + b.len()).sum()
-            }),
+            weight_shard_bytes: self
+                .split
+                .as_ref()
+                .map_or(0, |sp| sp.shard.iter().flat_map(|b| b.m.iter().map(Vec::len)).sum()),
         }
     }
 
@@ -529,8 +588,8 @@ impl Context {
         let s = &mut self.s;
         let pool = &self.pool;
         let tr = self.trace;
-        let (columns, mut comm) = match self.split.as_mut() {
-            Some(SplitState { columns, comm, comm_secs, .. }) => (&columns[..], Some((comm, comm_secs))),
+        let (shard, mut comm) = match self.split.as_mut() {
+            Some(SplitState { shard, comm, comm_secs, .. }) => (&shard[..], Some((comm, comm_secs))),
             None => (&[][..], None),
         };
         let mut allreduce = |buf: &mut [f32]| -> Result<()> {
@@ -557,13 +616,15 @@ impl Context {
                 Some(src) => src.acquire(il)?,
                 None => mapped,
             };
+            let own = shard.get(il);
+            let all = |n: usize| 0..n;
             // Attention block: xb = rmsnorm(x) · attn_norm; q,k,v = xb·Wqᵀ, xb·Wkᵀ, xb·Wvᵀ.
             ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
             trace(tr, "attn_norm", il, &s.xb[..n * e]);
             if n_head > 0 {
                 matmul(
                     pool,
-                    &unit.view(&l.wq)?.rows(qr.clone()),
+                    &matrix(own, WQ, &unit, &l.wq, qr.clone(), all(e))?,
                     &s.xb[..n * e],
                     n,
                     &mut s.q[..n * qd],
@@ -571,7 +632,7 @@ impl Context {
                 )?;
                 matmul(
                     pool,
-                    &unit.view(&l.wk)?.rows(kvr.clone()),
+                    &matrix(own, WK, &unit, &l.wk, kvr.clone(), all(e))?,
                     &s.xb[..n * e],
                     n,
                     &mut s.k[..n * kvd],
@@ -579,7 +640,7 @@ impl Context {
                 )?;
                 matmul(
                     pool,
-                    &unit.view(&l.wv)?.rows(kvr.clone()),
+                    &matrix(own, WV, &unit, &l.wv, kvr.clone(), all(e))?,
                     &s.xb[..n * e],
                     n,
                     &mut s.v[..n * kvd],
@@ -632,10 +693,7 @@ impl Context {
                 attention += ta.elapsed();
                 trace(tr, "kqv_out", il, &s.attn[..n * qd]);
                 if gather.is_none() {
-                    let wo = match columns.get(il) {
-                        Some([wo, _]) => WeightView::new(l.wo.ty, wo, e, qd)?,
-                        None => unit.view(&l.wo)?.cols(qr.clone())?,
-                    };
+                    let wo = matrix(own, WO, &unit, &l.wo, all(e), qr.clone())?;
                     matmul(
                         pool,
                         &wo,
@@ -652,7 +710,7 @@ impl Context {
                 // Exact: gather every node's heads, then whole dot products for our rows.
                 spread(&mut s.attn, n, qd, c.q_dim(), qr.start);
                 allreduce(&mut s.attn[..n * c.q_dim()])?;
-                let wo = unit.view(&l.wo)?.rows(rows.clone());
+                let wo = matrix(own, WO, &unit, &l.wo, rows.clone(), all(c.q_dim()))?;
                 matmul(
                     pool,
                     &wo,
@@ -674,7 +732,7 @@ impl Context {
             if ff > 0 {
                 matmul(
                     pool,
-                    &unit.view(&l.w_gate)?.rows(fr.clone()),
+                    &matrix(own, W_GATE, &unit, &l.w_gate, fr.clone(), all(e))?,
                     &s.xb[..n * e],
                     n,
                     &mut s.gate[..n * ff],
@@ -682,7 +740,7 @@ impl Context {
                 )?;
                 matmul(
                     pool,
-                    &unit.view(&l.w_up)?.rows(fr.clone()),
+                    &matrix(own, W_UP, &unit, &l.w_up, fr.clone(), all(e))?,
                     &s.xb[..n * e],
                     n,
                     &mut s.up[..n * ff],
@@ -693,10 +751,7 @@ impl Context {
                 ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
                 trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
                 if gather.is_none() {
-                    let down = match columns.get(il) {
-                        Some([_, down]) => WeightView::new(l.w_down.ty, down, e, ff)?,
-                        None => unit.view(&l.w_down)?.cols(fr.clone())?,
-                    };
+                    let down = matrix(own, W_DOWN, &unit, &l.w_down, all(e), fr.clone())?;
                     matmul(
                         pool,
                         &down,
@@ -712,7 +767,7 @@ impl Context {
             if let Some(rows) = &gather {
                 spread(&mut s.gate, n, ff, c.n_ff, fr.start);
                 allreduce(&mut s.gate[..n * c.n_ff])?;
-                let down = unit.view(&l.w_down)?.rows(rows.clone());
+                let down = matrix(own, W_DOWN, &unit, &l.w_down, rows.clone(), all(c.n_ff))?;
                 matmul(
                     pool,
                     &down,

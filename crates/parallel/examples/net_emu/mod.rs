@@ -137,6 +137,7 @@ pub fn relay(mut src: TcpStream, mut dst: TcpStream, net: Arc<Net>, from: Nic, t
         // Dropping `tx` tells the writer that the stream ended.
     })?;
     thread::Builder::new().name("emu-write".into()).spawn(move || {
+        precise_sleep();
         for (at, data) in rx {
             let now = Instant::now();
             if at > now {
@@ -151,6 +152,24 @@ pub fn relay(mut src: TcpStream, mut dst: TcpStream, net: Arc<Net>, from: Nic, t
         let _ = dst.shutdown(Shutdown::Write);
     })?;
     Ok(())
+}
+
+/// Ask Linux to wake this thread's sleeps without the default 50 µs timer slack
+/// (`PR_SET_TIMERSLACK` = 1 ns; best effort). On the benchmark VM this cuts the
+/// oversleep of a 1 ms `sleep` from about 105 µs to about 45 µs.
+fn precise_sleep() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::{c_int, c_ulong};
+        extern "C" {
+            fn prctl(option: c_int, ...) -> c_int;
+        }
+        const PR_SET_TIMERSLACK: c_int = 29;
+        // SAFETY: prctl(PR_SET_TIMERSLACK, n) only changes this thread's timer slack.
+        unsafe {
+            prctl(PR_SET_TIMERSLACK, 1 as c_ulong, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong);
+        }
+    }
 }
 
 /// Relay an accepted `client` connection to a new connection to `target`, both ways:
