@@ -134,7 +134,7 @@ impl ClusterArgs {
     }
 
     /// The workers, weights and wire type from the flags or the cluster file.
-    fn options(&self) -> Result<ClusterOptions> {
+    pub fn options(&self) -> Result<ClusterOptions> {
         let mut wire = self.wire_type;
         let (workers, mut weights) = match &self.cluster {
             Some(path) => {
@@ -199,14 +199,20 @@ impl ClusterArgs {
         if !self.enabled() {
             return Ok(None);
         }
-        let opts = self.options()?;
+        apply_options(model, ctx, &self.options()?).map(Some)
+    }
+}
+
+/// Connect to `opts.workers` and make `ctx` compute node 0's share. Prints the split.
+pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<ClusterRun> {
+    {
         let path = model.file.path();
         let sha = hearth_parallel::model_hash::file_sha256(path)
             .with_context(|| format!("hashing {}", path.display()))?;
         let group = hearth_parallel::connect(
             model,
             sha,
-            &opts,
+            opts,
             ctx.n_ctx(),
             ctx.n_batch(),
             ctx.cache_type(),
@@ -252,12 +258,30 @@ impl ClusterArgs {
         }
         let counters = group.collective.counters();
         ctx.set_tensor_split(group.split, Box::new(group.collective))?;
-        Ok(Some(ClusterRun {
-            n_nodes: group.plan.n_nodes(),
-            wire: opts.wire,
-            counters,
-        }))
+        Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, counters })
     }
+}
+
+/// The worker a tensor-parallel failure blames (node index ≥ 1), if `e` is one.
+pub fn failed_worker(e: &hearth_model::ModelError) -> Option<usize> {
+    match e {
+        hearth_model::ModelError::Collective(b) => {
+            b.downcast_ref::<hearth_parallel::CommError>().and_then(|c| c.failed_node()).filter(|&n| n >= 1)
+        }
+        _ => None,
+    }
+}
+
+/// `opts` without worker node `node` (≥ 1) and its weight.
+pub fn without_node(opts: &ClusterOptions, node: usize) -> ClusterOptions {
+    let mut o = opts.clone();
+    if node >= 1 && node <= o.workers.len() {
+        o.workers.remove(node - 1);
+        if !o.weights.is_empty() {
+            o.weights.remove(node);
+        }
+    }
+    o
 }
 
 /// One line on the communication between two snapshots of a run's counters: per token,

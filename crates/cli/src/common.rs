@@ -98,16 +98,24 @@ impl ModelArgs {
         }
     }
 
-    /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent).
-    pub fn context(&self, model: &Arc<Model>, default_ctx: usize) -> Result<Context> {
-        Ok(self.prepare(model, default_ctx, false)?.ctx)
-    }
-
-    /// [`Self::context`], with the sliding window (`--mem-budget`) or the tensor-parallel
+    /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent), with the sliding window (`--mem-budget`) or the tensor-parallel
     /// group (`--workers`) it runs with; `logits_all`: every position's logits will be
     /// asked for (perplexity).
     pub fn prepare(&self, model: &Arc<Model>, default_ctx: usize, logits_all: bool) -> Result<Prepared> {
-        if self.cluster.enabled() && self.budget.mem_budget.is_some() {
+        let cluster = if self.cluster.enabled() { Some(self.cluster.options()?) } else { None };
+        self.prepare_with(model, default_ctx, logits_all, cluster.as_ref())
+    }
+
+    /// [`Self::prepare`] with the tensor-parallel group `cluster` instead of the flags'
+    /// (chat re-splits over the remaining workers after one fails).
+    pub fn prepare_with(
+        &self,
+        model: &Arc<Model>,
+        default_ctx: usize,
+        logits_all: bool,
+        cluster: Option<&hearth_parallel::ClusterOptions>,
+    ) -> Result<Prepared> {
+        if cluster.is_some() && self.budget.mem_budget.is_some() {
             bail!("--mem-budget on the coordinator together with --workers is not supported yet (workers split the weights instead)");
         }
         let n_ctx = self.ctx_size(model, default_ctx)?;
@@ -116,7 +124,10 @@ impl ModelArgs {
             ctx.pin_threads()?;
         }
         let window = self.budget.apply(model, &mut ctx, logits_all)?;
-        let cluster = self.cluster.apply(model, &mut ctx)?;
+        let cluster = match cluster {
+            Some(o) if !o.workers.is_empty() => Some(crate::cluster::apply_options(model, &mut ctx, o)?),
+            _ => None,
+        };
         Ok(Prepared { ctx, window, cluster })
     }
 }

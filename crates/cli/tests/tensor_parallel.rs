@@ -318,3 +318,57 @@ fn bad_peers_get_clear_errors_and_the_worker_survives() {
         "--node-weights",
     );
 }
+
+#[test]
+fn chat_re_splits_over_the_remaining_workers_when_one_dies() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    let m = model();
+    let w1 = Worker::start(&m, &[]);
+    let mut w2 = Worker::start(&m, &[]);
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["chat", "-m", m.to_str().unwrap(), "-n", "8", "--temperature", "0", "-t", "1"])
+        .args(["--workers", &addrs(&[&w1, &w2])])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = Arc::new(Mutex::new(String::new()));
+    let mut stderr = chat.stderr.take().unwrap();
+    let sink = err.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let wait_for = |what: &str, count: usize| {
+        let t = Instant::now();
+        while err.lock().unwrap().matches(what).count() < count {
+            assert!(t.elapsed() < Duration::from_secs(60), "waiting for {what:?} ×{count}: {}", err.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut stdin = chat.stdin.take().unwrap();
+    wait_for("> ", 1);
+    writeln!(stdin, "Hello").unwrap();
+    wait_for("> ", 2);
+    w2.child.kill().unwrap();
+    let _ = w2.child.wait();
+    writeln!(stdin, "What is 2+2?").unwrap();
+    wait_for("dropping node 2", 1);
+    wait_for("> ", 3);
+    writeln!(stdin, "What is 2+2?").unwrap();
+    wait_for("> ", 4);
+    writeln!(stdin, "/exit").unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let e = err.lock().unwrap().clone();
+    assert!(out.status.success(), "{e}");
+    assert!(e.contains("re-splitting over 2 node(s)"), "{e}");
+    assert_eq!(e.matches("error:").count(), 1, "only the failed turn errs: {e}");
+}

@@ -25,7 +25,8 @@ use net_emu::{LinkParams, Net};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
-const USAGE: &str = "usage: delay_proxy --listen HOST:PORT --target HOST:PORT [--listen … --target …]… \
+const USAGE: &str =
+    "usage: delay_proxy --listen HOST:PORT --target HOST:PORT [--listen … --target …]… \
                      [--delay-ms D] [--rate-mbit R] [--separate-clients]";
 
 fn main() {
@@ -56,7 +57,11 @@ fn run() -> Result<(), String> {
         }
     }
     if listens.is_empty() || listens.len() != targets.len() {
-        return Err(format!("{} --listen for {} --target: give them in pairs", listens.len(), targets.len()));
+        return Err(format!(
+            "{} --listen for {} --target: give them in pairs",
+            listens.len(),
+            targets.len()
+        ));
     }
     let net = Net::new(LinkParams::new(delay_ms, rate_mbit));
     let shared_client = net.nic();
@@ -76,7 +81,9 @@ fn run() -> Result<(), String> {
             .and_then(|_| out.flush())
             .map_err(|e| e.to_string())?;
         let net = net.clone();
-        servers.push(std::thread::spawn(move || net_emu::serve(listener, target, net, client, server)));
+        servers.push(std::thread::spawn(move || {
+            net_emu::serve(listener, target, net, client, server)
+        }));
     }
     drop(out);
     for s in servers {

@@ -29,7 +29,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
-    let mut ctx = a.model.context(&model, 2048)?;
+    // With --workers: the group, re-formed without a worker that fails.
+    let mut cluster = if a.model.cluster.enabled() { Some(a.model.cluster.options()?) } else { None };
+    let mut ctx = a.model.prepare_with(&model, 2048, false, cluster.as_ref())?.ctx;
     let sampler = a.sampling.config()?;
     let mut messages: Vec<Message> = Vec::new();
     if let Some(s) = &a.system {
@@ -96,6 +98,22 @@ pub fn run(a: Args) -> Result<()> {
             Ok(g) => g,
             Err(e) => {
                 eprintln!("error: {e}");
+                if let (Some(node), Some(opts)) = (crate::cluster::failed_worker(&e), cluster.as_ref()) {
+                    // Re-split over the nodes left; the conversation is evaluated again
+                    // from the start on the next message.
+                    let rest = crate::cluster::without_node(opts, node);
+                    eprintln!(
+                        "[dropping node {node} ({}); re-splitting over {} node(s) — send your message again]",
+                        opts.workers.get(node - 1).map_or("?", String::as_str),
+                        rest.workers.len() + 1
+                    );
+                    drop(ctx);
+                    ctx = a.model.prepare_with(&model, 2048, false, Some(&rest))?.ctx;
+                    cluster = Some(rest);
+                    cached.clear();
+                    messages.pop();
+                    continue;
+                }
                 if !cached.is_empty() {
                     eprintln!("(/reset starts a new conversation with an empty context)");
                 }
