@@ -191,6 +191,7 @@ impl ClusterArgs {
             )?,
             timeout: Duration::from_secs_f64(self.step_timeout),
             exact: self.tp_schedule == TpSchedule::Gather,
+            progress: true,
         })
     }
 

@@ -372,3 +372,76 @@ fn chat_re_splits_over_the_remaining_workers_when_one_dies() {
     assert!(e.contains("re-splitting over 2 node(s)"), "{e}");
     assert_eq!(e.matches("error:").count(), 1, "only the failed turn errs: {e}");
 }
+
+/// The model's SHA-256 in hex (`sha256sum`).
+fn model_sha(m: &Path) -> String {
+    let out = Command::new("sha256sum").arg(m).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn a_worker_without_the_model_file_gets_its_shard_once() {
+    let m = model();
+    let sha = model_sha(&m);
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shard-cache-test");
+    let _ = std::fs::remove_dir_all(&cache);
+    let start = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["worker", "--listen", "127.0.0.1:0", "-t", "1", "--model-sha256", &sha, "--shard-cache"])
+            .arg(&cache)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.split_whitespace().nth(4).unwrap().to_string();
+        Worker { child, addr }
+    };
+    let single = tokens(&ok(generate(&[])));
+    let w = start();
+    let run = |w: &Worker| {
+        let out = generate(&["--workers", &w.addr, "--tp-schedule", "gather"]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        (tokens(&ok(out)), err)
+    };
+    let (t, err) = run(&w);
+    assert_eq!(t, single);
+    assert!(err.contains("sending it"), "first session sends the shard: {err}");
+    // A restarted worker finds it in its cache.
+    drop(w);
+    let w = start();
+    let (t, err) = run(&w);
+    assert_eq!(t, single);
+    assert!(!err.contains("sending it"), "the cached shard is reused: {err}");
+    // A damaged cache entry is noticed (by hash) and fetched again.
+    let shard = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "gguf")).unwrap();
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 0xff;
+    std::fs::write(&shard, bytes).unwrap();
+    let (t, err) = run(&w);
+    assert_eq!(t, single);
+    assert!(err.contains("sending it"), "a damaged shard is sent again: {err}");
+    // Another model's coordinator is refused.
+    let other = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-other-2.gguf");
+    let mut bytes = std::fs::read(&m).unwrap();
+    bytes.extend_from_slice(&[1u8; 64]);
+    std::fs::write(&other, bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["generate", "-m", other.to_str().unwrap(), "-p", "Hi", "-n", "2", "--workers", &w.addr])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .output()
+        .unwrap();
+    assert_clean_error(&out, "model mismatch");
+}
+
+#[test]
+fn a_worker_under_a_memory_budget_streams_its_shard() {
+    let m = model();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shard-cache-budget");
+    let w = Worker::start(&m, &["--mem-budget", "64MiB", "--shard-cache", cache.to_str().unwrap()]);
+    let single = tokens(&ok(generate(&["-c", "512"])));
+    let v = ok(generate(&["-c", "512", "--workers", &w.addr, "--tp-schedule", "gather"]));
+    assert_eq!(tokens(&v), single);
+}

@@ -124,11 +124,13 @@ impl ModelSummary {
     /// From a parsed GGUF header (tensor data is never read).
     pub fn from_gguf(f: &GgufFile) -> hearth_model::Result<Self> {
         let c = ModelConfig::from_gguf(f)?;
+        // A shard file (tensor parallelism) caches only its own KV heads.
+        let shard = hearth_model::TensorSplit::from_shard_file(f)?;
         let shape = ModelShape {
             n_embd: c.n_embd,
             n_layer: c.n_layer,
             n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
+            n_head_kv: shard.as_ref().map_or(c.n_head_kv, |s| s.kv_heads.len()),
             head_dim: c.head_dim,
             n_ff: c.n_ff,
             n_vocab: c.n_vocab,

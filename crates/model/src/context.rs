@@ -152,37 +152,10 @@ fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
     }
 }
 
-/// Rows `rows` × columns `cols` (whole blocks) of matrix `t`, as a compact
-/// `[rows.len(), cols.len()]` matrix of `t`'s type, read from the file with `pread` a
-/// few MiB at a time.
-fn slice_matrix(
-    file: &hearth_gguf::GgufFile,
-    t: &crate::TensorRef,
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-) -> Result<Vec<u8>> {
-    let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
-    let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes());
-    let mut out = vec![0u8; rows.len() * len];
-    if len == rb {
-        file.read_at((t.offset + rows.start * rb) as u64, &mut out)?;
-        return Ok(out);
-    }
-    let per = ((4 << 20) / rb.max(1)).max(1);
-    let mut buf = vec![0u8; per.min(rows.len()) * rb];
-    for (k, r0) in rows.clone().step_by(per).enumerate() {
-        let nr = per.min(rows.end - r0);
-        file.read_at((t.offset + r0 * rb) as u64, &mut buf[..nr * rb])?;
-        for r in 0..nr {
-            let dst = (k * per + r) * len;
-            out[dst..dst + len].copy_from_slice(&buf[r * rb + off..r * rb + off + len]);
-        }
-    }
-    Ok(out)
-}
-
 /// A matrix as this node computes with it: its compact copy when it has one, else rows
-/// `rows` × columns `cols` of the tensor in `unit`.
+/// `rows` × columns `cols` of the tensor in `unit` — or the whole tensor when it already
+/// has that shape (a shard file's matrices are stored cut; a range as long as the
+/// dimension is the whole of it).
 fn matrix<'a>(
     own: Option<&'a ShardBlock>,
     which: usize,
@@ -193,6 +166,7 @@ fn matrix<'a>(
 ) -> Result<WeightView<'a>> {
     Ok(match own {
         Some(b) => WeightView::new(t.ty, &b.m[which], rows.len(), cols.len())?,
+        None if t.rows == rows.len() && t.cols == cols.len() => unit.view(t)?,
         None => unit.view(t)?.rows(rows).cols(cols)?,
     })
 }
@@ -325,12 +299,17 @@ impl Context {
                 "a tensor split must be set before the first evaluation".into(),
             ));
         }
-        if self.source.is_some() {
+        if self.source.is_some() && self.model.shard.is_none() {
             return Err(ModelError::Context(
-                "tensor parallelism with a sliding window (--mem-budget) is not supported yet: a window would read whole blocks".into(),
+                "tensor parallelism with a sliding window (--mem-budget) needs a shard file: a window over the model file would read whole blocks".into(),
             ));
         }
         let c = &self.model.config;
+        if let Some(own) = &self.model.shard {
+            if own != &split {
+                return Err(ModelError::Context(format!("this shard file holds {own:?}, not the split {split:?}")));
+            }
+        }
         split.validate(c, &self.model.weights)?;
         let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
         self.kv = KvCache::new(0, 0, 0, ty);
@@ -339,26 +318,14 @@ impl Context {
             self.s.part = vec![0.0; self.n_batch * r.len()];
         }
         let mut shard = Vec::new();
-        if split != TensorSplit::whole(c) {
+        if split != TensorSplit::whole(c) && self.model.shard.is_none() {
             let file = &self.model.file;
-            let (q, kv, f) = (split.q_rows(c), split.kv_rows(c), split.ffn_rows.clone());
-            let (e, all_q, all_f) = (0..c.n_embd, 0..c.q_dim(), 0..c.n_ff);
             for l in &self.model.weights.layers {
-                let (wo, down) = match &split.gather_rows {
-                    Some(r) => (slice_matrix(file, &l.wo, r.clone(), all_q.clone())?, slice_matrix(file, &l.w_down, r.clone(), all_f.clone())?),
-                    None => (slice_matrix(file, &l.wo, e.clone(), q.clone())?, slice_matrix(file, &l.w_down, e.clone(), f.clone())?),
-                };
-                shard.push(ShardBlock {
-                    m: [
-                        slice_matrix(file, &l.wq, q.clone(), e.clone())?,
-                        slice_matrix(file, &l.wk, kv.clone(), e.clone())?,
-                        slice_matrix(file, &l.wv, kv.clone(), e.clone())?,
-                        wo,
-                        slice_matrix(file, &l.w_gate, f.clone(), e.clone())?,
-                        slice_matrix(file, &l.w_up, f.clone(), e.clone())?,
-                        down,
-                    ],
-                });
+                let mut m: [Vec<u8>; 7] = Default::default();
+                for ((t, (rows, cols)), out) in l.matrices().into_iter().zip(split.matrix_shapes(c)).zip(&mut m) {
+                    crate::split::slice_matrix(file, t, rows, cols, out)?;
+                }
+                shard.push(ShardBlock { m });
             }
         }
         self.split = Some(SplitState { split, shard, comm, comm_secs: 0.0 });
@@ -452,6 +419,11 @@ impl Context {
         if tokens.is_empty() {
             return Err(ModelError::Input(
                 "no tokens to evaluate (empty prompt)".into(),
+            ));
+        }
+        if self.model.shard.is_some() {
+            return Err(ModelError::Input(
+                "a shard file has no embedding or output head: it only runs as a tensor-parallel worker".into(),
             ));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {

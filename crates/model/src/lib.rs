@@ -33,7 +33,7 @@ pub use error::{ModelError, Result};
 pub use kv_cache::{CacheType, KvCache};
 pub use model::Model;
 pub use source::{split_rows, unit_ranges, LayerSource, SourceStats, Unit};
-pub use split::{Collective, CollectiveError, TensorSplit};
+pub use split::{keys as shard_keys, slice_matrix, Collective, CollectiveError, TensorSplit};
 pub use weights::{LayerWeights, TensorRef, Weights, MATMUL_TYPES};
 mod generate;
 pub use generate::{generate, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};

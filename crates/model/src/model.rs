@@ -19,6 +19,9 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     /// Tensor references.
     pub weights: Weights,
+    /// For a shard file: the node's share its matrices already are (see
+    /// [`crate::split::keys`]); `None` for a model file.
+    pub shard: Option<crate::TensorSplit>,
 }
 
 impl Model {
@@ -30,9 +33,13 @@ impl Model {
     /// Build from an already opened file.
     pub fn from_file(file: Arc<GgufFile>) -> Result<Self> {
         let config = ModelConfig::from_gguf(&file)?;
-        let weights = Weights::load(&file, &config)?;
+        let shard = crate::TensorSplit::from_shard_file(&file)?;
+        if let Some(s) = &shard {
+            s.check_ranges(&config)?;
+        }
+        let weights = Weights::load(&file, &config, shard.as_ref())?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
-        Ok(Self { file, config, tokenizer, weights })
+        Ok(Self { file, config, tokenizer, weights, shard })
     }
 
     /// The chat template stored in the file (`tokenizer.chat_template`), if any.
@@ -45,3 +52,4 @@ impl Model {
         self.file.tensors().iter().map(|t| t.n_elements()).sum()
     }
 }
+

@@ -88,7 +88,7 @@ pub trait LayerSource: Send {
 /// Row ranges of the output head's units: `ceil(head bytes / largest block bytes)`
 /// chunks of (nearly) equal rows.
 pub fn head_chunks(w: &Weights) -> Vec<Range<usize>> {
-    let block = w.layers.iter().map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|t| t.size).sum::<usize>()).max();
+    let block = w.layers.iter().map(|l| l.matrices().iter().map(|t| t.size).sum::<usize>()).max();
     split_rows(w.output.rows, w.output.size, block.unwrap_or(0))
 }
 
@@ -108,7 +108,7 @@ pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usiz
 pub fn unit_ranges(w: &Weights) -> Result<Vec<Range<usize>>> {
     let mut out = Vec::with_capacity(w.layers.len() + 1);
     for (i, l) in w.layers.iter().enumerate() {
-        let ts = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
+        let ts = l.matrices();
         let lo = ts.iter().map(|t| t.offset).min().unwrap_or(0);
         let hi = ts.iter().map(|t| t.offset + t.size).max().unwrap_or(0);
         let sum: usize = ts.iter().map(|t| t.size).sum();

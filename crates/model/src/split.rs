@@ -26,6 +26,7 @@
 //! boundaries) is `hearth-parallel`'s `ShardPlan`; this module only executes one.
 
 use crate::config::ModelConfig;
+use hearth_gguf::GgufFile;
 use crate::error::{ModelError, Result};
 use std::ops::Range;
 
@@ -68,14 +69,9 @@ impl TensorSplit {
         self.kv_heads.len() * (c.n_head / c.n_head_kv)
     }
 
-    /// Check the ranges against the model, including that the column cuts of every
-    /// layer's `attn_output` and `ffn_down` fall on quantization-block boundaries.
-    pub fn validate(&self, c: &ModelConfig, w: &crate::Weights) -> Result<()> {
-        let bad = |why: String| {
-            Err(ModelError::Context(format!(
-                "invalid tensor split {self:?}: {why}"
-            )))
-        };
+    /// Check the ranges lie within the model's dimensions.
+    pub fn check_ranges(&self, c: &ModelConfig) -> Result<()> {
+        let bad = |why: String| Err(ModelError::Context(format!("invalid tensor split {self:?}: {why}")));
         if self.kv_heads.start > self.kv_heads.end || self.kv_heads.end > c.n_head_kv {
             return bad(format!("KV heads must lie in 0..{}", c.n_head_kv));
         }
@@ -86,8 +82,18 @@ impl TensorSplit {
             if r.start > r.end || r.end > c.n_embd {
                 return bad(format!("gathered output rows must lie in 0..{}", c.n_embd));
             }
+        }
+        Ok(())
+    }
+
+    /// Check the ranges against the model, including that the column cuts of every
+    /// layer's `attn_output` and `ffn_down` fall on quantization-block boundaries.
+    pub fn validate(&self, c: &ModelConfig, w: &crate::Weights) -> Result<()> {
+        self.check_ranges(c)?;
+        if self.gather_rows.is_some() {
             return Ok(());
         }
+        let bad = |why: String| Err(ModelError::Context(format!("invalid tensor split {self:?}: {why}")));
         let (q, f) = (self.q_rows(c), self.ffn_rows.clone());
         for l in &w.layers {
             for (t, r) in [(&l.wo, &q), (&l.w_down, &f)] {
@@ -127,3 +133,80 @@ pub trait Collective: Send {
 /// An error from a [`Collective`] (the implementation's error, boxed: e.g.
 /// `hearth_parallel::CommError`, which names the failed node).
 pub type CollectiveError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Metadata keys of a *shard file*: a GGUF holding one node's share of every block
+/// (the seven matrices already cut to its rows/columns, named as in the full model, and
+/// the norm vectors), with the full model's metadata and these keys added. A worker
+/// without the model file runs from one (see `hearth_parallel::shard_file`).
+pub mod keys {
+    /// Hex SHA-256 of the full model file the shard was cut from.
+    pub const SOURCE_SHA256: &str = "hearth.shard.source_sha256";
+    /// `[start, end]` of [`super::TensorSplit::kv_heads`].
+    pub const KV_HEADS: &str = "hearth.shard.kv_heads";
+    /// `[start, end]` of [`super::TensorSplit::ffn_rows`].
+    pub const FFN_ROWS: &str = "hearth.shard.ffn_rows";
+    /// `[start, end]` of [`super::TensorSplit::gather_rows`]; absent for partial sums.
+    pub const GATHER_ROWS: &str = "hearth.shard.gather_rows";
+}
+
+impl TensorSplit {
+    /// The split a shard file holds (`None` for an ordinary model file).
+    pub fn from_shard_file(f: &GgufFile) -> Result<Option<Self>> {
+        if f.get(keys::KV_HEADS).is_none() {
+            return Ok(None);
+        }
+        let range = |k: &str| -> Result<Range<usize>> {
+            let a = f.get_array(k)?;
+            let v: Vec<usize> = a.iter().filter_map(|x| x.as_int()).filter_map(|x| usize::try_from(x).ok()).collect();
+            match v[..] {
+                [s, e] if s <= e => Ok(s..e),
+                _ => Err(ModelError::BadConfig { key: k.into(), reason: "expected [start, end]".into() }),
+            }
+        };
+        let gather_rows = if f.get(keys::GATHER_ROWS).is_some() { Some(range(keys::GATHER_ROWS)?) } else { None };
+        Ok(Some(Self { kv_heads: range(keys::KV_HEADS)?, ffn_rows: range(keys::FFN_ROWS)?, gather_rows }))
+    }
+
+    /// `[rows, cols]` of each block matrix as this node computes with it, in the order
+    /// `attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down`.
+    pub fn matrix_shapes(&self, c: &ModelConfig) -> [(Range<usize>, Range<usize>); 7] {
+        let (q, kv, f) = (self.q_rows(c), self.kv_rows(c), self.ffn_rows.clone());
+        let (e, all_q, all_f) = (0..c.n_embd, 0..c.q_dim(), 0..c.n_ff);
+        let (wo, down) = match &self.gather_rows {
+            Some(r) => ((r.clone(), all_q), (r.clone(), all_f)),
+            None => ((e.clone(), q.clone()), (e.clone(), f.clone())),
+        };
+        [(q, e.clone()), (kv.clone(), e.clone()), (kv, e.clone()), wo, (f.clone(), e.clone()), (f, e), down]
+    }
+}
+
+/// Rows `rows` × columns `cols` (whole blocks) of matrix `t` of `file`, as a compact
+/// `[rows.len(), cols.len()]` matrix of `t`'s type, read with `pread` a few MiB at a
+/// time into `out` (whatever it held is replaced).
+pub fn slice_matrix(
+    file: &GgufFile,
+    t: &crate::TensorRef,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
+    let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes());
+    out.clear();
+    out.resize(rows.len() * len, 0);
+    if len == rb {
+        file.read_at((t.offset + rows.start * rb) as u64, out)?;
+        return Ok(());
+    }
+    let per = ((4 << 20) / rb.max(1)).max(1);
+    let mut buf = vec![0u8; per.min(rows.len()) * rb];
+    for (k, r0) in rows.clone().step_by(per).enumerate() {
+        let nr = per.min(rows.end - r0);
+        file.read_at((t.offset + r0 * rb) as u64, &mut buf[..nr * rb])?;
+        for r in 0..nr {
+            let dst = (k * per + r) * len;
+            out[dst..dst + len].copy_from_slice(&buf[r * rb + off..r * rb + off + len]);
+        }
+    }
+    Ok(())
+}

@@ -35,7 +35,7 @@ pub struct TensorRef {
 impl TensorRef {
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
-        self.size / self.rows
+        self.size.checked_div(self.rows).unwrap_or(0)
     }
 
     /// Rows `r` of this matrix as a matrix of its own (rows are contiguous in the file).
@@ -68,10 +68,18 @@ pub struct LayerWeights {
     pub w_down: TensorRef,
 }
 
+impl LayerWeights {
+    /// The seven matrices: `attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down`.
+    pub fn matrices(&self) -> [&TensorRef; 7] {
+        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
+    }
+}
+
 /// All tensors of the model.
 #[derive(Debug, Clone)]
 pub struct Weights {
     /// Token embedding `[n_vocab, n_embd]`; rows are dequantized one token at a time.
+    /// (In a shard file, which has neither embedding nor head: `[0, n_embd]`.)
     pub token_embd: TensorRef,
     /// Transformer blocks.
     pub layers: Vec<LayerWeights>,
@@ -82,30 +90,39 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Locate and check every tensor the config implies.
-    pub fn load(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
+    /// Locate and check every tensor the config implies (for a shard file, the shapes
+    /// of `shard`'s rows and columns, and no embedding or head).
+    pub fn load(f: &GgufFile, c: &ModelConfig, shard: Option<&crate::TensorSplit>) -> Result<Self> {
         if f.tensors().is_empty() {
             return Err(ModelError::VocabOnly);
         }
-        let (e, q, kv, ff, v) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.n_vocab);
-        let token_embd = matrix(f, "token_embd.weight", v, e)?;
-        let output = match f.tensor("output.weight") {
-            Some(_) => matrix(f, "output.weight", v, e)?,
-            None => token_embd.clone(),
+        let (e, v) = (c.n_embd, c.n_vocab);
+        let whole = crate::TensorSplit::whole(c);
+        let shapes = shard.unwrap_or(&whole).matrix_shapes(c).map(|(r, c)| (r.len(), c.len()));
+        let (token_embd, output) = if shard.is_some() {
+            let none = TensorRef { name: "(none in a shard file)".into(), ty: GgmlType::F32, offset: 0, size: 0, rows: 0, cols: e };
+            (none.clone(), none)
+        } else {
+            let token_embd = matrix(f, "token_embd.weight", v, e)?;
+            let output = match f.tensor("output.weight") {
+                Some(_) => matrix(f, "output.weight", v, e)?,
+                None => token_embd.clone(),
+            };
+            (token_embd, output)
         };
         let layers = (0..c.n_layer)
             .map(|i| {
-                let m = |n: &str, r, c| matrix(f, &format!("blk.{i}.{n}.weight"), r, c);
+                let m = |k: usize, n: &str| matrix(f, &format!("blk.{i}.{n}.weight"), shapes[k].0, shapes[k].1);
                 Ok(LayerWeights {
                     attn_norm: vector(f, &format!("blk.{i}.attn_norm.weight"), e)?,
-                    wq: m("attn_q", q, e)?,
-                    wk: m("attn_k", kv, e)?,
-                    wv: m("attn_v", kv, e)?,
-                    wo: m("attn_output", e, q)?,
+                    wq: m(0, "attn_q")?,
+                    wk: m(1, "attn_k")?,
+                    wv: m(2, "attn_v")?,
+                    wo: m(3, "attn_output")?,
                     ffn_norm: vector(f, &format!("blk.{i}.ffn_norm.weight"), e)?,
-                    w_gate: m("ffn_gate", ff, e)?,
-                    w_up: m("ffn_up", ff, e)?,
-                    w_down: m("ffn_down", e, ff)?,
+                    w_gate: m(4, "ffn_gate")?,
+                    w_up: m(5, "ffn_up")?,
+                    w_down: m(6, "ffn_down")?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -118,7 +135,7 @@ impl Weights {
             (0..c.n_layer).flat_map(|i| [format!("blk.{i}.attn_norm.weight"), format!("blk.{i}.ffn_norm.weight")]).collect();
         used.extend(norms.iter().map(String::as_str));
         for l in &w.layers {
-            used.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(|t| t.name.as_str()));
+            used.extend(l.matrices().map(|t| t.name.as_str()));
         }
         if let Some(t) = f.tensors().iter().find(|t| !used.contains(t.name.as_str())) {
             return Err(ModelError::UnusedTensor(t.name.clone()));
@@ -131,7 +148,7 @@ impl Weights {
         let per_layer: usize = self
             .layers
             .iter()
-            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|t| t.size).sum::<usize>())
+            .map(|l| l.matrices().iter().map(|t| t.size).sum::<usize>())
             .sum();
         per_layer + self.output.size
     }

@@ -342,7 +342,8 @@ impl Peer {
         }
     }
 
-    fn recv_within(&mut self, timeout: Duration) -> Result<(Message, usize), CommError> {
+    /// [`Self::recv`] with another timeout for this one message.
+    pub fn recv_within(&mut self, timeout: Duration) -> Result<(Message, usize), CommError> {
         if timeout != self.timeout {
             let _ = self.stream.set_read_timeout(Some(timeout));
         }

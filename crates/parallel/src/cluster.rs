@@ -24,6 +24,8 @@ use crate::shard::{lcm_block, ModelDims, NodeShard, ShardPlan};
 use crate::wire::{Hello, Message, Session, WireType, PROTOCOL_VERSION};
 use hearth_model::{CacheType, Collective, CollectiveError, Context, Model, TensorSplit};
 use std::net::TcpStream;
+use std::path::PathBuf;
+use crate::shard_file;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -277,7 +279,13 @@ pub struct ClusterOptions {
     /// The gather schedule: logits bit-identical to one node's, at four exchanges per
     /// block instead of two (see `hearth_model::TensorSplit`).
     pub exact: bool,
+    /// Print shard transfers to stderr.
+    pub progress: bool,
 }
+
+/// How long the coordinator waits for a worker to open a session (it may be cutting,
+/// checking or loading a shard file first).
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What [`connect`] set up: the coordinator's share and the group, ready for
 /// [`Context::set_tensor_split`].
@@ -368,7 +376,15 @@ pub fn connect(
             cache_type: cache_byte(cache),
             gather_rows,
         }))?;
-        match peer.recv()?.0 {
+        // Opening a session may mean cutting or loading a shard file: wait longer.
+        let mut answer = peer.recv_within(SETUP_TIMEOUT)?.0;
+        if let Message::NeedShard = answer {
+            let mut split = tensor_split(&hello.shard);
+            split.gather_rows = gather[node].clone();
+            send_shard(&mut peer, model, &split, &sha256, opts.progress)?;
+            answer = peer.recv_within(SETUP_TIMEOUT)?.0;
+        }
+        match answer {
             Message::Ready {
                 kv_bytes,
                 weight_bytes,
@@ -409,36 +425,68 @@ pub enum SessionEnd {
     },
 }
 
-/// Serve one coordinator on `stream` until it leaves: handshake against `sha256` (and
-/// `key`), open the session on `model` with `n_threads` threads, then run every
+/// Where a worker's weights come from.
+#[derive(Clone)]
+pub enum WorkerModel {
+    /// Its own copy of the model file.
+    File {
+        /// The model.
+        model: Arc<Model>,
+        /// SHA-256 of its file.
+        sha256: [u8; 32],
+        /// `Some(dir)`: cut each session's share into a shard file in `dir` and run from
+        /// that (what a memory budget needs: a window streams the shard file's blocks).
+        shard_dir: Option<PathBuf>,
+    },
+    /// No model file: shards of the model with SHA-256 `sha256`, sent by the coordinator
+    /// the first time and cached in `dir`.
+    Shards {
+        /// The model this worker serves.
+        sha256: [u8; 32],
+        /// The shard cache.
+        dir: PathBuf,
+    },
+}
+
+impl WorkerModel {
+    /// The SHA-256 of the model this worker serves.
+    pub fn sha256(&self) -> &[u8; 32] {
+        match self {
+            WorkerModel::File { sha256, .. } | WorkerModel::Shards { sha256, .. } => sha256,
+        }
+    }
+}
+
+/// Builds a worker's context for a session: `(model, n_ctx, n_batch, KV cache type)`.
+pub type MakeContext<'a> = &'a dyn Fn(Arc<Model>, usize, usize, CacheType) -> Result<Context, hearth_model::ModelError>;
+
+/// Serve one coordinator on `stream` until it leaves: handshake (against the model's
+/// SHA-256 and `key`), find this session's weights (the model, a cached shard file, or
+/// one received now), build the context with `make_ctx`, then run every
 /// [`Message::Step`] through this node's share. `admitted` is told the shard once the
 /// coordinator has passed the handshake (before this session allocates anything).
 /// Errors are reported to the coordinator before returning.
 pub fn serve_session(
     stream: TcpStream,
-    model: &Arc<Model>,
-    sha256: &[u8; 32],
+    worker: &WorkerModel,
     key: Option<&ClusterKey>,
-    n_threads: usize,
     timeout: Duration,
+    make_ctx: MakeContext<'_>,
     admitted: impl FnOnce(&NodeShard),
 ) -> Result<SessionEnd, ClusterError> {
-    let mut peer = Peer::new(stream, 0, timeout).map_err(|source| ClusterError::Connect {
-        node: 0,
-        addr: "coordinator".into(),
-        source,
-    })?;
+    let mut peer = Peer::new(stream, 0, timeout)
+        .map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?;
+    let sha256 = worker.sha256();
     let hello = worker_handshake(&mut peer, sha256, key)?;
     let shard = hello.shard.clone();
     let me = shard.node;
-    let ours = model_dims(model);
-    if shard.dims != ours {
-        let why = format!(
-            "the shard's model dimensions {:?} are not this model's {ours:?}",
-            shard.dims
-        );
-        peer.report(Some(me), &why);
-        return Err(ClusterError::Plan(why));
+    if let WorkerModel::File { model, .. } = worker {
+        let ours = model_dims(model);
+        if shard.dims != ours {
+            let why = format!("the shard's model dimensions {:?} are not this model's {ours:?}", shard.dims);
+            peer.report(Some(me), &why);
+            return Err(ClusterError::Plan(why));
+        }
     }
     admitted(&shard);
     let session = match peer.recv()?.0 {
@@ -450,30 +498,23 @@ pub fn serve_session(
         }
     };
     let mut split = tensor_split(&shard);
-    split.gather_rows = session
-        .gather_rows
-        .clone()
-        .map(|r| r.start as usize..r.end as usize);
+    split.gather_rows = session.gather_rows.clone().map(|r| r.start as usize..r.end as usize);
+    let model = match session_model(&mut peer, worker, &split) {
+        Ok(m) => m,
+        Err(e) => {
+            peer.report(Some(me), &format!("node {me}: {e}"));
+            return Err(e);
+        }
+    };
     let opened = (|| {
-        let n_ctx = usize::try_from(session.n_ctx)
-            .ok()
-            .filter(|&c| c >= 1 && c <= model.config.n_ctx_train)
-            .ok_or_else(|| {
-                hearth_model::ModelError::Context(format!(
-                    "context size {} is outside 1..={} (the model's trained context)",
-                    session.n_ctx, model.config.n_ctx_train
-                ))
-            })?;
-        let n_batch = usize::try_from(session.n_batch)
-            .unwrap_or(usize::MAX)
-            .clamp(1, n_ctx);
-        Context::with_cache_type(
-            model.clone(),
-            n_ctx,
-            n_batch,
-            n_threads,
-            cache_type(session.cache_type),
-        )
+        let n_ctx = usize::try_from(session.n_ctx).ok().filter(|&c| c >= 1 && c <= model.config.n_ctx_train).ok_or_else(|| {
+            hearth_model::ModelError::Context(format!(
+                "context size {} is outside 1..={} (the model's trained context)",
+                session.n_ctx, model.config.n_ctx_train
+            ))
+        })?;
+        let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
+        make_ctx(model.clone(), n_ctx, n_batch, cache_type(session.cache_type))
     })();
     let mut ctx = match opened {
         Ok(c) => c,
@@ -482,6 +523,7 @@ pub fn serve_session(
             return Err(e.into());
         }
     };
+    let model = &model;
     let star = Arc::new(Mutex::new(Star::worker(
         me,
         shard.n_nodes,
@@ -525,4 +567,122 @@ pub fn serve_session(
         }
         passes += 1;
     }
+}
+
+/// The model a session runs: the worker's own, or its shard file (cut from its own
+/// model, found in the cache, or received from the coordinator now).
+fn session_model(peer: &mut Peer, worker: &WorkerModel, split: &TensorSplit) -> Result<Arc<Model>, ClusterError> {
+    let (sha, path) = match worker {
+        WorkerModel::File { model, shard_dir: None, .. } => return Ok(model.clone()),
+        WorkerModel::File { model, sha256, shard_dir: Some(dir) } => {
+            let path = dir.join(shard_file::file_name(sha256, split));
+            shard_file::extract(model, split, sha256, &path)?;
+            (sha256, path)
+        }
+        WorkerModel::Shards { sha256, dir } => {
+            let path = dir.join(shard_file::file_name(sha256, split));
+            if shard_file::cached(&path).is_none() {
+                receive_shard(peer, &path)?;
+            }
+            (sha256, path)
+        }
+    };
+    let model = Model::load(&path)?;
+    let source = model.file.get(hearth_model::shard_keys::SOURCE_SHA256).and_then(|v| v.as_str()).unwrap_or("");
+    if model.shard.as_ref() != Some(split) || source != crate::wire::hex(sha) {
+        let _ = std::fs::remove_file(&path);
+        return Err(ClusterError::Plan(format!(
+            "the shard file {} holds {:?} of model {source}, not {split:?} of {}",
+            path.display(),
+            model.shard,
+            crate::wire::hex(sha)
+        )));
+    }
+    Ok(Arc::new(model))
+}
+
+/// Ask the coordinator for this node's shard file and store it at `path` (written to a
+/// temporary file, checked against the coordinator's length and SHA-256, then renamed).
+fn receive_shard(peer: &mut Peer, path: &std::path::Path) -> Result<(), ClusterError> {
+    use std::io::Write;
+    let io = |e: std::io::Error| ClusterError::Plan(format!("storing the shard file {}: {e}", path.display()));
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(io)?;
+    }
+    peer.send(&Message::NeedShard)?;
+    let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
+    let result = (|| {
+        let file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut w = shard_file::HashingWriter::new(std::io::BufWriter::with_capacity(1 << 20, file));
+        loop {
+            match peer.recv()?.0 {
+                Message::ShardData(b) => w.write_all(&b).map_err(io)?,
+                Message::ShardEnd { total, sha256 } => {
+                    let got = w.bytes;
+                    let (digest, bw) = w.finish();
+                    if got != total || digest != sha256 {
+                        return Err(ClusterError::Plan(format!(
+                            "the shard file arrived damaged: {got} bytes with SHA-256 {}, the coordinator sent {total} bytes with {}",
+                            crate::wire::hex(&digest),
+                            crate::wire::hex(&sha256)
+                        )));
+                    }
+                    bw.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+                    std::fs::write(shard_file::sidecar(path), crate::wire::hex(&digest)).map_err(io)?;
+                    std::fs::rename(&tmp, path).map_err(io)?;
+                    return Ok(());
+                }
+                Message::Error(e) => return Err(ClusterError::Refused { node: 0, message: e.message }),
+                other => return Err(ClusterError::Plan(format!("expected ShardData, got {}", other.name()))),
+            }
+        }
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Frames written bytes as `ShardData` messages of up to 4 MiB.
+struct ShardSink<'a> {
+    peer: &'a mut Peer,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ShardSink<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= 4 << 20 {
+            self.flush()?;
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let msg = Message::ShardData(std::mem::take(&mut self.buf));
+            self.peer.send(&msg).map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Send node `peer`'s shard file (`split` of `model`, whose file has SHA-256 `sha`).
+fn send_shard(peer: &mut Peer, model: &Model, split: &TensorSplit, sha: &[u8; 32], progress: bool) -> Result<(), ClusterError> {
+    use std::io::Write;
+    let node = peer.node();
+    let t = std::time::Instant::now();
+    if progress {
+        eprintln!("node {node} has no copy of its shard: sending it ({:.1} MiB of weights, once; the worker caches it)", shard_file::size(model, split) as f64 / (1 << 20) as f64);
+    }
+    let sink = ShardSink { peer, buf: Vec::with_capacity(4 << 20) };
+    let mut w = shard_file::write(model, split, sha, shard_file::HashingWriter::new(sink))?;
+    w.flush().map_err(|e| ClusterError::Plan(format!("sending node {node} its shard: {e}")))?;
+    let total = w.bytes;
+    let (sha256, sink) = w.finish();
+    sink.peer.send(&Message::ShardEnd { total, sha256 })?;
+    if progress {
+        let s = t.elapsed().as_secs_f64();
+        eprintln!("node {node}: shard sent, {:.1} MiB in {s:.1} s ({:.0} MB/s)", total as f64 / (1 << 20) as f64, total as f64 / 1e6 / s.max(1e-9));
+    }
+    Ok(())
 }

@@ -134,11 +134,12 @@ pub mod handshake;
 pub mod loopback;
 pub mod model_hash;
 pub mod shard;
+pub mod shard_file;
 pub mod wire;
 
 pub use allreduce::{ring_chunks, AllReduce, CommError, CommStats, Local, Peer, Ring, Star, DEFAULT_TIMEOUT};
 pub use auth::{AuthError, ClusterKey};
-pub use cluster::{connect, serve_session, ClusterError, ClusterOptions, CommCounters, Group, StarCollective};
+pub use cluster::{connect, serve_session, ClusterError, ClusterOptions, CommCounters, Group, StarCollective, WorkerModel};
 pub use handshake::{coordinator_handshake, worker_handshake, HandshakeError};
 pub use shard::{lcm_block, proportional_split, ModelDims, NodeShard, ShardError, ShardPlan};
 pub use wire::{Hello, HelloAck, Message, Partial, Session, WireError, WireType, PROTOCOL_VERSION};

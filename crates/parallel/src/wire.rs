@@ -24,6 +24,9 @@
 //! | 9 | [`Message::Session`] | u64 n_ctx, u64 n_batch, u8 KV cache type (0 f32, 1 f16, 2 q8_0), u8 schedule (0 sum, 1 gather), u64 × 2 gathered rows |
 //! | 10 | [`Message::Ready`] | u64 KV-cache bytes, u64 weight bytes of the worker's shard |
 //! | 11 | [`Message::Step`] | u64 first position, u64 element count, f32 × count (`[n_tokens, n_embd]` input embeddings) |
+//! | 12 | [`Message::NeedShard`] | empty |
+//! | 13 | [`Message::ShardData`] | bytes of the shard file (the rest of the frame) |
+//! | 14 | [`Message::ShardEnd`] | u64 total bytes, 32-byte SHA-256 of the shard file |
 //!
 //! Decoding never panics: a wrong length, an unknown type or a truncated payload is a
 //! [`WireError`], and the connection it came on should be closed.
@@ -410,6 +413,17 @@ pub enum Message {
         /// Input embeddings `[n_tokens, n_embd]`, row-major.
         x: Vec<f32>,
     },
+    /// Worker → coordinator instead of `Ready`: it has no copy of its shard; send it.
+    NeedShard,
+    /// Coordinator → worker: the next bytes of the worker's shard file.
+    ShardData(Vec<u8>),
+    /// Coordinator → worker: the shard file is complete.
+    ShardEnd {
+        /// Bytes sent.
+        total: u64,
+        /// SHA-256 of those bytes.
+        sha256: [u8; 32],
+    },
 }
 
 /// The shape of an inference session, sent once after the handshake.
@@ -438,6 +452,9 @@ const T_SHUTDOWN: u8 = 8;
 const T_SESSION: u8 = 9;
 const T_READY: u8 = 10;
 const T_STEP: u8 = 11;
+const T_NEED_SHARD: u8 = 12;
+const T_SHARD_DATA: u8 = 13;
+const T_SHARD_END: u8 = 14;
 
 /// Reads fields from a payload, each read checked.
 struct Fields<'a> {
@@ -513,6 +530,9 @@ impl Message {
             Message::Session(_) => T_SESSION,
             Message::Ready { .. } => T_READY,
             Message::Step { .. } => T_STEP,
+            Message::NeedShard => T_NEED_SHARD,
+            Message::ShardData(_) => T_SHARD_DATA,
+            Message::ShardEnd { .. } => T_SHARD_END,
         }
     }
 
@@ -530,6 +550,9 @@ impl Message {
             Message::Session(_) => "Session",
             Message::Ready { .. } => "Ready",
             Message::Step { .. } => "Step",
+            Message::NeedShard => "NeedShard",
+            Message::ShardData(_) => "ShardData",
+            Message::ShardEnd { .. } => "ShardEnd",
         }
     }
 
@@ -608,6 +631,12 @@ impl Message {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
             }
+            Message::NeedShard => {}
+            Message::ShardData(b) => out.extend_from_slice(b),
+            Message::ShardEnd { total, sha256 } => {
+                out.extend_from_slice(&total.to_le_bytes());
+                out.extend_from_slice(sha256);
+            }
         }
     }
 
@@ -642,6 +671,9 @@ impl Message {
             T_SESSION => "Session",
             T_READY => "Ready",
             T_STEP => "Step",
+            T_NEED_SHARD => "NeedShard",
+            T_SHARD_DATA => "ShardData",
+            T_SHARD_END => "ShardEnd",
             _ => return Err(WireError::UnknownType(ty)),
         };
         let mut f = Fields { buf: payload, what };
@@ -783,6 +815,9 @@ impl Message {
                     .collect();
                 Message::Step { pos0, x }
             }
+            T_NEED_SHARD => Message::NeedShard,
+            T_SHARD_DATA => Message::ShardData(f.rest().to_vec()),
+            T_SHARD_END => Message::ShardEnd { total: f.u64()?, sha256: f.arr()? },
             _ => Message::Shutdown,
         };
         f.finish()?;
@@ -935,6 +970,9 @@ mod tests {
                 pos0: 7,
                 x: vec![0.5, -1.0, 2.0],
             },
+            Message::NeedShard,
+            Message::ShardData(vec![1, 2, 3, 4]),
+            Message::ShardEnd { total: 4, sha256: [5; 32] },
         ]
     }
 
@@ -956,7 +994,7 @@ mod tests {
         let sizes: Vec<usize> = s.iter().map(|m| m.encode().len()).collect();
         // Hello, HelloAck, AuthChallenge, AuthResponse, AuthProof, Partial (3 × f32),
         // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
-        // Ready, Step (3 × f32)
+        // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd
         assert_eq!(
             sizes,
             vec![
@@ -972,7 +1010,10 @@ mod tests {
                 5,
                 39,
                 21,
-                21 + 12
+                21 + 12,
+                5,
+                5 + 4,
+                45
             ]
         );
     }
@@ -1182,6 +1223,9 @@ mod tests {
             }),
             (any::<u64>(), prop::collection::vec(-1e6f32..1e6, 0..200))
                 .prop_map(|(pos0, x)| Message::Step { pos0, x }),
+            Just(Message::NeedShard),
+            prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::ShardData),
+            (any::<u64>(), arr()).prop_map(|(total, sha256)| Message::ShardEnd { total, sha256 }),
         ]
     }
 
@@ -1208,7 +1252,7 @@ mod tests {
             let _ = decode_frame(&bytes, 4096);
             let _ = read_frame(&mut &bytes[..], 4096);
             if let Some((&ty, payload)) = bytes.split_first() {
-                let _ = Message::decode(ty % 13, payload);
+                let _ = Message::decode(ty % 16, payload);
             }
         }
 

@@ -10,7 +10,7 @@
 
 use hearth_gguf::GgufFile;
 use hearth_model::{quantize, sampler::argmax, CacheType, Context, Logits, Model};
-use hearth_parallel::{connect, serve_session, ClusterOptions, WireType};
+use hearth_parallel::{connect, serve_session, ClusterOptions, WireType, WorkerModel};
 use hearth_quant::GgmlType;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -55,10 +55,11 @@ fn workers(model: &Arc<Model>, n: usize) -> Vec<String> {
         .map(|_| {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = l.local_addr().unwrap().to_string();
-            let m = model.clone();
+            let w = WorkerModel::File { model: model.clone(), sha256: SHA, shard_dir: None };
             std::thread::spawn(move || {
                 let (s, _) = l.accept().unwrap();
-                let _ = serve_session(s, &m, &SHA, None, 1, Duration::from_secs(10), |_| {});
+                let make = |m, n_ctx, n_batch, ct| Context::with_cache_type(m, n_ctx, n_batch, 1, ct);
+                let _ = serve_session(s, &w, None, Duration::from_secs(10), &make, |_| {});
             });
             addr
         })
@@ -92,6 +93,7 @@ fn compare(
         key: None,
         timeout: Duration::from_secs(10),
         exact,
+        progress: false,
     };
     let g = connect(model, SHA, &opts, 128, 64, cache).unwrap();
     split

@@ -4,7 +4,8 @@
 use crate::cluster::{parse_secs, read_key};
 use crate::common::{resolve_model, threads_or_default};
 use anyhow::{Context as _, Result};
-use hearth_model::Model;
+use hearth_model::{Context, Model};
+use hearth_parallel::WorkerModel;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -19,8 +20,16 @@ pub struct Args {
     pub listen: String,
     /// GGUF model file; coordinators must run the same file (SHA-256 checked at handshake)
     /// [default: $HEARTH_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf]
-    #[arg(short, long, value_name = "PATH")]
+    #[arg(short, long, value_name = "PATH", conflicts_with = "model_sha256")]
     pub model: Option<PathBuf>,
+    /// Serve the model with this SHA-256 without having its file: the coordinator sends
+    /// this worker its share once (a shard file, checked by hash and cached in
+    /// --shard-cache), later sessions with the same share reuse it
+    #[arg(long, value_name = "HEX")]
+    pub model_sha256: Option<String>,
+    /// Where shard files are kept [default: $HEARTH_CACHE_DIR/shards, else ~/.cache/hearth/shards]
+    #[arg(long, value_name = "DIR")]
+    pub shard_cache: Option<PathBuf>,
     /// Worker threads, 1-1024 [default: number of physical cores]
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
@@ -33,13 +42,49 @@ pub struct Args {
     /// Seconds to wait for the coordinator within a forward pass
     #[arg(long, default_value_t = 5.0, value_parser = parse_secs)]
     pub step_timeout: f64,
+    /// Stay within this much RAM: the worker's share is kept as a shard file (cut from
+    /// the model, or received) and streamed through the sliding window when it does not
+    /// fit (see `hearth generate --help`)
+    #[command(flatten)]
+    pub budget: crate::budget::BudgetArgs,
+}
+
+fn parse_sha(hex: &str) -> Result<[u8; 32]> {
+    let h = hex.trim();
+    let mut out = [0u8; 32];
+    if h.len() != 64 {
+        anyhow::bail!("--model-sha256 needs 64 hex digits, got {} characters", h.len());
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).map_err(|_| anyhow::anyhow!("--model-sha256 {h:?} is not hex"))?;
+    }
+    Ok(out)
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = resolve_model(a.model.as_ref())?;
-    let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let key = read_key(a.cluster_key.as_deref(), a.cluster_key_file.as_deref())?;
-    let sha = hearth_parallel::model_hash::file_sha256(&path).with_context(|| format!("hashing {}", path.display()))?;
+    let shard_dir = hearth_parallel::shard_file::cache_dir(a.shard_cache.as_deref());
+    let (worker, what) = match &a.model_sha256 {
+        Some(hex) => {
+            let sha = parse_sha(hex)?;
+            let dir = shard_dir.context("no --shard-cache and no cache directory ($HEARTH_CACHE_DIR, $XDG_CACHE_HOME, $HOME)")?;
+            (WorkerModel::Shards { sha256: sha, dir: dir.clone() }, format!("no model file: shards of {hex} cached in {}", dir.display()))
+        }
+        None => {
+            let path = resolve_model(a.model.as_ref())?;
+            a.budget.before_load(&path)?;
+            let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+            let sha = hearth_parallel::model_hash::file_sha256(&path).with_context(|| format!("hashing {}", path.display()))?;
+            // With a budget the share is cut into a shard file, which a window can stream.
+            let dir = if a.budget.mem_budget.is_some() {
+                Some(shard_dir.clone().context("--mem-budget needs a shard cache: give --shard-cache")?)
+            } else {
+                None
+            };
+            let what = format!("model {}, SHA-256 {}", path.display(), hearth_parallel::wire::hex(&sha));
+            (WorkerModel::File { model, sha256: sha, shard_dir: dir }, what)
+        }
+    };
     let listener = TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
     let addr = listener.local_addr().context("local address")?;
     if !addr.ip().is_loopback() && key.is_none() {
@@ -51,15 +96,13 @@ pub fn run(a: Args) -> Result<()> {
     let threads = threads_or_default(a.threads);
     // The line tests and scripts wait for (stdout, flushed).
     crate::common::print_out(&format!(
-        "hearth worker listening on {addr} (model {}, SHA-256 {}, {threads} threads{})\n",
-        path.display(),
-        hearth_parallel::wire::hex(&sha),
+        "hearth worker listening on {addr} ({what}, {threads} threads{})\n",
         if key.is_some() { ", cluster key required" } else { "" }
     ))?;
 
     // The newest authenticated coordinator wins: its session ends the previous one
     // (a coordinator that died without closing its socket must not block the worker).
-    let active: Arc<Mutex<Option<TcpStream>>> = Arc::default();
+    let active: Arc<Mutex<Option<(String, TcpStream)>>> = Arc::default();
     let timeout = Duration::from_secs_f64(a.step_timeout);
     for conn in listener.incoming() {
         let stream = match conn {
@@ -70,21 +113,43 @@ pub fn run(a: Args) -> Result<()> {
             }
         };
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        let (model, key, active) = (model.clone(), key.clone(), active.clone());
+        let (worker, key, active, budget) = (worker.clone(), key.clone(), active.clone(), a.budget.clone());
         std::thread::spawn(move || {
             let mine = stream.try_clone().ok();
-            let r = hearth_parallel::serve_session(stream, &model, &sha, key.as_ref(), threads, timeout, |shard| {
+            let guard = stream.try_clone().ok();
+            let make = |m: Arc<Model>, n_ctx, n_batch, ct| -> Result<Context, hearth_model::ModelError> {
+                let mut ctx = Context::with_cache_type(m.clone(), n_ctx, n_batch, threads, ct)?;
+                budget.apply(&m, &mut ctx, false).map_err(|e| hearth_model::ModelError::Context(format!("{e:#}")))?;
+                Ok(ctx)
+            };
+            let session = || hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &make, |shard| {
                 let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(old) = cur.take() {
+                if let Some((old_peer, old)) = cur.take() {
                     let _ = old.shutdown(Shutdown::Both);
-                    eprintln!("a new coordinator ({peer}) replaces the previous session");
+                    eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
                 }
-                *cur = mine;
+                *cur = mine.map(|s| (peer.clone(), s));
                 eprintln!(
                     "coordinator {peer}: node {} of {}, KV heads {:?}, FFN rows {:?}",
                     shard.node, shard.n_nodes, shard.kv_heads, shard.ffn_rows
                 );
             });
+            // Whatever happens (a panic included), the connection closes and the slot frees,
+            // so the coordinator learns at once instead of waiting for a timeout.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(session));
+            if let Some(g) = guard {
+                let _ = g.shutdown(Shutdown::Both);
+            }
+            {
+                let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
+                if cur.as_ref().is_some_and(|(p, _)| *p == peer) {
+                    *cur = None;
+                }
+            }
+            let Ok(r) = r else {
+                eprintln!("coordinator {peer}: session aborted by an internal error (a bug: please report it)");
+                return;
+            };
             match r {
                 Ok(hearth_parallel::cluster::SessionEnd::Finished { passes }) => {
                     let mem = hearth_memory::ProcMemory::read().map(|m| {

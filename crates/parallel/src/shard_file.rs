@@ -1,0 +1,193 @@
+//! Shard files: one node's share of a model as a GGUF of its own, so a worker without
+//! the model file can run (the coordinator sends it once) and a worker can stream its
+//! share through the sliding window (`--mem-budget`).
+//!
+//! A shard file has the full model's metadata plus `hearth.shard.*` keys
+//! ([`hearth_model::shard_keys`]: the source file's SHA-256 and the split), every
+//! block's norm vectors and its seven matrices already cut to the node's rows and
+//! columns (named as in the model, shapes of the cut), and `output_norm.weight`. It has
+//! no embedding and no output head. Loading it with `hearth_model::Model::load` gives a
+//! model whose `shard` is the split; `Context::set_tensor_split` then uses the matrices
+//! as they are.
+//!
+//! Worker cache: `<cache>/shards/<first 16 hex of the model SHA-256>-<split>.gguf` with a
+//! `.sha256` file beside it holding the shard's own hash, checked before every use.
+
+use hearth_gguf::{write_gguf, TensorSpec, Value};
+use hearth_model::{shard_keys, slice_matrix, Model, ModelError, TensorSplit};
+use sha2::{Digest, Sha256};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// The cache file name of `split` of the model with SHA-256 `sha`.
+pub fn file_name(sha: &[u8; 32], split: &TensorSplit) -> String {
+    let g = split.gather_rows.as_ref().map_or(String::new(), |r| format!("-g{}-{}", r.start, r.end));
+    format!(
+        "{}-kv{}-{}-ff{}-{}{g}.gguf",
+        &crate::wire::hex(sha)[..16],
+        split.kv_heads.start,
+        split.kv_heads.end,
+        split.ffn_rows.start,
+        split.ffn_rows.end
+    )
+}
+
+/// Where a worker keeps its shard files: `dir`, else `<hearth cache>/shards`.
+pub fn cache_dir(dir: Option<&Path>) -> Option<PathBuf> {
+    dir.map(Path::to_path_buf).or_else(|| crate::model_hash::cache_dir().map(|d| d.join("shards")))
+}
+
+/// Bytes of the shard file [`write`] produces (for progress reports).
+pub fn size(model: &Model, split: &TensorSplit) -> u64 {
+    crate::cluster::shard_weight_bytes(model, split)
+}
+
+/// Write `split` of `model` (whose file has SHA-256 `sha`) as a shard GGUF to `out`.
+pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: W) -> Result<W, ModelError> {
+    let c = &model.config;
+    let f = &model.file;
+    let range = |r: &std::ops::Range<usize>| Value::Array {
+        elem_type: 10, // u64
+        items: vec![Value::U64(r.start as u64), Value::U64(r.end as u64)],
+    };
+    let mut meta: Vec<(String, Value)> =
+        f.metadata().iter().filter(|(k, _)| !k.starts_with("hearth.shard.")).cloned().collect();
+    meta.push((shard_keys::SOURCE_SHA256.into(), Value::String(crate::wire::hex(sha))));
+    meta.push((shard_keys::KV_HEADS.into(), range(&split.kv_heads)));
+    meta.push((shard_keys::FFN_ROWS.into(), range(&split.ffn_rows)));
+    if let Some(g) = &split.gather_rows {
+        meta.push((shard_keys::GATHER_ROWS.into(), range(g)));
+    }
+    // Tensors in file order: per block the attention norm, its matrices, the FFN norm,
+    // so each block's matrices are contiguous (a window reads a block in one go).
+    enum Src<'a> {
+        Norm(&'a str),
+        Cut(&'a hearth_model::TensorRef, std::ops::Range<usize>, std::ops::Range<usize>),
+    }
+    let names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
+    let mut specs = Vec::new();
+    let mut srcs = Vec::new();
+    let norm_names: Vec<[String; 2]> =
+        (0..c.n_layer).map(|i| [format!("blk.{i}.attn_norm.weight"), format!("blk.{i}.ffn_norm.weight")]).collect();
+    let norm_spec = |name: &str| -> Result<TensorSpec, ModelError> {
+        let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+        Ok(TensorSpec { name: name.into(), dims: t.dims.clone(), ty: t.ty })
+    };
+    for (i, l) in model.weights.layers.iter().enumerate() {
+        specs.push(norm_spec(&norm_names[i][0])?);
+        srcs.push(Src::Norm(&norm_names[i][0]));
+        for (k, (t, (rows, cols))) in l.matrices().into_iter().zip(split.matrix_shapes(c)).enumerate() {
+            specs.push(TensorSpec { name: format!("blk.{i}.{}.weight", names[k]), dims: vec![cols.len() as u64, rows.len() as u64], ty: t.ty });
+            srcs.push(Src::Cut(t, rows, cols));
+        }
+        specs.push(norm_spec(&norm_names[i][1])?);
+        srcs.push(Src::Norm(&norm_names[i][1]));
+    }
+    specs.push(norm_spec("output_norm.weight")?);
+    srcs.push(Src::Norm("output_norm.weight"));
+    let mut buf = Vec::new();
+    let mut failed = None;
+    let r = write_gguf(out, &meta, &specs, |i, w| {
+        let got = match &srcs[i] {
+            Src::Norm(name) => f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string())).and_then(|t| {
+                buf = f.read_tensor(t)?;
+                Ok(())
+            }),
+            Src::Cut(t, rows, cols) => slice_matrix(f, t, rows.clone(), cols.clone(), &mut buf),
+        };
+        match got {
+            Ok(()) => w.write_all(&buf),
+            Err(e) => {
+                let msg = e.to_string();
+                failed = Some(e);
+                Err(io::Error::other(msg))
+            }
+        }
+    });
+    match (r, failed) {
+        (_, Some(e)) => Err(e),
+        (Ok(w), None) => Ok(w),
+        (Err(e), None) => Err(e.into()),
+    }
+}
+
+/// A writer that hashes what passes through it.
+pub struct HashingWriter<W> {
+    /// The destination.
+    pub inner: W,
+    hasher: Sha256,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+impl<W: Write> HashingWriter<W> {
+    /// Wrap `inner`.
+    pub fn new(inner: W) -> Self {
+        Self { inner, hasher: Sha256::new(), bytes: 0 }
+    }
+
+    /// The SHA-256 of everything written, and the destination.
+    pub fn finish(self) -> ([u8; 32], W) {
+        (self.hasher.finalize().into(), self.inner)
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(b)?;
+        self.hasher.update(&b[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The cached shard at `path` if it is there and its bytes still hash to the value
+/// recorded beside it; a damaged one is removed.
+pub fn cached(path: &Path) -> Option<PathBuf> {
+    let want = std::fs::read_to_string(sidecar(path)).ok()?;
+    let got = crate::model_hash::hash_reader(std::fs::File::open(path).ok()?).ok()?;
+    if crate::wire::hex(&got) == want.trim() {
+        Some(path.to_path_buf())
+    } else {
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(sidecar(path));
+        None
+    }
+}
+
+/// The file holding a shard file's own SHA-256.
+pub fn sidecar(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".sha256");
+    PathBuf::from(s)
+}
+
+/// Cut `split` from the local `model` into the cache at `path` (a worker that has the
+/// model file and runs with a memory budget). Returns the path.
+pub fn extract(model: &Model, split: &TensorSplit, sha: &[u8; 32], path: &Path) -> Result<PathBuf, ModelError> {
+    if let Some(p) = cached(path) {
+        return Ok(p);
+    }
+    let io = |e: io::Error| ModelError::Weights(format!("writing the shard file {}: {e}", path.display()));
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(io)?;
+    }
+    let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let done = write(model, split, sha, HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file)))
+        .and_then(|w| {
+            let (digest, bw) = w.finish();
+            let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
+            f.sync_all().map_err(io)?;
+            std::fs::write(sidecar(path), crate::wire::hex(&digest)).map_err(io)?;
+            std::fs::rename(&tmp, path).map_err(io)
+        });
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(path.to_path_buf())
+}
