@@ -13,12 +13,7 @@ use std::time::Duration;
 pub struct ClusterArgs {
     /// Split the model across these `hearth worker` daemons as well as this machine
     /// (tensor parallelism, star allreduce), e.g. 192.168.1.10:7070,192.168.1.11:7070
-    #[arg(
-        long,
-        value_name = "HOST:PORT,...",
-        value_delimiter = ',',
-        conflicts_with = "cluster"
-    )]
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', conflicts_with = "cluster")]
     pub workers: Vec<String>,
     /// A cluster file (TOML) naming the workers and optional per-node weights:
     /// `weight = 2.0` (this machine's) and `[[worker]]` tables with `addr` and `weight`
@@ -32,13 +27,7 @@ pub struct ClusterArgs {
     #[arg(long, default_value = "f32", value_parser = parse_wire)]
     pub wire_type: WireType,
     /// Shared secret: the handshake with every worker is mutually authenticated (HMAC-SHA256)
-    #[arg(
-        long,
-        value_name = "KEY",
-        conflicts_with = "cluster_key_file",
-        env = "HEARTH_CLUSTER_KEY",
-        hide_env_values = true
-    )]
+    #[arg(long, value_name = "KEY", conflicts_with = "cluster_key_file", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
     pub cluster_key: Option<String>,
     /// Read the shared secret from a file (first line)
     #[arg(long, value_name = "PATH")]
@@ -106,10 +95,7 @@ pub struct ClusterRun {
 impl ClusterRun {
     /// A snapshot of the counters.
     pub fn snapshot(&self) -> CommCounters {
-        self.counters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.counters.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -118,8 +104,7 @@ pub fn read_key(key: Option<&str>, file: Option<&Path>) -> Result<Option<Cluster
     let text = match (key, file) {
         (Some(k), _) => k.to_string(),
         (None, Some(f)) => {
-            let s = std::fs::read_to_string(f)
-                .with_context(|| format!("reading the cluster key file {}", f.display()))?;
+            let s = std::fs::read_to_string(f).with_context(|| format!("reading the cluster key file {}", f.display()))?;
             s.lines().next().unwrap_or("").trim().to_string()
         }
         (None, None) => return Ok(None),
@@ -138,33 +123,21 @@ impl ClusterArgs {
         let mut wire = self.wire_type;
         let (workers, mut weights) = match &self.cluster {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading the cluster file {}", path.display()))?;
-                let f: ClusterFile = toml::from_str(&text)
-                    .with_context(|| format!("cluster file {}", path.display()))?;
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
+                let f: ClusterFile = toml::from_str(&text).with_context(|| format!("cluster file {}", path.display()))?;
                 if f.worker.is_empty() {
-                    bail!(
-                        "cluster file {} names no [[worker]] (each with addr = \"HOST:PORT\")",
-                        path.display()
-                    );
+                    bail!("cluster file {} names no [[worker]] (each with addr = \"HOST:PORT\")", path.display());
                 }
                 if let Some(w) = &f.wire_type {
-                    wire = w.parse().map_err(|e: String| {
-                        anyhow::anyhow!("cluster file {}: {e}", path.display())
-                    })?;
+                    wire = w.parse().map_err(|e: String| anyhow::anyhow!("cluster file {}: {e}", path.display()))?;
                 }
                 let any_weight = f.weight.is_some() || f.worker.iter().any(|w| w.weight.is_some());
                 let weights = if any_weight {
-                    std::iter::once(f.weight.unwrap_or(1.0))
-                        .chain(f.worker.iter().map(|w| w.weight.unwrap_or(1.0)))
-                        .collect()
+                    std::iter::once(f.weight.unwrap_or(1.0)).chain(f.worker.iter().map(|w| w.weight.unwrap_or(1.0))).collect()
                 } else {
                     vec![]
                 };
-                (
-                    f.worker.into_iter().map(|w| w.addr).collect::<Vec<_>>(),
-                    weights,
-                )
+                (f.worker.into_iter().map(|w| w.addr).collect::<Vec<_>>(), weights)
             }
             None => (self.workers.clone(), vec![]),
         };
@@ -185,10 +158,7 @@ impl ClusterArgs {
             workers,
             weights,
             wire,
-            key: read_key(
-                self.cluster_key.as_deref(),
-                self.cluster_key_file.as_deref(),
-            )?,
+            key: read_key(self.cluster_key.as_deref(), self.cluster_key_file.as_deref())?,
             timeout: Duration::from_secs_f64(self.step_timeout),
             exact: self.tp_schedule == TpSchedule::Gather,
             progress: true,
@@ -208,16 +178,8 @@ impl ClusterArgs {
 pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<ClusterRun> {
     {
         let path = model.file.path();
-        let sha = hearth_parallel::model_hash::file_sha256(path)
-            .with_context(|| format!("hashing {}", path.display()))?;
-        let group = hearth_parallel::connect(
-            model,
-            sha,
-            opts,
-            ctx.n_ctx(),
-            ctx.n_batch(),
-            ctx.cache_type(),
-        )?;
+        let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
+        let group = hearth_parallel::connect(model, sha, opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type())?;
         let c = &model.config;
         eprintln!(
             "tensor parallel over {} nodes (star allreduce, {} wire, {} schedule; {} KV heads, {} FFN rows):",
@@ -228,17 +190,10 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
             c.n_ff
         );
         for (i, s) in group.plan.nodes().iter().enumerate() {
-            let who = if i == 0 {
-                "this machine".to_string()
-            } else {
-                group.workers[i - 1].0.clone()
-            };
+            let who = if i == 0 { "this machine".to_string() } else { group.workers[i - 1].0.clone() };
             // Workers report their own bytes (computed from the shard they accepted).
             let (wb, kv) = match i {
-                0 => (
-                    hearth_parallel::cluster::shard_weight_bytes(model, &group.split),
-                    None,
-                ),
+                0 => (hearth_parallel::cluster::shard_weight_bytes(model, &group.split), None),
                 _ => (group.workers[i - 1].2, Some(group.workers[i - 1].1)),
             };
             eprintln!(
@@ -246,8 +201,7 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
                 s.kv_heads,
                 s.ffn_rows,
                 crate::common::mib(wb),
-                kv.map(|b| format!(", KV cache {}", crate::common::mib(b)))
-                    .unwrap_or_default()
+                kv.map(|b| format!(", KV cache {}", crate::common::mib(b))).unwrap_or_default()
             );
         }
         if group.plan.n_nodes() > c.n_head_kv {
@@ -287,14 +241,7 @@ pub fn without_node(opts: &ClusterOptions, node: usize) -> ClusterOptions {
 
 /// One line on the communication between two snapshots of a run's counters: per token,
 /// compute vs time in the group, and bytes.
-pub fn comm_line(
-    what: &str,
-    n_nodes: usize,
-    before: &CommCounters,
-    now: &CommCounters,
-    secs: f64,
-    tokens: usize,
-) -> String {
+pub fn comm_line(what: &str, n_nodes: usize, before: &CommCounters, now: &CommCounters, secs: f64, tokens: usize) -> String {
     let comm = now.total.seconds - before.total.seconds;
     let sent = now.total.bytes_sent - before.total.bytes_sent;
     let recv = now.total.bytes_received - before.total.bytes_received;

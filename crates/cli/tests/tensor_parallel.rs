@@ -34,9 +34,7 @@ impl Worker {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let addr = line
             .strip_prefix("hearth worker listening on ")
             .and_then(|r| r.split_whitespace().next())
@@ -55,20 +53,7 @@ impl Drop for Worker {
 
 fn generate(extra: &[&str]) -> std::process::Output {
     let m = model();
-    let mut args = vec![
-        "generate",
-        "-m",
-        m.to_str().unwrap(),
-        "-p",
-        PROMPT,
-        "-n",
-        "20",
-        "--temperature",
-        "0",
-        "-t",
-        "1",
-        "--json",
-    ];
+    let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "20", "--temperature", "0", "-t", "1", "--json"];
     args.extend_from_slice(extra);
     Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(&args)
@@ -80,19 +65,11 @@ fn generate(extra: &[&str]) -> std::process::Output {
 }
 
 fn tokens(v: &serde_json::Value) -> Vec<u64> {
-    v["completion_tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
+    v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
 }
 
 fn addrs(ws: &[&Worker]) -> String {
-    ws.iter()
-        .map(|w| w.addr.as_str())
-        .collect::<Vec<_>>()
-        .join(",")
+    ws.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",")
 }
 
 #[test]
@@ -109,10 +86,7 @@ fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
         // 4 nodes > SmolLM2's 3 KV heads: one node computes only its FFN share
         (addrs(&[&ws[0], &ws[1], &ws[2]]), vec![]),
         // the coordinator computes nothing of the blocks
-        (
-            addrs(&[&ws[0], &ws[1], &ws[2]]),
-            vec!["--node-weights", "0,1,1,1"],
-        ),
+        (addrs(&[&ws[0], &ws[1], &ws[2]]), vec!["--node-weights", "0,1,1,1"]),
     ];
     for (workers, extra) in cases {
         // The gather schedule is exact: the same tokens as one node, always.
@@ -133,10 +107,8 @@ fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
     }
     // The same split from a cluster file (this machine's weight, then each worker's).
     let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-test.toml");
-    let toml = format!(
-        "weight = 3.0\n[[worker]]\naddr = \"{}\"\nweight = 1.0\n[[worker]]\naddr = \"{}\"\nweight = 2.0\n",
-        ws[0].addr, ws[1].addr
-    );
+    let toml =
+        format!("weight = 3.0\n[[worker]]\naddr = \"{}\"\nweight = 1.0\n[[worker]]\naddr = \"{}\"\nweight = 2.0\n", ws[0].addr, ws[1].addr);
     std::fs::write(&file, toml).unwrap();
     let out = generate(&["--cluster", file.to_str().unwrap(), "--tp-schedule", "gather"]);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
@@ -149,21 +121,13 @@ fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
     // from one node's (crates/parallel/tests/tensor_split.rs measures by how much).
     let sum = ok(generate(&["--workers", &addrs(&[&ws[0], &ws[1]])]));
     assert_eq!(tokens(&sum).len(), 20);
-    assert_eq!(
-        sum["tensor_parallel"]["allreduces"],
-        60 * sum["tensor_parallel"]["passes"].as_u64().unwrap()
-    );
+    assert_eq!(sum["tensor_parallel"]["allreduces"], 60 * sum["tensor_parallel"]["passes"].as_u64().unwrap());
     // Q8_0 partial sums: a quarter of the bytes; tokens may drift, the run must complete.
-    let f32_bytes = ok(generate(&["--workers", &ws[0].addr]))["tensor_parallel"]["bytes_sent"]
-        .as_u64()
-        .unwrap();
+    let f32_bytes = ok(generate(&["--workers", &ws[0].addr]))["tensor_parallel"]["bytes_sent"].as_u64().unwrap();
     let q8 = ok(generate(&["--workers", &ws[0].addr, "--wire-type", "q8_0"]));
     let q8_bytes = q8["tensor_parallel"]["bytes_sent"].as_u64().unwrap();
     assert_eq!(tokens(&q8).len(), 20);
-    assert!(
-        q8_bytes * 3 < f32_bytes,
-        "q8_0 {q8_bytes} vs f32 {f32_bytes}"
-    );
+    assert!(q8_bytes * 3 < f32_bytes, "q8_0 {q8_bytes} vs f32 {f32_bytes}");
 }
 
 #[test]
@@ -173,20 +137,7 @@ fn a_killed_worker_fails_the_request_within_5_s_naming_it_and_the_rest_still_ser
     let mut w2 = Worker::start(&m, &[]);
     let workers = addrs(&[&w1, &w2]);
     let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args([
-            "generate",
-            "-m",
-            m.to_str().unwrap(),
-            "-p",
-            PROMPT,
-            "-n",
-            "1500",
-            "--ignore-eos",
-            "--temperature",
-            "0",
-            "-t",
-            "1",
-        ])
+        .args(["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "1500", "--ignore-eos", "--temperature", "0", "-t", "1"])
         .args(["--workers", &workers])
         .env("HEARTH_CACHE_DIR", cache_dir())
         .stdout(Stdio::piped())
@@ -209,40 +160,20 @@ fn a_killed_worker_fails_the_request_within_5_s_naming_it_and_the_rest_still_ser
         if let Some(s) = coord.try_wait().unwrap() {
             break s;
         }
-        assert!(
-            killed.elapsed() < Duration::from_secs(10),
-            "the coordinator hangs after a worker died"
-        );
+        assert!(killed.elapsed() < Duration::from_secs(10), "the coordinator hangs after a worker died");
         std::thread::sleep(Duration::from_millis(20));
     };
     let took = killed.elapsed();
     let mut err = String::new();
-    coord
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    coord.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(
-        err.contains("node 2") && err.contains(&w2.addr),
-        "the error must name node 2 ({}): {err}",
-        w2.addr
-    );
+    assert!(err.contains("node 2") && err.contains(&w2.addr), "the error must name node 2 ({}): {err}", w2.addr);
     assert!(!err.contains("panicked"), "{err}");
 
     // The next request with the remaining worker succeeds, with the single-node tokens.
     let single = tokens(&ok(generate(&[])));
-    assert_eq!(
-        tokens(&ok(generate(&[
-            "--workers",
-            &w1.addr,
-            "--tp-schedule",
-            "gather"
-        ]))),
-        single
-    );
+    assert_eq!(tokens(&ok(generate(&["--workers", &w1.addr, "--tp-schedule", "gather"]))), single);
 }
 
 #[test]
@@ -250,39 +181,16 @@ fn bad_peers_get_clear_errors_and_the_worker_survives() {
     let m = model();
     let keyed = Worker::start(&m, &["--cluster-key", "s3cret"]);
     // no key, wrong key, right key
-    assert_clean_error(
-        &generate(&["--workers", &keyed.addr]),
-        "requires a cluster key",
-    );
-    assert_clean_error(
-        &generate(&["--workers", &keyed.addr, "--cluster-key", "wrong"]),
-        "node 1",
-    );
+    assert_clean_error(&generate(&["--workers", &keyed.addr]), "requires a cluster key");
+    assert_clean_error(&generate(&["--workers", &keyed.addr, "--cluster-key", "wrong"]), "node 1");
     let single = tokens(&ok(generate(&[])));
     let keyed_run = |extra: &[&str]| {
-        tokens(&ok(generate(
-            &[
-                &[
-                    "--workers",
-                    &keyed.addr,
-                    "--cluster-key",
-                    "s3cret",
-                    "--tp-schedule",
-                    "gather",
-                ],
-                extra,
-            ]
-            .concat(),
-        )))
+        tokens(&ok(generate(&[&["--workers", &keyed.addr, "--cluster-key", "s3cret", "--tp-schedule", "gather"], extra].concat())))
     };
     assert_eq!(keyed_run(&[]), single);
 
     // garbage and a huge length prefix on the socket: the worker drops that connection only
-    for junk in [
-        &b"GET / HTTP/1.1\r\n\r\n"[..],
-        &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3][..],
-        &[0, 0, 0, 0][..],
-    ] {
+    for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3][..], &[0, 0, 0, 0][..]] {
         let mut s = std::net::TcpStream::connect(&keyed.addr).unwrap();
         std::io::Write::write_all(&mut s, junk).unwrap();
         let _ = s.read(&mut [0u8; 64]);
@@ -298,25 +206,10 @@ fn bad_peers_get_clear_errors_and_the_worker_survives() {
     assert_clean_error(&generate(&["--workers", &w_other.addr]), "model mismatch");
 
     // nobody listening
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     assert_clean_error(&generate(&["--workers", &dead]), "cannot connect");
     // bad flags
-    assert_clean_error(
-        &hearth(&[
-            "generate",
-            "-p",
-            "x",
-            "--workers",
-            "127.0.0.1:1",
-            "--node-weights",
-            "1,2,3",
-        ]),
-        "--node-weights",
-    );
+    assert_clean_error(&hearth(&["generate", "-p", "x", "--workers", "127.0.0.1:1", "--node-weights", "1,2,3"]), "--node-weights");
 }
 
 #[test]

@@ -205,17 +205,9 @@ impl Context {
 
     /// [`Context::new`] with a KV cache of `cache_type`. Q8_0 needs the model's head width
     /// to be a multiple of 32.
-    pub fn with_cache_type(
-        model: Arc<Model>,
-        n_ctx: usize,
-        n_batch: usize,
-        n_threads: usize,
-        cache_type: CacheType,
-    ) -> Result<Self> {
+    pub fn with_cache_type(model: Arc<Model>, n_ctx: usize, n_batch: usize, n_threads: usize, cache_type: CacheType) -> Result<Self> {
         if n_ctx == 0 {
-            return Err(ModelError::Context(
-                "context size must be at least 1".into(),
-            ));
+            return Err(ModelError::Context("context size must be at least 1".into()));
         }
         let c = &model.config;
         cache_type.check(c.head_dim).map_err(ModelError::Context)?;
@@ -242,15 +234,11 @@ impl Context {
             quant: Vec::new(),
             part: Vec::new(),
             emb_row: Vec::new(),
-            attn_acc: (0..n_threads)
-                .map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16)))
-                .collect(),
+            attn_acc: (0..n_threads).map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16))).collect(),
         };
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
-        let profile = std::env::var_os("HEARTH_PROFILE")
-            .filter(|v| !v.is_empty() && v != "0")
-            .map(|_| Profile::default());
+        let profile = std::env::var_os("HEARTH_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Profile::default());
         Ok(Self {
             pool: ThreadPool::new(n_threads),
             kv,
@@ -271,8 +259,7 @@ impl Context {
     pub fn pin_threads(&mut self) -> Result<()> {
         let n = self.pool.n_threads();
         let cpus = hearth_kernels::affinity::pin_order();
-        self.pool = ThreadPool::new_pinned(n, &cpus)
-            .map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
+        self.pool = ThreadPool::new_pinned(n, &cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
         Ok(())
     }
 
@@ -289,15 +276,9 @@ impl Context {
     /// Compute only `split`'s share of every block and sum the partial products with
     /// `comm` (tensor parallelism; see [`TensorSplit`]). The KV cache is re-created for
     /// this node's KV heads only, so this must come before the first [`Self::eval`].
-    pub fn set_tensor_split(
-        &mut self,
-        split: TensorSplit,
-        comm: Box<dyn Collective>,
-    ) -> Result<()> {
+    pub fn set_tensor_split(&mut self, split: TensorSplit, comm: Box<dyn Collective>) -> Result<()> {
         if self.n_past > 0 {
-            return Err(ModelError::Context(
-                "a tensor split must be set before the first evaluation".into(),
-            ));
+            return Err(ModelError::Context("a tensor split must be set before the first evaluation".into()));
         }
         if self.source.is_some() && self.model.shard.is_none() {
             return Err(ModelError::Context(
@@ -381,24 +362,15 @@ impl Context {
     /// What this context's buffers hold now, by category.
     pub fn buffers(&self) -> ContextBuffers {
         let s = &self.s;
-        let f32s = [
-            &s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up, &s.part,
-        ]
-        .iter()
-        .map(|b| b.capacity())
-        .sum::<usize>();
+        let f32s = [&s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up, &s.part].iter().map(|b| b.capacity()).sum::<usize>();
         let v_f16 = self.kv.cache_type() == CacheType::F16;
         ContextBuffers {
             kv_cache_bytes: self.kv.bytes(),
             activations_bytes: 4 * f32s,
             logits_bytes: 4 * s.logits.capacity(),
             quantized_activations_bytes: s.quant.capacity(),
-            per_thread_bytes: s.attn_acc.len()
-                * AttnScratch::bytes(self.model.config.head_dim, v_f16),
-            weight_shard_bytes: self
-                .split
-                .as_ref()
-                .map_or(0, |sp| sp.shard.iter().flat_map(|b| b.m.iter().map(Vec::len)).sum()),
+            per_thread_bytes: s.attn_acc.len() * AttnScratch::bytes(self.model.config.head_dim, v_f16),
+            weight_shard_bytes: self.split.as_ref().map_or(0, |sp| sp.shard.iter().flat_map(|b| b.m.iter().map(Vec::len)).sum()),
         }
     }
 
@@ -417,20 +389,13 @@ impl Context {
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         let c = &self.model.config;
         if tokens.is_empty() {
-            return Err(ModelError::Input(
-                "no tokens to evaluate (empty prompt)".into(),
-            ));
+            return Err(ModelError::Input("no tokens to evaluate (empty prompt)".into()));
         }
         if self.model.shard.is_some() {
-            return Err(ModelError::Input(
-                "a shard file has no embedding or output head: it only runs as a tensor-parallel worker".into(),
-            ));
+            return Err(ModelError::Input("a shard file has no embedding or output head: it only runs as a tensor-parallel worker".into()));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::Input(format!(
-                "token id {bad} is outside the vocabulary (n_vocab {})",
-                c.n_vocab
-            )));
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary (n_vocab {})", c.n_vocab)));
         }
         if self.n_past + tokens.len() > self.n_ctx() {
             return Err(ModelError::Context(format!(
@@ -441,11 +406,7 @@ impl Context {
             )));
         }
         let n_vocab = c.n_vocab;
-        let n_out = if which == Logits::All {
-            tokens.len()
-        } else {
-            1
-        };
+        let n_out = if which == Logits::All { tokens.len() } else { 1 };
         self.s.logits.resize(n_out * n_vocab, 0.0);
         let mut done = 0;
         for chunk in tokens.chunks(self.n_batch) {
@@ -492,29 +453,16 @@ impl Context {
         let e = self.model.config.n_embd;
         let n = x.len() / e;
         if n == 0 || x.len() != n * e {
-            return Err(ModelError::Input(format!(
-                "embeddings of {} values are not whole rows of n_embd {e}",
-                x.len()
-            )));
+            return Err(ModelError::Input(format!("embeddings of {} values are not whole rows of n_embd {e}", x.len())));
         }
         if n > self.n_batch {
-            return Err(ModelError::Input(format!(
-                "{n} tokens in one pass exceed the batch size {}",
-                self.n_batch
-            )));
+            return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
         }
         if pos0 > self.n_past {
-            return Err(ModelError::Context(format!(
-                "a pass at position {pos0} but only {} positions are cached",
-                self.n_past
-            )));
+            return Err(ModelError::Context(format!("a pass at position {pos0} but only {} positions are cached", self.n_past)));
         }
         if pos0 + n > self.n_ctx() {
-            return Err(ModelError::Context(format!(
-                "positions {pos0}..{} do not fit a context of {}",
-                pos0 + n,
-                self.n_ctx()
-            )));
+            return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
         }
         self.n_past = pos0;
         self.s.x[..n * e].copy_from_slice(x);
@@ -574,15 +522,8 @@ impl Context {
             Ok(())
         };
 
-        let shape = AttnShape {
-            n_head,
-            n_head_kv: part.kv_heads.len(),
-            head_dim: c.head_dim,
-        };
-        let mapped = Unit {
-            bytes: file.as_bytes(),
-            base: 0,
-        };
+        let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };
+        let mapped = Unit { bytes: file.as_bytes(), base: 0 };
         for (il, l) in w.layers.iter().enumerate() {
             let unit = match self.source.as_mut() {
                 Some(src) => src.acquire(il)?,
@@ -594,49 +535,14 @@ impl Context {
             ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
             trace(tr, "attn_norm", il, &s.xb[..n * e]);
             if n_head > 0 {
-                matmul(
-                    pool,
-                    &matrix(own, WQ, &unit, &l.wq, qr.clone(), all(e))?,
-                    &s.xb[..n * e],
-                    n,
-                    &mut s.q[..n * qd],
-                    &mut s.quant,
-                )?;
-                matmul(
-                    pool,
-                    &matrix(own, WK, &unit, &l.wk, kvr.clone(), all(e))?,
-                    &s.xb[..n * e],
-                    n,
-                    &mut s.k[..n * kvd],
-                    &mut s.quant,
-                )?;
-                matmul(
-                    pool,
-                    &matrix(own, WV, &unit, &l.wv, kvr.clone(), all(e))?,
-                    &s.xb[..n * e],
-                    n,
-                    &mut s.v[..n * kvd],
-                    &mut s.quant,
-                )?;
+                matmul(pool, &matrix(own, WQ, &unit, &l.wq, qr.clone(), all(e))?, &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
+                matmul(pool, &matrix(own, WK, &unit, &l.wk, kvr.clone(), all(e))?, &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
+                matmul(pool, &matrix(own, WV, &unit, &l.wv, kvr.clone(), all(e))?, &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
                 trace(tr, "Qcur", il, &s.q[..n * qd]);
                 trace(tr, "Kcur", il, &s.k[..n * kvd]);
                 trace(tr, "Vcur", il, &s.v[..n * kvd]);
-                ops::rope_norm(
-                    &mut s.q[..n * qd],
-                    n_head,
-                    c.head_dim,
-                    c.rope_dims,
-                    pos0,
-                    c.rope_freq_base,
-                );
-                ops::rope_norm(
-                    &mut s.k[..n * kvd],
-                    shape.n_head_kv,
-                    c.head_dim,
-                    c.rope_dims,
-                    pos0,
-                    c.rope_freq_base,
-                );
+                ops::rope_norm(&mut s.q[..n * qd], n_head, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
+                ops::rope_norm(&mut s.k[..n * kvd], shape.n_head_kv, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
                 self.kv.store(il, pos0, &s.k[..n * kvd], &s.v[..n * kvd]);
                 trace(tr, "Qrope", il, &s.q[..n * qd]);
                 trace(tr, "Krope", il, &s.k[..n * kvd]);
@@ -656,9 +562,7 @@ impl Context {
                         let (t, h) = (item / n_head, item % n_head);
                         let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
                         // SAFETY: each (t, h) output slice is written by exactly one thread.
-                        let o = unsafe {
-                            std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd)
-                        };
+                        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
                         ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
                     }
                 });
@@ -666,14 +570,7 @@ impl Context {
                 trace(tr, "kqv_out", il, &s.attn[..n * qd]);
                 if gather.is_none() {
                     let wo = matrix(own, WO, &unit, &l.wo, all(e), qr.clone())?;
-                    matmul(
-                        pool,
-                        &wo,
-                        &s.attn[..n * qd],
-                        n,
-                        &mut s.xb[..n * e],
-                        &mut s.quant,
-                    )?;
+                    matmul(pool, &wo, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
                 }
             } else {
                 s.xb[..n * e].fill(0.0);
@@ -683,14 +580,7 @@ impl Context {
                 spread(&mut s.attn, n, qd, c.q_dim(), qr.start);
                 allreduce(&mut s.attn[..n * c.q_dim()])?;
                 let wo = matrix(own, WO, &unit, &l.wo, rows.clone(), all(c.q_dim()))?;
-                matmul(
-                    pool,
-                    &wo,
-                    &s.attn[..n * c.q_dim()],
-                    n,
-                    &mut s.part[..n * rows.len()],
-                    &mut s.quant,
-                )?;
+                matmul(pool, &wo, &s.attn[..n * c.q_dim()], n, &mut s.part[..n * rows.len()], &mut s.quant)?;
                 place(&s.part, &mut s.xb, n, rows, e);
             }
             allreduce(&mut s.xb[..n * e])?;
@@ -724,14 +614,7 @@ impl Context {
                 trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
                 if gather.is_none() {
                     let down = matrix(own, W_DOWN, &unit, &l.w_down, all(e), fr.clone())?;
-                    matmul(
-                        pool,
-                        &down,
-                        &s.gate[..n * ff],
-                        n,
-                        &mut s.xb[..n * e],
-                        &mut s.quant,
-                    )?;
+                    matmul(pool, &down, &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
                 }
             } else {
                 s.xb[..n * e].fill(0.0);
@@ -740,14 +623,7 @@ impl Context {
                 spread(&mut s.gate, n, ff, c.n_ff, fr.start);
                 allreduce(&mut s.gate[..n * c.n_ff])?;
                 let down = matrix(own, W_DOWN, &unit, &l.w_down, rows.clone(), all(c.n_ff))?;
-                matmul(
-                    pool,
-                    &down,
-                    &s.gate[..n * c.n_ff],
-                    n,
-                    &mut s.part[..n * rows.len()],
-                    &mut s.quant,
-                )?;
+                matmul(pool, &down, &s.gate[..n * c.n_ff], n, &mut s.part[..n * rows.len()], &mut s.quant)?;
                 place(&s.part, &mut s.xb, n, rows, e);
             }
             allreduce(&mut s.xb[..n * e])?;
@@ -770,21 +646,13 @@ impl Context {
         let e = c.n_embd;
         let s = &mut self.s;
         let pool = &self.pool;
-        let mapped = Unit {
-            bytes: file.as_bytes(),
-            base: 0,
-        };
+        let mapped = Unit { bytes: file.as_bytes(), base: 0 };
 
         // Output head on the rows that need logits. A source streams it as units
         // n_layer.. (row chunks) on every pass, needed or not, to keep its order.
         let (first, m) = if all { (0, n) } else { (n - 1, 1) };
         if out_row.is_some() {
-            ops::rmsnorm(
-                &s.x[first * e..(first + m) * e],
-                &w.output_norm,
-                c.rms_eps,
-                &mut s.xb[..m * e],
-            );
+            ops::rmsnorm(&s.x[first * e..(first + m) * e], &w.output_norm, c.rms_eps, &mut s.xb[..m * e]);
         }
         let v = c.n_vocab;
         for (k, rows) in self.head_chunks.iter().enumerate() {
@@ -798,14 +666,7 @@ impl Context {
                 if m == 1 || nr == v {
                     // [m, nr] is contiguous in the [m, v] logits.
                     let at = row * v + rows.start;
-                    matmul(
-                        pool,
-                        &head,
-                        &s.xb[..m * e],
-                        m,
-                        &mut s.logits[at..at + m * nr],
-                        &mut s.quant,
-                    )?;
+                    matmul(pool, &head, &s.xb[..m * e], m, &mut s.logits[at..at + m * nr], &mut s.quant)?;
                 } else {
                     // Logits of every token through a chunk: [tb, nr] at a time in the FFN
                     // buffer (free here, so no memory beyond what the plan counts), then
@@ -815,27 +676,13 @@ impl Context {
                     if tb == 0 {
                         for t in 0..m {
                             let at = (row + t) * v + rows.start;
-                            matmul(
-                                pool,
-                                &head,
-                                &s.xb[t * e..(t + 1) * e],
-                                1,
-                                &mut s.logits[at..at + nr],
-                                &mut s.quant,
-                            )?;
+                            matmul(pool, &head, &s.xb[t * e..(t + 1) * e], 1, &mut s.logits[at..at + nr], &mut s.quant)?;
                         }
                     }
                     for t0 in (0..m).step_by(tb.max(1)).take_while(|_| tb > 0) {
                         let k = tb.min(m - t0);
                         let tmp = &mut s.gate[..k * nr];
-                        matmul(
-                            pool,
-                            &head,
-                            &s.xb[t0 * e..(t0 + k) * e],
-                            k,
-                            tmp,
-                            &mut s.quant,
-                        )?;
+                        matmul(pool, &head, &s.xb[t0 * e..(t0 + k) * e], k, tmp, &mut s.quant)?;
                         for t in 0..k {
                             let at = (row + t0 + t) * v + rows.start;
                             s.logits[at..at + nr].copy_from_slice(&tmp[t * nr..(t + 1) * nr]);

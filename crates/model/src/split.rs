@@ -26,8 +26,8 @@
 //! boundaries) is `hearth-parallel`'s `ShardPlan`; this module only executes one.
 
 use crate::config::ModelConfig;
-use hearth_gguf::GgufFile;
 use crate::error::{ModelError, Result};
+use hearth_gguf::GgufFile;
 use std::ops::Range;
 
 /// This node's share of every transformer block.
@@ -46,11 +46,7 @@ pub struct TensorSplit {
 impl TensorSplit {
     /// The whole model (a single node).
     pub fn whole(c: &ModelConfig) -> Self {
-        Self {
-            kv_heads: 0..c.n_head_kv,
-            ffn_rows: 0..c.n_ff,
-            gather_rows: None,
-        }
+        Self { kv_heads: 0..c.n_head_kv, ffn_rows: 0..c.n_ff, gather_rows: None }
     }
 
     /// Rows of `attn_q` (= columns of `attn_output`).
@@ -99,12 +95,7 @@ impl TensorSplit {
             for (t, r) in [(&l.wo, &q), (&l.w_down, &f)] {
                 let bs = t.ty.block_size();
                 if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) {
-                    return bad(format!(
-                        "columns {r:?} of {} are not whole {}-element blocks of {}",
-                        t.name,
-                        bs,
-                        t.ty.name()
-                    ));
+                    return bad(format!("columns {r:?} of {} are not whole {}-element blocks of {}", t.name, bs, t.ty.name()));
                 }
             }
         }
@@ -120,12 +111,7 @@ impl TensorSplit {
 pub trait Collective: Send {
     /// A pass over `n_tokens` rows of `x: [n_tokens, n_embd]` starts at position `pos0`
     /// (the coordinator sends them to the workers; a worker has already received them).
-    fn begin_pass(
-        &mut self,
-        pos0: usize,
-        x: &[f32],
-        n_tokens: usize,
-    ) -> std::result::Result<(), CollectiveError>;
+    fn begin_pass(&mut self, pos0: usize, x: &[f32], n_tokens: usize) -> std::result::Result<(), CollectiveError>;
     /// Replace `buf` by the sum of every node's `buf`; every node ends with the same values.
     fn allreduce(&mut self, buf: &mut [f32]) -> std::result::Result<(), CollectiveError>;
 }
@@ -183,13 +169,7 @@ impl TensorSplit {
 /// Rows `rows` × columns `cols` (whole blocks) of matrix `t` of `file`, as a compact
 /// `[rows.len(), cols.len()]` matrix of `t`'s type, read with `pread` a few MiB at a
 /// time into `out` (whatever it held is replaced).
-pub fn slice_matrix(
-    file: &GgufFile,
-    t: &crate::TensorRef,
-    rows: Range<usize>,
-    cols: Range<usize>,
-    out: &mut Vec<u8>,
-) -> Result<()> {
+pub fn slice_matrix(file: &GgufFile, t: &crate::TensorRef, rows: Range<usize>, cols: Range<usize>, out: &mut Vec<u8>) -> Result<()> {
     let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
     let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes());
     out.clear();

@@ -21,11 +21,11 @@ use crate::allreduce::{AllReduce, CommError, CommStats, Peer, Star};
 use crate::auth::ClusterKey;
 use crate::handshake::{coordinator_handshake, worker_handshake, HandshakeError};
 use crate::shard::{lcm_block, ModelDims, NodeShard, ShardPlan};
+use crate::shard_file;
 use crate::wire::{Hello, Message, Session, WireType, PROTOCOL_VERSION};
 use hearth_model::{CacheType, Collective, CollectiveError, Context, Model, TensorSplit};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use crate::shard_file;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -82,29 +82,13 @@ impl ClusterError {
 /// sizes of every column-split matrix).
 pub fn model_dims(model: &Model) -> ModelDims {
     let c = &model.config;
-    let blocks: Vec<usize> = model
-        .weights
-        .layers
-        .iter()
-        .flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()])
-        .collect();
-    ModelDims {
-        n_head: c.n_head,
-        n_head_kv: c.n_head_kv,
-        head_dim: c.head_dim,
-        n_embd: c.n_embd,
-        n_ff: c.n_ff,
-        block: lcm_block(&blocks),
-    }
+    let blocks: Vec<usize> = model.weights.layers.iter().flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()]).collect();
+    ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
 }
 
 /// The model's view of a node's shard.
 pub fn tensor_split(shard: &NodeShard) -> TensorSplit {
-    TensorSplit {
-        kv_heads: shard.kv_heads.clone(),
-        ffn_rows: shard.ffn_rows.clone(),
-        gather_rows: None,
-    }
+    TensorSplit { kv_heads: shard.kv_heads.clone(), ffn_rows: shard.ffn_rows.clone(), gather_rows: None }
 }
 
 fn cache_byte(t: CacheType) -> u8 {
@@ -127,14 +111,8 @@ fn cache_type(b: u8) -> CacheType {
 /// the coordinator's embedding and head are not counted).
 pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
     let c = &model.config;
-    let (q, kv, f) = (
-        split.q_rows(c).len(),
-        split.kv_rows(c).len(),
-        split.ffn_rows.len(),
-    );
-    let part = |t: &hearth_model::TensorRef, num: usize, den: usize| {
-        (t.size as u64) * num as u64 / den.max(1) as u64
-    };
+    let (q, kv, f) = (split.q_rows(c).len(), split.kv_rows(c).len(), split.ffn_rows.len());
+    let part = |t: &hearth_model::TensorRef, num: usize, den: usize| (t.size as u64) * num as u64 / den.max(1) as u64;
     model
         .weights
         .layers
@@ -146,9 +124,7 @@ pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
                 + part(&l.w_gate, f, l.w_gate.rows)
                 + part(&l.w_up, f, l.w_up.rows)
                 + match &split.gather_rows {
-                    Some(r) => {
-                        part(&l.wo, r.len(), l.wo.rows) + part(&l.w_down, r.len(), l.w_down.rows)
-                    }
+                    Some(r) => part(&l.wo, r.len(), l.wo.rows) + part(&l.w_down, r.len(), l.w_down.rows),
                     None => part(&l.wo, q, l.wo.cols) + part(&l.w_down, f, l.w_down.cols),
                 }
         })
@@ -198,10 +174,7 @@ pub struct StarCollective {
 impl StarCollective {
     /// Wrap `star`; the counters are readable through [`Self::counters`].
     pub fn new(star: Arc<Mutex<Star>>) -> Self {
-        Self {
-            star,
-            counters: Arc::default(),
-        }
+        Self { star, counters: Arc::default() }
     }
 
     /// The shared counters.
@@ -227,20 +200,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Collective for StarCollective {
-    fn begin_pass(
-        &mut self,
-        pos0: usize,
-        x: &[f32],
-        _n_tokens: usize,
-    ) -> Result<(), CollectiveError> {
+    fn begin_pass(&mut self, pos0: usize, x: &[f32], _n_tokens: usize) -> Result<(), CollectiveError> {
         let t = std::time::Instant::now();
         let mut star = lock(&self.star);
         let mut sent = 0;
         if star.node() == 0 {
-            let step = Message::Step {
-                pos0: pos0 as u64,
-                x: x.to_vec(),
-            };
+            let step = Message::Step { pos0: pos0 as u64, x: x.to_vec() };
             for p in star.peers_mut() {
                 sent += p.send(&step)? as u64;
             }
@@ -312,11 +277,7 @@ pub fn connect(
     cache: CacheType,
 ) -> Result<Group, ClusterError> {
     let n = opts.workers.len() + 1;
-    let weights = if opts.weights.is_empty() {
-        vec![1.0; n]
-    } else {
-        opts.weights.clone()
-    };
+    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
     if weights.len() != n {
         return Err(ClusterError::Plan(format!(
             "{} node weights for {n} nodes (the coordinator and {} workers)",
@@ -324,12 +285,10 @@ pub fn connect(
             opts.workers.len()
         )));
     }
-    let plan = ShardPlan::new(model_dims(model), &weights)
-        .map_err(|e| ClusterError::Plan(e.to_string()))?;
+    let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
     // The gather schedule's output rows: n_embd shared like everything else.
     let gather: Vec<Option<std::ops::Range<usize>>> = if opts.exact {
-        let counts = crate::shard::proportional_split(model.config.n_embd, &weights)
-            .map_err(|e| ClusterError::Plan(e.to_string()))?;
+        let counts = crate::shard::proportional_split(model.config.n_embd, &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
         let mut at = 0;
         counts
             .iter()
@@ -345,37 +304,18 @@ pub fn connect(
     let mut workers = Vec::with_capacity(n - 1);
     for (i, addr) in opts.workers.iter().enumerate() {
         let node = i + 1;
-        let cerr = |source| ClusterError::Connect {
-            node,
-            addr: addr.clone(),
-            source,
-        };
+        let cerr = |source| ClusterError::Connect { node, addr: addr.clone(), source };
         let sa = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
             .map_err(cerr)?
             .next()
-            .ok_or_else(|| {
-                cerr(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "the address resolves to nothing",
-                ))
-            })?;
+            .ok_or_else(|| cerr(std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))?;
         let stream = TcpStream::connect_timeout(&sa, opts.timeout).map_err(cerr)?;
         let mut peer = Peer::new(stream, node, opts.timeout).map_err(cerr)?;
         let shard = plan.node(node).expect("node in plan").clone();
-        let hello = Hello {
-            version: PROTOCOL_VERSION,
-            model_sha256: sha256,
-            wire: opts.wire,
-            shard,
-        };
+        let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
         coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
         let gather_rows = gather[node].clone().map(|r| r.start as u64..r.end as u64);
-        peer.send(&Message::Session(Session {
-            n_ctx: n_ctx as u64,
-            n_batch: n_batch as u64,
-            cache_type: cache_byte(cache),
-            gather_rows,
-        }))?;
+        peer.send(&Message::Session(Session { n_ctx: n_ctx as u64, n_batch: n_batch as u64, cache_type: cache_byte(cache), gather_rows }))?;
         // Opening a session may mean cutting or loading a shard file: wait longer.
         let mut answer = peer.recv_within(SETUP_TIMEOUT)?.0;
         if let Message::NeedShard = answer {
@@ -385,34 +325,16 @@ pub fn connect(
             answer = peer.recv_within(SETUP_TIMEOUT)?.0;
         }
         match answer {
-            Message::Ready {
-                kv_bytes,
-                weight_bytes,
-            } => workers.push((addr.clone(), kv_bytes, weight_bytes)),
-            Message::Error(e) => {
-                return Err(ClusterError::Refused {
-                    node,
-                    message: e.message,
-                })
-            }
-            other => {
-                return Err(ClusterError::Refused {
-                    node,
-                    message: format!("answered {} instead of Ready", other.name()),
-                })
-            }
+            Message::Ready { kv_bytes, weight_bytes } => workers.push((addr.clone(), kv_bytes, weight_bytes)),
+            Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
+            other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Ready", other.name()) }),
         }
         peers.push(peer);
     }
     let star = Star::master(peers, opts.wire)?;
     let mut split = tensor_split(plan.node(0).expect("node 0"));
     split.gather_rows = gather[0].clone();
-    Ok(Group {
-        plan,
-        split,
-        collective: StarCollective::new(Arc::new(Mutex::new(star))),
-        workers,
-    })
+    Ok(Group { plan, split, collective: StarCollective::new(Arc::new(Mutex::new(star))), workers })
 }
 
 /// How a worker session ended.
@@ -474,8 +396,7 @@ pub fn serve_session(
     make_ctx: MakeContext<'_>,
     admitted: impl FnOnce(&NodeShard),
 ) -> Result<SessionEnd, ClusterError> {
-    let mut peer = Peer::new(stream, 0, timeout)
-        .map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?;
+    let mut peer = Peer::new(stream, 0, timeout).map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?;
     let sha256 = worker.sha256();
     let hello = worker_handshake(&mut peer, sha256, key)?;
     let shard = hello.shard.clone();
@@ -524,21 +445,12 @@ pub fn serve_session(
         }
     };
     let model = &model;
-    let star = Arc::new(Mutex::new(Star::worker(
-        me,
-        shard.n_nodes,
-        peer,
-        hello.wire,
-    )?));
-    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(StarCollective::new(star.clone())))
-    {
+    let star = Arc::new(Mutex::new(Star::worker(me, shard.n_nodes, peer, hello.wire)?));
+    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(StarCollective::new(star.clone()))) {
         lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
         return Err(e.into());
     }
-    let ready = Message::Ready {
-        kv_bytes: ctx.kv_bytes() as u64,
-        weight_bytes: shard_weight_bytes(model, &split),
-    };
+    let ready = Message::Ready { kv_bytes: ctx.kv_bytes() as u64, weight_bytes: shard_weight_bytes(model, &split) };
     lock(&star).peers_mut()[0].send(&ready)?;
 
     let mut passes = 0;
@@ -547,9 +459,7 @@ pub fn serve_session(
         let msg = lock(&star).peers_mut()[0].recv_idle();
         let (pos0, x) = match msg {
             Ok((Message::Step { pos0, x }, _)) => (pos0, x),
-            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => {
-                return Ok(SessionEnd::Finished { passes })
-            }
+            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes }),
             Ok((other, _)) => {
                 let why = format!("expected Step, got {}", other.name());
                 lock(&star).peers_mut()[0].report(Some(me), &why);
@@ -672,7 +582,10 @@ fn send_shard(peer: &mut Peer, model: &Model, split: &TensorSplit, sha: &[u8; 32
     let node = peer.node();
     let t = std::time::Instant::now();
     if progress {
-        eprintln!("node {node} has no copy of its shard: sending it ({:.1} MiB of weights, once; the worker caches it)", shard_file::size(model, split) as f64 / (1 << 20) as f64);
+        eprintln!(
+            "node {node} has no copy of its shard: sending it ({:.1} MiB of weights, once; the worker caches it)",
+            shard_file::size(model, split) as f64 / (1 << 20) as f64
+        );
     }
     let sink = ShardSink { peer, buf: Vec::with_capacity(4 << 20) };
     let mut w = shard_file::write(model, split, sha, shard_file::HashingWriter::new(sink))?;
@@ -682,7 +595,11 @@ fn send_shard(peer: &mut Peer, model: &Model, split: &TensorSplit, sha: &[u8; 32
     sink.peer.send(&Message::ShardEnd { total, sha256 })?;
     if progress {
         let s = t.elapsed().as_secs_f64();
-        eprintln!("node {node}: shard sent, {:.1} MiB in {s:.1} s ({:.0} MB/s)", total as f64 / (1 << 20) as f64, total as f64 / 1e6 / s.max(1e-9));
+        eprintln!(
+            "node {node}: shard sent, {:.1} MiB in {s:.1} s ({:.0} MB/s)",
+            total as f64 / (1 << 20) as f64,
+            total as f64 / 1e6 / s.max(1e-9)
+        );
     }
     Ok(())
 }

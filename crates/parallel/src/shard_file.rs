@@ -50,8 +50,7 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
         elem_type: 10, // u64
         items: vec![Value::U64(r.start as u64), Value::U64(r.end as u64)],
     };
-    let mut meta: Vec<(String, Value)> =
-        f.metadata().iter().filter(|(k, _)| !k.starts_with("hearth.shard.")).cloned().collect();
+    let mut meta: Vec<(String, Value)> = f.metadata().iter().filter(|(k, _)| !k.starts_with("hearth.shard.")).cloned().collect();
     meta.push((shard_keys::SOURCE_SHA256.into(), Value::String(crate::wire::hex(sha))));
     meta.push((shard_keys::KV_HEADS.into(), range(&split.kv_heads)));
     meta.push((shard_keys::FFN_ROWS.into(), range(&split.ffn_rows)));
@@ -77,7 +76,11 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
         specs.push(norm_spec(&norm_names[i][0])?);
         srcs.push(Src::Norm(&norm_names[i][0]));
         for (k, (t, (rows, cols))) in l.matrices().into_iter().zip(split.matrix_shapes(c)).enumerate() {
-            specs.push(TensorSpec { name: format!("blk.{i}.{}.weight", names[k]), dims: vec![cols.len() as u64, rows.len() as u64], ty: t.ty });
+            specs.push(TensorSpec {
+                name: format!("blk.{i}.{}.weight", names[k]),
+                dims: vec![cols.len() as u64, rows.len() as u64],
+                ty: t.ty,
+            });
             srcs.push(Src::Cut(t, rows, cols));
         }
         specs.push(norm_spec(&norm_names[i][1])?);
@@ -177,14 +180,13 @@ pub fn extract(model: &Model, split: &TensorSplit, sha: &[u8; 32], path: &Path) 
     }
     let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
     let file = std::fs::File::create(&tmp).map_err(io)?;
-    let done = write(model, split, sha, HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file)))
-        .and_then(|w| {
-            let (digest, bw) = w.finish();
-            let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
-            f.sync_all().map_err(io)?;
-            std::fs::write(sidecar(path), crate::wire::hex(&digest)).map_err(io)?;
-            std::fs::rename(&tmp, path).map_err(io)
-        });
+    let done = write(model, split, sha, HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file))).and_then(|w| {
+        let (digest, bw) = w.finish();
+        let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
+        f.sync_all().map_err(io)?;
+        std::fs::write(sidecar(path), crate::wire::hex(&digest)).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    });
     if let Err(e) = done {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);

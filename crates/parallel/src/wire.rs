@@ -139,10 +139,7 @@ impl WireType {
         match b {
             0 => Ok(WireType::F32),
             1 => Ok(WireType::Q8_0),
-            _ => Err(WireError::Invalid {
-                what: "wire type",
-                why: format!("unknown value {b}"),
-            }),
+            _ => Err(WireError::Invalid { what: "wire type", why: format!("unknown value {b}") }),
         }
     }
 
@@ -223,22 +220,12 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Check a peer's version and model hash against ours.
-pub fn check_peer(
-    version: u32,
-    model_sha256: &[u8; 32],
-    our_sha256: &[u8; 32],
-) -> Result<(), HelloMismatch> {
+pub fn check_peer(version: u32, model_sha256: &[u8; 32], our_sha256: &[u8; 32]) -> Result<(), HelloMismatch> {
     if version != PROTOCOL_VERSION {
-        return Err(HelloMismatch::Version {
-            ours: PROTOCOL_VERSION,
-            theirs: version,
-        });
+        return Err(HelloMismatch::Version { ours: PROTOCOL_VERSION, theirs: version });
     }
     if model_sha256 != our_sha256 {
-        return Err(HelloMismatch::Model {
-            ours: hex(our_sha256),
-            theirs: hex(model_sha256),
-        });
+        return Err(HelloMismatch::Model { ours: hex(our_sha256), theirs: hex(model_sha256) });
     }
     Ok(())
 }
@@ -283,10 +270,7 @@ impl Partial {
                 }
             }
             WireType::Q8_0 => {
-                for (o, x) in data
-                    .chunks_exact_mut(Q8_0_BLOCK_BYTES)
-                    .zip(values.chunks(Q8_0_BLOCK))
-                {
+                for (o, x) in data.chunks_exact_mut(Q8_0_BLOCK_BYTES).zip(values.chunks(Q8_0_BLOCK)) {
                     let mut block = [0f32; Q8_0_BLOCK];
                     block[..x.len()].copy_from_slice(x);
                     // Cannot fail: 32 elements into 34 bytes.
@@ -294,29 +278,15 @@ impl Partial {
                 }
             }
         }
-        Self {
-            seq,
-            step,
-            offset: offset as u64,
-            n: values.len() as u64,
-            wire,
-            data,
-        }
+        Self { seq, step, offset: offset as u64, n: values.len() as u64, wire, data }
     }
 
     fn check_dst(&self, dst: &[f32]) -> Result<(), WireError> {
         if dst.len() as u64 != self.n {
-            return Err(WireError::Invalid {
-                what: "partial",
-                why: format!("{} elements for a destination of {}", self.n, dst.len()),
-            });
+            return Err(WireError::Invalid { what: "partial", why: format!("{} elements for a destination of {}", self.n, dst.len()) });
         }
         if self.data.len() != self.wire.data_bytes(dst.len()) {
-            return Err(WireError::Truncated {
-                what: "partial data",
-                need: self.wire.data_bytes(dst.len()),
-                have: self.data.len(),
-            });
+            return Err(WireError::Truncated { what: "partial data", need: self.wire.data_bytes(dst.len()), have: self.data.len() });
         }
         Ok(())
     }
@@ -331,10 +301,7 @@ impl Partial {
             }
             WireType::Q8_0 => {
                 let mut block = [0f32; Q8_0_BLOCK];
-                for (d, b) in dst
-                    .chunks_mut(Q8_0_BLOCK)
-                    .zip(self.data.chunks_exact(Q8_0_BLOCK_BYTES))
-                {
+                for (d, b) in dst.chunks_mut(Q8_0_BLOCK).zip(self.data.chunks_exact(Q8_0_BLOCK_BYTES)) {
                     // Cannot fail: 34 bytes into 32 elements.
                     let _ = dequantize_row(GgmlType::Q8_0, b, &mut block);
                     for (d, &v) in d.iter_mut().zip(&block) {
@@ -465,11 +432,7 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     fn bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if self.buf.len() < n {
-            return Err(WireError::Truncated {
-                what: self.what,
-                need: n,
-                have: self.buf.len(),
-            });
+            return Err(WireError::Truncated { what: self.what, need: n, have: self.buf.len() });
         }
         let (h, t) = self.buf.split_at(n);
         self.buf = t;
@@ -491,10 +454,7 @@ impl<'a> Fields<'a> {
     }
     fn usize(&mut self, what: &'static str) -> Result<usize, WireError> {
         let v = self.u64()?;
-        usize::try_from(v).map_err(|_| WireError::Invalid {
-            what,
-            why: format!("{v} does not fit this machine"),
-        })
+        usize::try_from(v).map_err(|_| WireError::Invalid { what, why: format!("{v} does not fit this machine") })
     }
     fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.buf)
@@ -503,10 +463,7 @@ impl<'a> Fields<'a> {
         if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(WireError::Trailing {
-                what: self.what,
-                extra: self.buf.len(),
-            })
+            Err(WireError::Trailing { what: self.what, extra: self.buf.len() })
         }
     }
 }
@@ -616,10 +573,7 @@ impl Message {
                 out.extend_from_slice(&r.start.to_le_bytes());
                 out.extend_from_slice(&r.end.to_le_bytes());
             }
-            Message::Ready {
-                kv_bytes,
-                weight_bytes,
-            } => {
+            Message::Ready { kv_bytes, weight_bytes } => {
                 out.extend_from_slice(&kv_bytes.to_le_bytes());
                 out.extend_from_slice(&weight_bytes.to_le_bytes());
             }
@@ -681,10 +635,7 @@ impl Message {
             T_HELLO => {
                 let magic: [u8; 4] = f.arr()?;
                 if magic != HELLO_MAGIC {
-                    return Err(WireError::Invalid {
-                        what: "Hello",
-                        why: format!("bad magic {}", hex(&magic)),
-                    });
+                    return Err(WireError::Invalid { what: "Hello", why: format!("bad magic {}", hex(&magic)) });
                 }
                 let version = f.u32()?;
                 let model_sha256 = f.arr()?;
@@ -701,29 +652,11 @@ impl Message {
                 };
                 let kv_heads = f.usize("kv start")?..f.usize("kv end")?;
                 let ffn_rows = f.usize("ffn start")?..f.usize("ffn end")?;
-                Message::Hello(Hello {
-                    version,
-                    model_sha256,
-                    wire,
-                    shard: NodeShard {
-                        dims,
-                        node,
-                        n_nodes,
-                        kv_heads,
-                        ffn_rows,
-                    },
-                })
+                Message::Hello(Hello { version, model_sha256, wire, shard: NodeShard { dims, node, n_nodes, kv_heads, ffn_rows } })
             }
-            T_HELLO_ACK => Message::HelloAck(HelloAck {
-                version: f.u32()?,
-                model_sha256: f.arr()?,
-                node: f.u64()?,
-            }),
+            T_HELLO_ACK => Message::HelloAck(HelloAck { version: f.u32()?, model_sha256: f.arr()?, node: f.u64()? }),
             T_AUTH_CHALLENGE => Message::AuthChallenge { nonce: f.arr()? },
-            T_AUTH_RESPONSE => Message::AuthResponse {
-                nonce: f.arr()?,
-                mac: f.arr()?,
-            },
+            T_AUTH_RESPONSE => Message::AuthResponse { nonce: f.arr()?, mac: f.arr()? },
             T_AUTH_PROOF => Message::AuthProof { mac: f.arr()? },
             T_PARTIAL => {
                 let seq = f.u64()?;
@@ -734,20 +667,10 @@ impl Message {
                 let n_us = usize::try_from(n)
                     .ok()
                     .filter(|&n| n <= usize::MAX / 4)
-                    .ok_or_else(|| WireError::Invalid {
-                        what: "Partial",
-                        why: format!("element count {n}"),
-                    })?;
+                    .ok_or_else(|| WireError::Invalid { what: "Partial", why: format!("element count {n}") })?;
                 let need = wire.data_bytes(n_us);
                 let data = f.bytes(need)?.to_vec();
-                Message::Partial(Partial {
-                    seq,
-                    step,
-                    offset,
-                    n,
-                    wire,
-                    data,
-                })
+                Message::Partial(Partial { seq, step, offset, n, wire, data })
             }
             T_ERROR => {
                 let has = f.u8()?;
@@ -755,64 +678,34 @@ impl Message {
                 let failed_node = match has {
                     0 => None,
                     1 => Some(node),
-                    _ => {
-                        return Err(WireError::Invalid {
-                            what: "Error",
-                            why: format!("has-node flag {has}"),
-                        })
-                    }
+                    _ => return Err(WireError::Invalid { what: "Error", why: format!("has-node flag {has}") }),
                 };
                 let message = String::from_utf8_lossy(f.rest()).into_owned();
-                Message::Error(ErrorMsg {
-                    failed_node,
-                    message,
-                })
+                Message::Error(ErrorMsg { failed_node, message })
             }
             T_SESSION => {
                 let (n_ctx, n_batch, cache_type) = (f.u64()?, f.u64()?, f.u8()?);
                 if cache_type > 2 {
-                    return Err(WireError::Invalid {
-                        what: "Session",
-                        why: format!("KV cache type {cache_type}"),
-                    });
+                    return Err(WireError::Invalid { what: "Session", why: format!("KV cache type {cache_type}") });
                 }
                 let (gather, start, end) = (f.u8()?, f.u64()?, f.u64()?);
                 let gather_rows = match gather {
                     0 => None,
                     1 => Some(start..end),
-                    _ => {
-                        return Err(WireError::Invalid {
-                            what: "Session",
-                            why: format!("schedule {gather}"),
-                        })
-                    }
+                    _ => return Err(WireError::Invalid { what: "Session", why: format!("schedule {gather}") }),
                 };
-                Message::Session(Session {
-                    n_ctx,
-                    n_batch,
-                    cache_type,
-                    gather_rows,
-                })
+                Message::Session(Session { n_ctx, n_batch, cache_type, gather_rows })
             }
-            T_READY => Message::Ready {
-                kv_bytes: f.u64()?,
-                weight_bytes: f.u64()?,
-            },
+            T_READY => Message::Ready { kv_bytes: f.u64()?, weight_bytes: f.u64()? },
             T_STEP => {
                 let pos0 = f.u64()?;
                 let n = f.u64()?;
                 let n_us = usize::try_from(n)
                     .ok()
                     .filter(|&n| n <= usize::MAX / 4)
-                    .ok_or_else(|| WireError::Invalid {
-                        what: "Step",
-                        why: format!("element count {n}"),
-                    })?;
+                    .ok_or_else(|| WireError::Invalid { what: "Step", why: format!("element count {n}") })?;
                 let data = f.bytes(4 * n_us)?;
-                let x = data
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
+                let x = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
                 Message::Step { pos0, x }
             }
             T_NEED_SHARD => Message::NeedShard,
@@ -828,17 +721,10 @@ impl Message {
 /// Decode the first frame of `buf`: the message and the bytes it took. A `buf` shorter
 /// than the frame is [`WireError::Truncated`].
 pub fn decode_frame(buf: &[u8], max_frame: usize) -> Result<(Message, usize), WireError> {
-    let mut f = Fields {
-        buf,
-        what: "frame header",
-    };
+    let mut f = Fields { buf, what: "frame header" };
     let len = f.u32()? as usize;
     check_len(len, max_frame)?;
-    let body = Fields {
-        buf: f.rest(),
-        what: "frame",
-    }
-    .bytes(len)?;
+    let body = Fields { buf: f.rest(), what: "frame" }.bytes(len)?;
     Ok((Message::decode(body[0], &body[1..])?, 4 + len))
 }
 
@@ -847,10 +733,7 @@ fn check_len(len: usize, max_frame: usize) -> Result<(), WireError> {
         return Err(WireError::Empty);
     }
     if len > max_frame {
-        return Err(WireError::TooLarge {
-            len,
-            max: max_frame,
-        });
+        return Err(WireError::TooLarge { len, max: max_frame });
     }
     Ok(())
 }
@@ -875,32 +758,20 @@ pub fn read_frame(r: &mut impl Read, max_frame: usize) -> Result<(Message, usize
     match read_full(r, &mut len_bytes)? {
         0 => return Err(WireError::Closed),
         4 => {}
-        got => {
-            return Err(WireError::ClosedMidFrame {
-                got,
-                need: HEADER_BYTES,
-            })
-        }
+        got => return Err(WireError::ClosedMidFrame { got, need: HEADER_BYTES }),
     }
     let len = u32::from_le_bytes(len_bytes) as usize;
     check_len(len, max_frame)?;
     let mut body = vec![0u8; len];
     let got = read_full(r, &mut body)?;
     if got < len {
-        return Err(WireError::ClosedMidFrame {
-            got: 4 + got,
-            need: 4 + len,
-        });
+        return Err(WireError::ClosedMidFrame { got: 4 + got, need: 4 + len });
     }
     Ok((Message::decode(body[0], &body[1..])?, 4 + len))
 }
 
 /// Write one frame; returns its size in bytes. `scratch` is reused for the encoding.
-pub fn write_frame(
-    w: &mut impl Write,
-    msg: &Message,
-    scratch: &mut Vec<u8>,
-) -> Result<usize, WireError> {
+pub fn write_frame(w: &mut impl Write, msg: &Message, scratch: &mut Vec<u8>) -> Result<usize, WireError> {
     scratch.clear();
     msg.encode_into(scratch);
     w.write_all(scratch)?;
@@ -915,61 +786,25 @@ mod tests {
     use proptest::prelude::*;
 
     fn dims() -> ModelDims {
-        ModelDims {
-            n_head: 9,
-            n_head_kv: 3,
-            head_dim: 64,
-            n_embd: 576,
-            n_ff: 1536,
-            block: 32,
-        }
+        ModelDims { n_head: 9, n_head_kv: 3, head_dim: 64, n_embd: 576, n_ff: 1536, block: 32 }
     }
 
     fn samples() -> Vec<Message> {
         let shard = ShardPlan::equal(dims(), 3).unwrap().nodes()[1].clone();
         vec![
-            Message::Hello(Hello {
-                version: PROTOCOL_VERSION,
-                model_sha256: [7; 32],
-                wire: WireType::Q8_0,
-                shard,
-            }),
-            Message::HelloAck(HelloAck {
-                version: 1,
-                model_sha256: [9; 32],
-                node: 2,
-            }),
+            Message::Hello(Hello { version: PROTOCOL_VERSION, model_sha256: [7; 32], wire: WireType::Q8_0, shard }),
+            Message::HelloAck(HelloAck { version: 1, model_sha256: [9; 32], node: 2 }),
             Message::AuthChallenge { nonce: [1; 32] },
-            Message::AuthResponse {
-                nonce: [2; 32],
-                mac: [3; 32],
-            },
+            Message::AuthResponse { nonce: [2; 32], mac: [3; 32] },
             Message::AuthProof { mac: [4; 32] },
             Message::Partial(Partial::encode(5, 1, 64, WireType::F32, &[1.0, -2.5, 3.25])),
             Message::Partial(Partial::encode(6, 0, 0, WireType::Q8_0, &[0.5; 40])),
-            Message::Error(ErrorMsg {
-                failed_node: Some(3),
-                message: "node 3 closed the connection".into(),
-            }),
-            Message::Error(ErrorMsg {
-                failed_node: None,
-                message: String::new(),
-            }),
+            Message::Error(ErrorMsg { failed_node: Some(3), message: "node 3 closed the connection".into() }),
+            Message::Error(ErrorMsg { failed_node: None, message: String::new() }),
             Message::Shutdown,
-            Message::Session(Session {
-                n_ctx: 2048,
-                n_batch: 512,
-                cache_type: 1,
-                gather_rows: Some(0..288),
-            }),
-            Message::Ready {
-                kv_bytes: 1 << 20,
-                weight_bytes: 3 << 20,
-            },
-            Message::Step {
-                pos0: 7,
-                x: vec![0.5, -1.0, 2.0],
-            },
+            Message::Session(Session { n_ctx: 2048, n_batch: 512, cache_type: 1, gather_rows: Some(0..288) }),
+            Message::Ready { kv_bytes: 1 << 20, weight_bytes: 3 << 20 },
+            Message::Step { pos0: 7, x: vec![0.5, -1.0, 2.0] },
             Message::NeedShard,
             Message::ShardData(vec![1, 2, 3, 4]),
             Message::ShardEnd { total: 4, sha256: [5; 32] },
@@ -995,27 +830,7 @@ mod tests {
         // Hello, HelloAck, AuthChallenge, AuthResponse, AuthProof, Partial (3 × f32),
         // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
         // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd
-        assert_eq!(
-            sizes,
-            vec![
-                142,
-                49,
-                37,
-                69,
-                37,
-                34 + 12,
-                34 + 68,
-                14 + 28,
-                14,
-                5,
-                39,
-                21,
-                21 + 12,
-                5,
-                5 + 4,
-                45
-            ]
-        );
+        assert_eq!(sizes, vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45]);
     }
 
     #[test]
@@ -1029,83 +844,37 @@ mod tests {
     #[test]
     fn typed_errors() {
         // unknown type
-        assert!(matches!(
-            decode_frame(&[1, 0, 0, 0, 99], 100),
-            Err(WireError::UnknownType(99))
-        ));
+        assert!(matches!(decode_frame(&[1, 0, 0, 0, 99], 100), Err(WireError::UnknownType(99))));
         // empty frame
-        assert!(matches!(
-            decode_frame(&[0, 0, 0, 0], 100),
-            Err(WireError::Empty)
-        ));
+        assert!(matches!(decode_frame(&[0, 0, 0, 0], 100), Err(WireError::Empty)));
         // too large: refused from the header alone
         let e = decode_frame(&[0xff, 0xff, 0xff, 0x7f], 1 << 20).unwrap_err();
-        assert!(matches!(
-            e,
-            WireError::TooLarge {
-                len: 0x7fff_ffff,
-                max: 1048576
-            }
-        ));
+        assert!(matches!(e, WireError::TooLarge { len: 0x7fff_ffff, max: 1048576 }));
         assert!(e.to_string().contains("exceeds the maximum"), "{e}");
         // truncated payload: AuthProof with 10 of 32 bytes
         let mut f = vec![11, 0, 0, 0, T_AUTH_PROOF];
         f.extend_from_slice(&[0; 10]);
-        assert!(matches!(
-            decode_frame(&f, 100),
-            Err(WireError::Truncated {
-                what: "AuthProof",
-                need: 32,
-                have: 10
-            })
-        ));
+        assert!(matches!(decode_frame(&f, 100), Err(WireError::Truncated { what: "AuthProof", need: 32, have: 10 })));
         // trailing bytes
         let mut f = vec![2, 0, 0, 0, T_SHUTDOWN, 0];
-        assert!(matches!(
-            decode_frame(&f, 100),
-            Err(WireError::Trailing {
-                what: "Shutdown",
-                extra: 1
-            })
-        ));
+        assert!(matches!(decode_frame(&f, 100), Err(WireError::Trailing { what: "Shutdown", extra: 1 })));
         // frame shorter than its length
         f[0] = 9;
-        assert!(matches!(
-            decode_frame(&f, 100),
-            Err(WireError::Truncated { .. })
-        ));
+        assert!(matches!(decode_frame(&f, 100), Err(WireError::Truncated { .. })));
         // stream closed mid-frame / between frames
-        assert!(matches!(
-            read_frame(&mut &f[..], 100),
-            Err(WireError::ClosedMidFrame { got: 6, need: 13 })
-        ));
-        assert!(matches!(
-            read_frame(&mut &[][..], 100),
-            Err(WireError::Closed)
-        ));
-        assert!(matches!(
-            read_frame(&mut &[3u8, 0][..], 100),
-            Err(WireError::ClosedMidFrame { got: 2, .. })
-        ));
+        assert!(matches!(read_frame(&mut &f[..], 100), Err(WireError::ClosedMidFrame { got: 6, need: 13 })));
+        assert!(matches!(read_frame(&mut &[][..], 100), Err(WireError::Closed)));
+        assert!(matches!(read_frame(&mut &[3u8, 0][..], 100), Err(WireError::ClosedMidFrame { got: 2, .. })));
         // bad hello magic
         let mut h = samples()[0].encode();
         h[5] = b'X';
-        assert!(matches!(
-            decode_frame(&h, DEFAULT_MAX_FRAME),
-            Err(WireError::Invalid { what: "Hello", .. })
-        ));
+        assert!(matches!(decode_frame(&h, DEFAULT_MAX_FRAME), Err(WireError::Invalid { what: "Hello", .. })));
         // partial whose data is shorter than n says
         let mut p = Message::Partial(Partial::encode(1, 0, 0, WireType::F32, &[1.0, 2.0])).encode();
         p.truncate(p.len() - 4);
         let len = (p.len() - 4) as u32;
         p[..4].copy_from_slice(&len.to_le_bytes());
-        assert!(matches!(
-            decode_frame(&p, 100),
-            Err(WireError::Truncated {
-                what: "Partial",
-                ..
-            })
-        ));
+        assert!(matches!(decode_frame(&p, 100), Err(WireError::Truncated { what: "Partial", .. })));
         // partial with a huge element count
         let mut p = Message::Partial(Partial::encode(1, 0, 0, WireType::F32, &[])).encode();
         p[5 + 20..5 + 28].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -1113,13 +882,7 @@ mod tests {
         // unknown wire type
         let mut p = Message::Partial(Partial::encode(1, 0, 0, WireType::F32, &[])).encode();
         p[5 + 28] = 9;
-        assert!(matches!(
-            decode_frame(&p, 100),
-            Err(WireError::Invalid {
-                what: "wire type",
-                ..
-            })
-        ));
+        assert!(matches!(decode_frame(&p, 100), Err(WireError::Invalid { what: "wire type", .. })));
     }
 
     #[test]
@@ -1168,61 +931,32 @@ mod tests {
             (arr(), any::<u32>(), 1usize..8, 0usize..8).prop_map(|(sha, version, n, i)| {
                 let plan = ShardPlan::equal(dims(), n).unwrap();
                 let shard = plan.nodes()[i % n].clone();
-                Message::Hello(Hello {
-                    version,
-                    model_sha256: sha,
-                    wire: WireType::F32,
-                    shard,
-                })
+                Message::Hello(Hello { version, model_sha256: sha, wire: WireType::F32, shard })
             }),
-            (any::<u32>(), arr(), any::<u64>()).prop_map(|(version, model_sha256, node)| {
-                Message::HelloAck(HelloAck {
-                    version,
-                    model_sha256,
-                    node,
-                })
-            }),
+            (any::<u32>(), arr(), any::<u64>())
+                .prop_map(|(version, model_sha256, node)| { Message::HelloAck(HelloAck { version, model_sha256, node }) }),
             arr().prop_map(|nonce| Message::AuthChallenge { nonce }),
             (arr(), arr()).prop_map(|(nonce, mac)| Message::AuthResponse { nonce, mac }),
             arr().prop_map(|mac| Message::AuthProof { mac }),
-            (
-                any::<u64>(),
-                any::<u32>(),
-                0usize..1 << 20,
-                any::<bool>(),
-                prop::collection::vec(-1e6f32..1e6, 0..200)
-            )
-                .prop_map(|(seq, step, off, q, v)| {
+            (any::<u64>(), any::<u32>(), 0usize..1 << 20, any::<bool>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(
+                |(seq, step, off, q, v)| {
                     let w = if q { WireType::Q8_0 } else { WireType::F32 };
                     Message::Partial(Partial::encode(seq, step, off, w, &v))
-                }),
-            (prop::option::of(any::<u64>()), ".{0,40}").prop_map(|(failed_node, message)| {
-                Message::Error(ErrorMsg {
-                    failed_node,
-                    message,
-                })
-            }),
+                }
+            ),
+            (prop::option::of(any::<u64>()), ".{0,40}")
+                .prop_map(|(failed_node, message)| { Message::Error(ErrorMsg { failed_node, message }) }),
             Just(Message::Shutdown),
-            (
-                any::<u64>(),
-                any::<u64>(),
-                0u8..3,
-                prop::option::of((any::<u64>(), any::<u64>()))
-            )
-                .prop_map(|(n_ctx, n_batch, cache_type, g)| Message::Session(
-                    Session {
-                        n_ctx,
-                        n_batch,
-                        cache_type,
-                        gather_rows: g.map(|(a, b)| a..b)
-                    }
-                )),
-            (any::<u64>(), any::<u64>()).prop_map(|(kv_bytes, weight_bytes)| Message::Ready {
-                kv_bytes,
-                weight_bytes
-            }),
-            (any::<u64>(), prop::collection::vec(-1e6f32..1e6, 0..200))
-                .prop_map(|(pos0, x)| Message::Step { pos0, x }),
+            (any::<u64>(), any::<u64>(), 0u8..3, prop::option::of((any::<u64>(), any::<u64>()))).prop_map(
+                |(n_ctx, n_batch, cache_type, g)| Message::Session(Session {
+                    n_ctx,
+                    n_batch,
+                    cache_type,
+                    gather_rows: g.map(|(a, b)| a..b)
+                })
+            ),
+            (any::<u64>(), any::<u64>()).prop_map(|(kv_bytes, weight_bytes)| Message::Ready { kv_bytes, weight_bytes }),
+            (any::<u64>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(|(pos0, x)| Message::Step { pos0, x }),
             Just(Message::NeedShard),
             prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::ShardData),
             (any::<u64>(), arr()).prop_map(|(total, sha256)| Message::ShardEnd { total, sha256 }),

@@ -18,13 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn q4_1_path() -> PathBuf {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
     p
 }
 
@@ -75,14 +70,7 @@ struct Run {
 
 /// Prefill `PROMPT`, then `steps - 1` decode steps, single node vs split over
 /// `weights`; both fed the single node's greedy tokens.
-fn compare(
-    model: &Arc<Model>,
-    weights: &[f64],
-    wire: WireType,
-    exact: bool,
-    cache: CacheType,
-    steps: usize,
-) -> Run {
+fn compare(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cache: CacheType, steps: usize) -> Run {
     let ids = model.tokenizer.encode(PROMPT, true, true);
     let mut single = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
     let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
@@ -96,22 +84,13 @@ fn compare(
         progress: false,
     };
     let g = connect(model, SHA, &opts, 128, 64, cache).unwrap();
-    split
-        .set_tensor_split(g.split, Box::new(g.collective))
-        .unwrap();
-    let mut run = Run {
-        max_diff: 0.0,
-        flips: vec![],
-    };
+    split.set_tensor_split(g.split, Box::new(g.collective)).unwrap();
+    let mut run = Run { max_diff: 0.0, flips: vec![] };
     let mut input = ids;
     for step in 0..steps {
         let a = single.eval(&input, Logits::Last).unwrap().to_vec();
         let b = split.eval(&input, Logits::Last).unwrap();
-        let d = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
+        let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         run.max_diff = run.max_diff.max(d);
         let top = argmax(&a);
         if argmax(b) != top {
@@ -124,25 +103,14 @@ fn compare(
     run
 }
 
-const SPLITS: [&[f64]; 6] = [
-    &[1.0, 1.0],
-    &[1.0, 1.0, 1.0],
-    &[3.0, 1.0, 2.0],
-    &[1.0, 1.0, 1.0, 1.0],
-    &[0.0, 1.0, 1.0, 1.0],
-    &[1.0, 0.0],
-];
+const SPLITS: [&[f64]; 6] = [&[1.0, 1.0], &[1.0, 1.0, 1.0], &[3.0, 1.0, 2.0], &[1.0, 1.0, 1.0, 1.0], &[0.0, 1.0, 1.0, 1.0], &[1.0, 0.0]];
 
 #[test]
 fn gather_schedule_is_bit_identical_to_one_node() {
     let m = load(&q4_1_path());
     for w in SPLITS {
         let r = compare(&m, w, WireType::F32, true, CacheType::F16, 12);
-        assert_eq!(
-            r.max_diff, 0.0,
-            "{w:?}: gather schedule logits differ by {}",
-            r.max_diff
-        );
+        assert_eq!(r.max_diff, 0.0, "{w:?}: gather schedule logits differ by {}", r.max_diff);
     }
 }
 
@@ -151,10 +119,7 @@ fn sum_schedule_is_rounding_on_f32_and_bounded_on_q4_1() {
     let f32m = f32_copy();
     for w in SPLITS {
         let r = compare(&f32m, w, WireType::F32, false, CacheType::F32, 6);
-        eprintln!(
-            "F32 weights, f32 cache, {w:?}: max |Δ logit| {:e}",
-            r.max_diff
-        );
+        eprintln!("F32 weights, f32 cache, {w:?}: max |Δ logit| {:e}", r.max_diff);
         assert!(r.max_diff < 1e-3, "{w:?}: {}", r.max_diff);
         assert!(r.flips.is_empty(), "{w:?}: {:?}", r.flips);
     }
@@ -164,11 +129,7 @@ fn sum_schedule_is_rounding_on_f32_and_bounded_on_q4_1() {
         eprintln!("Q4_1, f16 cache, {w:?}: max |Δ logit| {:e}, argmax flips (step, single-node margin) {:?}", r.max_diff, r.flips);
         assert!(r.max_diff < 2.0, "{w:?}: {}", r.max_diff);
         // A flip only where one node's own top two are close.
-        assert!(
-            r.flips.iter().all(|&(_, margin)| margin < 0.1),
-            "{w:?}: {:?}",
-            r.flips
-        );
+        assert!(r.flips.iter().all(|&(_, margin)| margin < 0.1), "{w:?}: {:?}", r.flips);
     }
 }
 
@@ -177,14 +138,7 @@ fn q8_0_wire_error_is_measured_and_bounded() {
     let f32m = f32_copy();
     let f32_wire = compare(&f32m, &[1.0, 1.0], WireType::F32, true, CacheType::F32, 4);
     let q8_wire = compare(&f32m, &[1.0, 1.0], WireType::Q8_0, true, CacheType::F32, 4);
-    eprintln!(
-        "F32 weights, gather schedule: max |Δ logit| f32 wire {:e}, q8_0 wire {:e}",
-        f32_wire.max_diff, q8_wire.max_diff
-    );
+    eprintln!("F32 weights, gather schedule: max |Δ logit| f32 wire {:e}, q8_0 wire {:e}", f32_wire.max_diff, q8_wire.max_diff);
     assert_eq!(f32_wire.max_diff, 0.0);
-    assert!(
-        q8_wire.max_diff > 0.0 && q8_wire.max_diff < 2.0,
-        "{}",
-        q8_wire.max_diff
-    );
+    assert!(q8_wire.max_diff > 0.0 && q8_wire.max_diff < 2.0, "{}", q8_wire.max_diff);
 }

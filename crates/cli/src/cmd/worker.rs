@@ -122,18 +122,20 @@ pub fn run(a: Args) -> Result<()> {
                 budget.apply(&m, &mut ctx, false).map_err(|e| hearth_model::ModelError::Context(format!("{e:#}")))?;
                 Ok(ctx)
             };
-            let session = || hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &make, |shard| {
-                let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some((old_peer, old)) = cur.take() {
-                    let _ = old.shutdown(Shutdown::Both);
-                    eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
-                }
-                *cur = mine.map(|s| (peer.clone(), s));
-                eprintln!(
-                    "coordinator {peer}: node {} of {}, KV heads {:?}, FFN rows {:?}",
-                    shard.node, shard.n_nodes, shard.kv_heads, shard.ffn_rows
-                );
-            });
+            let session = || {
+                hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &make, |shard| {
+                    let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some((old_peer, old)) = cur.take() {
+                        let _ = old.shutdown(Shutdown::Both);
+                        eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
+                    }
+                    *cur = mine.map(|s| (peer.clone(), s));
+                    eprintln!(
+                        "coordinator {peer}: node {} of {}, KV heads {:?}, FFN rows {:?}",
+                        shard.node, shard.n_nodes, shard.kv_heads, shard.ffn_rows
+                    );
+                })
+            };
             // Whatever happens (a panic included), the connection closes and the slot frees,
             // so the coordinator learns at once instead of waiting for a timeout.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(session));
