@@ -3,9 +3,8 @@
 
 use anyhow::{bail, Context as _, Result};
 use hearth_model::{Context, Model};
-use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, WireType};
+use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, GroupHandle, NodeStats, WireType};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Flags of a tensor-parallel group (generate, chat, perplexity).
@@ -88,15 +87,78 @@ pub struct ClusterRun {
     pub n_nodes: usize,
     /// Wire type.
     pub wire: WireType,
-    /// Counters of this node's calls to the group.
-    pub counters: Arc<Mutex<CommCounters>>,
+    /// Worker addresses (nodes 1..).
+    pub workers: Vec<String>,
+    /// This node's counters and the workers' reports.
+    pub handle: GroupHandle,
 }
 
 impl ClusterRun {
-    /// A snapshot of the counters.
+    /// A snapshot of this node's counters.
     pub fn snapshot(&self) -> CommCounters {
-        self.counters.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.handle.counters()
     }
+
+    /// This node's counters and every worker's (between forward passes only).
+    pub fn all_stats(&self) -> Option<(CommCounters, Vec<NodeStats>)> {
+        Some((self.snapshot(), self.handle.worker_stats().ok()?))
+    }
+}
+
+/// Per node, between two [`ClusterRun::all_stats`] snapshots of a phase of `secs`
+/// seconds and `tokens` tokens: ms per token computing and in the group's exchanges,
+/// and KB sent/received per token. Node 0's "computing" includes sampling.
+pub fn node_rows(
+    run: &ClusterRun,
+    before: &(CommCounters, Vec<NodeStats>),
+    after: &(CommCounters, Vec<NodeStats>),
+    secs: f64,
+    tokens: usize,
+) -> Vec<serde_json::Value> {
+    let per = |v: f64| v / tokens.max(1) as f64;
+    let c = after.0.since(&before.0);
+    let mut rows = vec![serde_json::json!({
+        "node": 0, "addr": "this machine",
+        "compute_ms_per_token": per((secs - c.total.seconds).max(0.0) * 1e3),
+        "comm_ms_per_token": per(c.total.seconds * 1e3),
+        "kb_sent_per_token": per(c.total.bytes_sent as f64 / 1e3),
+        "kb_received_per_token": per(c.total.bytes_received as f64 / 1e3),
+    })];
+    for (i, (a, b)) in after.1.iter().zip(&before.1).enumerate() {
+        let d = a.since(b);
+        rows.push(serde_json::json!({
+            "node": i + 1, "addr": run.workers.get(i).cloned().unwrap_or_default(),
+            "compute_ms_per_token": per((d.busy_secs - d.comm_secs).max(0.0) * 1e3),
+            "comm_ms_per_token": per(d.comm_secs * 1e3),
+            "kb_sent_per_token": per(d.bytes_sent as f64 / 1e3),
+            "kb_received_per_token": per(d.bytes_received as f64 / 1e3),
+        }));
+    }
+    rows
+}
+
+/// [`node_rows`] for humans: one line per node, then the communication floor (the least
+/// any node spent in exchanges: transfers and latency; above it, a node waited for
+/// slower ones).
+pub fn node_lines(what: &str, rows: &[serde_json::Value]) -> String {
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(0.0);
+    let mut o = format!("{what} per node (ms/token computing + in exchanges; KB/token sent/received):");
+    for r in rows {
+        o.push_str(&format!(
+            "\n  node {} ({}): {:.2} + {:.2} ms; {:.1}/{:.1} KB",
+            r["node"],
+            r["addr"].as_str().unwrap_or(""),
+            f(r, "compute_ms_per_token"),
+            f(r, "comm_ms_per_token"),
+            f(r, "kb_sent_per_token"),
+            f(r, "kb_received_per_token")
+        ));
+    }
+    let floor = rows.iter().map(|r| f(r, "comm_ms_per_token")).fold(f64::INFINITY, f64::min);
+    o.push_str(&format!(
+        "\n  communication floor {floor:.2} ms/token (the least any node spent in exchanges); the rest of a node's exchange time is waiting for slower nodes"
+    ));
+    o
 }
 
 /// Read a cluster key from `--cluster-key` or `--cluster-key-file`.
@@ -211,9 +273,10 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
                 c.n_head_kv
             );
         }
-        let counters = group.collective.counters();
+        let handle = group.collective.handle();
+        let workers = group.workers.iter().map(|w| w.0.clone()).collect();
         ctx.set_tensor_split(group.split, Box::new(group.collective))?;
-        Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, counters })
+        Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, workers, handle })
     }
 }
 

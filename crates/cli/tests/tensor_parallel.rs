@@ -101,6 +101,10 @@ fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
         assert_eq!(tp["nodes"], n_nodes as u64);
         // 30 blocks × 4 exchanges per forward pass (one prefill pass, 19 decode passes)
         assert_eq!(tp["allreduces"], 120 * tp["passes"].as_u64().unwrap());
+        // Every node reports its decode split (workers answer StatsRequest between passes).
+        let nodes = tp["decode_nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), n_nodes);
+        assert!(nodes[1..].iter().all(|r| r["kb_sent_per_token"].as_f64().unwrap() > 0.0), "{nodes:?}");
         if n_nodes == 4 {
             assert!(err.contains("compute only their FFN share"), "{err}");
         }

@@ -22,7 +22,7 @@ use crate::auth::ClusterKey;
 use crate::handshake::{coordinator_handshake, worker_handshake, HandshakeError};
 use crate::shard::{lcm_block, ModelDims, NodeShard, ShardPlan};
 use crate::shard_file;
-use crate::wire::{Hello, Message, Session, WireType, PROTOCOL_VERSION};
+use crate::wire::{Hello, Message, NodeStats, Session, WireType, PROTOCOL_VERSION};
 use hearth_model::{CacheType, Collective, CollectiveError, Context, Model, TensorSplit};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -180,6 +180,44 @@ impl StarCollective {
     /// The shared counters.
     pub fn counters(&self) -> Arc<Mutex<CommCounters>> {
         self.counters.clone()
+    }
+
+    /// A handle for reports while the context owns this collective.
+    pub fn handle(&self) -> GroupHandle {
+        GroupHandle { star: self.star.clone(), counters: self.counters.clone() }
+    }
+}
+
+/// The coordinator's view of a running group, for reports.
+#[derive(Clone)]
+pub struct GroupHandle {
+    star: Arc<Mutex<Star>>,
+    counters: Arc<Mutex<CommCounters>>,
+}
+
+impl GroupHandle {
+    /// A snapshot of this node's counters.
+    pub fn counters(&self) -> CommCounters {
+        lock(&self.counters).clone()
+    }
+
+    /// Every worker's counters (nodes 1.., in order). Call between forward passes.
+    pub fn worker_stats(&self) -> Result<Vec<NodeStats>, CommError> {
+        let mut star = lock(&self.star);
+        let peers = star.peers_mut();
+        for p in peers.iter_mut() {
+            p.send(&Message::StatsRequest)?;
+        }
+        let mut out = Vec::with_capacity(peers.len());
+        for p in peers.iter_mut() {
+            match p.recv()?.0 {
+                Message::Stats(s) => out.push(s),
+                other => {
+                    return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why: format!("expected Stats, got {}", other.name()) })
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -446,20 +484,28 @@ pub fn serve_session(
     };
     let model = &model;
     let star = Arc::new(Mutex::new(Star::worker(me, shard.n_nodes, peer, hello.wire)?));
-    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(StarCollective::new(star.clone()))) {
+    let collective = StarCollective::new(star.clone());
+    let counters = collective.counters();
+    if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(collective)) {
         lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
         return Err(e.into());
     }
     let ready = Message::Ready { kv_bytes: ctx.kv_bytes() as u64, weight_bytes: shard_weight_bytes(model, &split) };
     lock(&star).peers_mut()[0].send(&ready)?;
 
-    let mut passes = 0;
+    let mut stats = NodeStats::default();
     loop {
         // Between passes the coordinator may be sampling, or idle between requests.
         let msg = lock(&star).peers_mut()[0].recv_idle();
         let (pos0, x) = match msg {
             Ok((Message::Step { pos0, x }, _)) => (pos0, x),
-            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes }),
+            Ok((Message::StatsRequest, _)) => {
+                let c = lock(&counters).clone();
+                let reply = NodeStats { comm_secs: c.total.seconds, bytes_sent: c.total.bytes_sent, bytes_received: c.total.bytes_received, ..stats };
+                lock(&star).peers_mut()[0].send(&Message::Stats(reply))?;
+                continue;
+            }
+            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes: stats.passes }),
             Ok((other, _)) => {
                 let why = format!("expected Step, got {}", other.name());
                 lock(&star).peers_mut()[0].report(Some(me), &why);
@@ -468,14 +514,17 @@ pub fn serve_session(
             Err(e) => return Err(e.into()),
         };
         let pos0 = usize::try_from(pos0).unwrap_or(usize::MAX);
-        if let Err(e) = ctx.eval_embeddings(pos0, &x) {
+        let t = std::time::Instant::now();
+        let r = ctx.eval_embeddings(pos0, &x);
+        stats.busy_secs += t.elapsed().as_secs_f64();
+        if let Err(e) = r {
             // A failed allreduce already told the coordinator; anything else is ours.
             if !matches!(e, hearth_model::ModelError::Collective(_)) {
                 lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
             }
             return Err(e.into());
         }
-        passes += 1;
+        stats.passes += 1;
     }
 }
 

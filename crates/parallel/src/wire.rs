@@ -27,6 +27,8 @@
 //! | 12 | [`Message::NeedShard`] | empty |
 //! | 13 | [`Message::ShardData`] | bytes of the shard file (the rest of the frame) |
 //! | 14 | [`Message::ShardEnd`] | u64 total bytes, 32-byte SHA-256 of the shard file |
+//! | 15 | [`Message::StatsRequest`] | empty |
+//! | 16 | [`Message::Stats`] | u64 passes, f64 busy seconds, f64 seconds in allreduces, u64 bytes sent, u64 bytes received |
 //!
 //! Decoding never panics: a wrong length, an unknown type or a truncated payload is a
 //! [`WireError`], and the connection it came on should be closed.
@@ -391,6 +393,38 @@ pub enum Message {
         /// SHA-256 of those bytes.
         sha256: [u8; 32],
     },
+    /// Coordinator → worker between passes: report your counters.
+    StatsRequest,
+    /// Worker → coordinator: its counters since the session opened.
+    Stats(NodeStats),
+}
+
+/// A worker's counters since its session opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NodeStats {
+    /// Forward passes run.
+    pub passes: u64,
+    /// Seconds inside forward passes (computing and in allreduces).
+    pub busy_secs: f64,
+    /// Of those, seconds inside allreduces (transfers and waiting for other nodes).
+    pub comm_secs: f64,
+    /// Bytes the worker sent.
+    pub bytes_sent: u64,
+    /// Bytes it received.
+    pub bytes_received: u64,
+}
+
+impl NodeStats {
+    /// The counts since `earlier`.
+    pub fn since(&self, earlier: &NodeStats) -> NodeStats {
+        NodeStats {
+            passes: self.passes - earlier.passes,
+            busy_secs: self.busy_secs - earlier.busy_secs,
+            comm_secs: self.comm_secs - earlier.comm_secs,
+            bytes_sent: self.bytes_sent - earlier.bytes_sent,
+            bytes_received: self.bytes_received - earlier.bytes_received,
+        }
+    }
 }
 
 /// The shape of an inference session, sent once after the handshake.
@@ -422,6 +456,8 @@ const T_STEP: u8 = 11;
 const T_NEED_SHARD: u8 = 12;
 const T_SHARD_DATA: u8 = 13;
 const T_SHARD_END: u8 = 14;
+const T_STATS_REQUEST: u8 = 15;
+const T_STATS: u8 = 16;
 
 /// Reads fields from a payload, each read checked.
 struct Fields<'a> {
@@ -490,6 +526,8 @@ impl Message {
             Message::NeedShard => T_NEED_SHARD,
             Message::ShardData(_) => T_SHARD_DATA,
             Message::ShardEnd { .. } => T_SHARD_END,
+            Message::StatsRequest => T_STATS_REQUEST,
+            Message::Stats(_) => T_STATS,
         }
     }
 
@@ -510,6 +548,8 @@ impl Message {
             Message::NeedShard => "NeedShard",
             Message::ShardData(_) => "ShardData",
             Message::ShardEnd { .. } => "ShardEnd",
+            Message::StatsRequest => "StatsRequest",
+            Message::Stats(_) => "Stats",
         }
     }
 
@@ -591,6 +631,14 @@ impl Message {
                 out.extend_from_slice(&total.to_le_bytes());
                 out.extend_from_slice(sha256);
             }
+            Message::StatsRequest => {}
+            Message::Stats(n) => {
+                out.extend_from_slice(&n.passes.to_le_bytes());
+                out.extend_from_slice(&n.busy_secs.to_le_bytes());
+                out.extend_from_slice(&n.comm_secs.to_le_bytes());
+                out.extend_from_slice(&n.bytes_sent.to_le_bytes());
+                out.extend_from_slice(&n.bytes_received.to_le_bytes());
+            }
         }
     }
 
@@ -628,6 +676,8 @@ impl Message {
             T_NEED_SHARD => "NeedShard",
             T_SHARD_DATA => "ShardData",
             T_SHARD_END => "ShardEnd",
+            T_STATS_REQUEST => "StatsRequest",
+            T_STATS => "Stats",
             _ => return Err(WireError::UnknownType(ty)),
         };
         let mut f = Fields { buf: payload, what };
@@ -711,6 +761,14 @@ impl Message {
             T_NEED_SHARD => Message::NeedShard,
             T_SHARD_DATA => Message::ShardData(f.rest().to_vec()),
             T_SHARD_END => Message::ShardEnd { total: f.u64()?, sha256: f.arr()? },
+            T_STATS_REQUEST => Message::StatsRequest,
+            T_STATS => Message::Stats(NodeStats {
+                passes: f.u64()?,
+                busy_secs: f64::from_bits(f.u64()?),
+                comm_secs: f64::from_bits(f.u64()?),
+                bytes_sent: f.u64()?,
+                bytes_received: f.u64()?,
+            }),
             _ => Message::Shutdown,
         };
         f.finish()?;
@@ -808,6 +866,8 @@ mod tests {
             Message::NeedShard,
             Message::ShardData(vec![1, 2, 3, 4]),
             Message::ShardEnd { total: 4, sha256: [5; 32] },
+            Message::StatsRequest,
+            Message::Stats(NodeStats { passes: 3, busy_secs: 0.5, comm_secs: 0.25, bytes_sent: 10, bytes_received: 20 }),
         ]
     }
 
@@ -829,8 +889,8 @@ mod tests {
         let sizes: Vec<usize> = s.iter().map(|m| m.encode().len()).collect();
         // Hello, HelloAck, AuthChallenge, AuthResponse, AuthProof, Partial (3 × f32),
         // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
-        // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd
-        assert_eq!(sizes, vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45]);
+        // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd, StatsRequest, Stats
+        assert_eq!(sizes, vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45, 5, 45]);
     }
 
     #[test]
@@ -960,6 +1020,10 @@ mod tests {
             Just(Message::NeedShard),
             prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::ShardData),
             (any::<u64>(), arr()).prop_map(|(total, sha256)| Message::ShardEnd { total, sha256 }),
+            Just(Message::StatsRequest),
+            (any::<u64>(), 0f64..1e6, 0f64..1e6, any::<u64>(), any::<u64>()).prop_map(|(passes, busy_secs, comm_secs, bytes_sent, bytes_received)| {
+                Message::Stats(NodeStats { passes, busy_secs, comm_secs, bytes_sent, bytes_received })
+            }),
         ]
     }
 
@@ -986,7 +1050,7 @@ mod tests {
             let _ = decode_frame(&bytes, 4096);
             let _ = read_frame(&mut &bytes[..], 4096);
             if let Some((&ty, payload)) = bytes.split_first() {
-                let _ = Message::decode(ty % 16, payload);
+                let _ = Message::decode(ty % 18, payload);
             }
         }
 

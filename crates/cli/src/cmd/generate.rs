@@ -119,6 +119,7 @@ pub fn run(a: Args) -> Result<()> {
     let crate::common::Prepared { mut ctx, window, cluster } = a.model.prepare(&model, 2048, false)?;
     let comm0 = cluster.as_ref().map(|c| c.snapshot());
     let mut comm1 = None;
+    let mut nodes1 = None;
     if ids.len() > ctx.n_ctx() {
         anyhow::bail!("the prompt has {} tokens, more than the context size {} (--ctx-size)", ids.len(), ctx.n_ctx());
     }
@@ -132,6 +133,7 @@ pub fn run(a: Args) -> Result<()> {
         // The first token comes right after prefill: split the group's counters there.
         if comm1.is_none() {
             comm1 = cluster.as_ref().map(|c| c.snapshot());
+            nodes1 = cluster.as_ref().and_then(|c| c.all_stats());
         }
         if !json && !tok.is_eog(id) {
             let s = dec.push(id);
@@ -147,6 +149,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let t = &out.timings;
     let mem = MemoryReport::now(&ctx);
+    // Per node over decode: this node's and every worker's counters after vs before.
+    let decode_nodes = match (&cluster, &nodes1) {
+        (Some(run), Some(n1)) if t.decode_tokens > 0 => {
+            run.all_stats().map(|n2| crate::cluster::node_rows(run, n1, &n2, t.decode_ms / 1e3, t.decode_tokens))
+        }
+        _ => None,
+    };
     if json {
         let text_ids: Vec<u32> = out.tokens.iter().copied().filter(|&i| !tok.is_eog(i)).collect();
         let v = serde_json::json!({
@@ -170,6 +179,7 @@ pub fn run(a: Args) -> Result<()> {
                     "nodes": c.n_nodes, "wire": c.wire.name(), "passes": now.passes, "allreduces": now.allreduces,
                     "bytes_sent": now.total.bytes_sent, "bytes_received": now.total.bytes_received,
                     "comm_secs": now.total.seconds, "allreduce_secs": now.allreduce_secs, "step_secs": now.step_secs,
+                    "decode_nodes": decode_nodes,
                 })
             }),
             "window": window.as_ref().map(|w| serde_json::json!({
@@ -200,6 +210,9 @@ pub fn run(a: Args) -> Result<()> {
             eprintln!("{}", crate::cluster::comm_line("prefill", run.n_nodes, c0, &c1, t.prefill_ms / 1e3, t.prompt_tokens));
             if t.decode_tokens > 0 {
                 eprintln!("{}", crate::cluster::comm_line("decode", run.n_nodes, &c1, &c2, t.decode_ms / 1e3, t.decode_tokens));
+            }
+            if let Some(rows) = &decode_nodes {
+                eprintln!("{}", crate::cluster::node_lines("decode", rows));
             }
         }
         if window.is_some() {
