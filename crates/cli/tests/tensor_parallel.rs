@@ -209,6 +209,22 @@ fn bad_peers_get_clear_errors_and_the_worker_survives() {
     let w_other = Worker::start(&other, &[]);
     assert_clean_error(&generate(&["--workers", &w_other.addr]), "model mismatch");
 
+    // beyond loopback without a key: a loud warning
+    let mut open = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["worker", "--listen", "0.0.0.0:0", "-t", "1", "-m", m.to_str().unwrap()])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(open.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = open.kill();
+    let out = open.wait_with_output().unwrap();
+    let warn = String::from_utf8_lossy(&out.stderr);
+    assert!(warn.contains("WARNING") && warn.contains("WITHOUT a cluster key"), "{warn}");
+
     // nobody listening
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     assert_clean_error(&generate(&["--workers", &dead]), "cannot connect");
