@@ -22,23 +22,27 @@ pub struct ClusterArgs {
     /// of the attention heads and FFN rows [default: equal]
     #[arg(long, value_name = "W0,W1,...", value_delimiter = ',')]
     pub node_weights: Vec<f64>,
-    /// How partial sums travel: f32 (exact) or q8_0 (27% of the bytes, ~1/127 relative error per block)
-    #[arg(long, default_value = "f32", value_parser = parse_wire)]
-    pub wire_type: WireType,
+    /// How partial sums travel: f32 (exact) or q8_0 (27% of the bytes, ~1/127 relative
+    /// error per block) [default: the cluster file's wire_type, else f32]
+    #[arg(long, value_parser = parse_wire)]
+    pub wire_type: Option<WireType>,
     /// Shared secret: the handshake with every worker is mutually authenticated (HMAC-SHA256)
-    #[arg(long, value_name = "KEY", conflicts_with = "cluster_key_file", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
+    #[arg(long, value_name = "KEY", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
     pub cluster_key: Option<String>,
-    /// Read the shared secret from a file (first line)
+    /// Read the shared secret from a file (first line); takes precedence over --cluster-key
+    /// and $HEARTH_CLUSTER_KEY
     #[arg(long, value_name = "PATH")]
     pub cluster_key_file: Option<PathBuf>,
     /// How the two column-split products of each block are combined: sum (partial sums,
     /// two allreduces per block; logits differ from one node's by rounding) or gather
-    /// (exact: four gathers per block, logits bit-identical to one node's)
-    #[arg(long, value_enum, default_value_t = TpSchedule::Sum)]
-    pub tp_schedule: TpSchedule,
-    /// Seconds to wait for any node at any step before failing the request, naming the node
-    #[arg(long, default_value_t = 5.0, value_parser = parse_secs)]
-    pub step_timeout: f64,
+    /// (four gathers per block; with the f32 wire, logits bit-identical to one node's)
+    /// [default: sum]
+    #[arg(long, value_enum)]
+    pub tp_schedule: Option<TpSchedule>,
+    /// Seconds to wait for any node in a one-token step before failing the request, naming
+    /// the node; a batch of N tokens gets (1 + N/64) times as long [default: 5]
+    #[arg(long, value_parser = parse_secs)]
+    pub step_timeout: Option<f64>,
 }
 
 /// `--tp-schedule` values.
@@ -161,17 +165,27 @@ pub fn node_lines(what: &str, rows: &[serde_json::Value]) -> String {
     o
 }
 
-/// Read a cluster key from `--cluster-key` or `--cluster-key-file`.
+/// Read a cluster key from `--cluster-key-file` (first), else `--cluster-key` or
+/// `$HEARTH_CLUSTER_KEY`.
 pub fn read_key(key: Option<&str>, file: Option<&Path>) -> Result<Option<ClusterKey>> {
-    let text = match (key, file) {
-        (Some(k), _) => k.to_string(),
-        (None, Some(f)) => {
+    let (text, from) = match (file, key) {
+        (Some(f), _) => {
             let s = std::fs::read_to_string(f).with_context(|| format!("reading the cluster key file {}", f.display()))?;
-            s.lines().next().unwrap_or("").trim().to_string()
+            (s.lines().next().unwrap_or("").trim().to_string(), format!("the first line of --cluster-key-file {}", f.display()))
         }
+        (None, Some(k)) => (k.to_string(), "--cluster-key (or $HEARTH_CLUSTER_KEY)".to_string()),
         (None, None) => return Ok(None),
     };
-    Ok(Some(ClusterKey::new(text).context("cluster key")?))
+    Ok(Some(ClusterKey::new(text).with_context(|| format!("cluster key from {from}"))?))
+}
+
+/// `HOST:PORT` with a port, trimmed; a clear error otherwise.
+fn check_addr(a: &str) -> Result<String> {
+    let t = a.trim();
+    match t.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(t.to_string()),
+        _ => bail!("worker address {t:?} is not HOST:PORT (e.g. 192.168.1.10:7070; the port `hearth worker --listen` printed)"),
+    }
 }
 
 impl ClusterArgs {
@@ -180,9 +194,29 @@ impl ClusterArgs {
         !self.workers.is_empty() || self.cluster.is_some()
     }
 
+    /// [`Self::check_unused`] when no worker is named.
+    pub fn check_unused_unless_enabled(&self) -> Result<()> {
+        if self.enabled() { Ok(()) } else { self.check_unused() }
+    }
+
+    /// Without workers, a tensor-parallel flag would be silently ignored: refuse it.
+    pub fn check_unused(&self) -> Result<()> {
+        let given = [
+            ("--node-weights", !self.node_weights.is_empty()),
+            ("--wire-type", self.wire_type.is_some()),
+            ("--tp-schedule", self.tp_schedule.is_some()),
+            ("--step-timeout", self.step_timeout.is_some()),
+            ("--cluster-key-file", self.cluster_key_file.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            bail!("{flag} only applies to a tensor-parallel run: add --workers HOST:PORT,... or --cluster FILE");
+        }
+        Ok(())
+    }
+
     /// The workers, weights and wire type from the flags or the cluster file.
     pub fn options(&self) -> Result<ClusterOptions> {
-        let mut wire = self.wire_type;
+        let mut wire = WireType::F32;
         let (workers, mut weights) = match &self.cluster {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
@@ -192,6 +226,10 @@ impl ClusterArgs {
                 }
                 if let Some(w) = &f.wire_type {
                     wire = w.parse().map_err(|e: String| anyhow::anyhow!("cluster file {}: {e}", path.display()))?;
+                }
+                let dup = f.worker.iter().position(|w| w.addr.trim().is_empty());
+                if let Some(i) = dup {
+                    bail!("cluster file {}: [[worker]] {} has an empty addr", path.display(), i + 1);
                 }
                 let any_weight = f.weight.is_some() || f.worker.iter().any(|w| w.weight.is_some());
                 let weights = if any_weight {
@@ -216,13 +254,24 @@ impl ClusterArgs {
         if let Some(w) = workers.iter().find(|w| w.trim().is_empty()) {
             bail!("empty worker address {w:?} in --workers");
         }
+        let workers = workers.iter().map(|w| check_addr(w)).collect::<Result<Vec<_>>>()?;
+        if let Some((i, w)) = workers.iter().enumerate().find(|(i, w)| workers[..*i].contains(w)) {
+            bail!("worker {w} is listed twice (as node {} and node {}): a worker serves one share at a time", workers.iter().position(|x| x == w).unwrap() + 1, i + 1);
+        }
+        if let Some(w) = self.wire_type {
+            wire = w; // the flag overrides the cluster file
+        }
+        let schedule = self.tp_schedule.unwrap_or(TpSchedule::Sum);
+        if schedule == TpSchedule::Gather && wire == WireType::Q8_0 {
+            eprintln!("note: --tp-schedule gather with the q8_0 wire is not exact (its gathers are quantized); use --wire-type f32 for results identical to one machine");
+        }
         Ok(ClusterOptions {
             workers,
             weights,
             wire,
             key: read_key(self.cluster_key.as_deref(), self.cluster_key_file.as_deref())?,
-            timeout: Duration::from_secs_f64(self.step_timeout),
-            exact: self.tp_schedule == TpSchedule::Gather,
+            timeout: Duration::from_secs_f64(self.step_timeout.unwrap_or(5.0)),
+            exact: schedule == TpSchedule::Gather,
             progress: true,
         })
     }
@@ -230,6 +279,7 @@ impl ClusterArgs {
     /// Connect to the workers and make `ctx` compute node 0's share. Prints the split.
     pub fn apply(&self, model: &Model, ctx: &mut Context) -> Result<Option<ClusterRun>> {
         if !self.enabled() {
+            self.check_unused()?;
             return Ok(None);
         }
         apply_options(model, ctx, &self.options()?).map(Some)
@@ -241,7 +291,7 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
     {
         let path = model.file.path();
         let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
-        let group = hearth_parallel::connect(model, sha, opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type())?;
+        let group = hearth_parallel::connect(model, sha, opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| explain(e, opts))?;
         let c = &model.config;
         eprintln!(
             "tensor parallel over {} nodes (star allreduce, {} wire, {} schedule; {} KV heads, {} FFN rows):",
@@ -266,17 +316,37 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
                 kv.map(|b| format!(", KV cache {}", crate::common::mib(b))).unwrap_or_default()
             );
         }
-        if group.plan.n_nodes() > c.n_head_kv {
-            eprintln!(
-                "  ({} nodes > {} KV heads: KV heads are not replicated; nodes without one compute only their FFN share)",
-                group.plan.n_nodes(),
-                c.n_head_kv
-            );
+        let nodes = group.plan.nodes();
+        let idle = nodes.iter().filter(|s| s.kv_heads.is_empty() && s.ffn_rows.is_empty()).count();
+        let ffn_only = nodes.iter().filter(|s| s.kv_heads.is_empty() && !s.ffn_rows.is_empty()).count();
+        if ffn_only > 0 {
+            eprintln!("  ({ffn_only} node(s) without a KV head: KV heads are not replicated; such nodes compute only their FFN share)");
+        }
+        if idle > 0 {
+            eprintln!("  ({idle} node(s) of weight 0 compute nothing but still take part in every exchange)");
         }
         let handle = group.collective.handle();
         let workers = group.workers.iter().map(|w| w.0.clone()).collect();
         ctx.set_tensor_split(group.split, Box::new(group.collective))?;
         Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, workers, handle })
+    }
+}
+
+/// A failure to form the group, with the worker's address and what to check.
+fn explain(e: hearth_parallel::ClusterError, opts: &ClusterOptions) -> anyhow::Error {
+    use hearth_parallel::{ClusterError as C, CommError, HandshakeError as H};
+    let addr = e.failed_node().filter(|&n| n >= 1).and_then(|n| opts.workers.get(n - 1));
+    let hint = match &e {
+        C::Connect { .. } => " (is `hearth worker` running there, on that port?)",
+        C::Comm(CommError::Wire { .. }) | C::Handshake(H::Comm(CommError::Wire { .. })) => {
+            " (whatever listens there does not speak hearth's protocol: is it a `hearth worker`?)"
+        }
+        _ => "",
+    };
+    let msg = e.to_string();
+    match addr {
+        Some(a) if !msg.contains(a.as_str()) => anyhow::anyhow!("worker {a}: {msg}{hint}"),
+        _ => anyhow::anyhow!("{msg}{hint}"),
     }
 }
 

@@ -102,6 +102,7 @@ impl ModelArgs {
     /// group (`--workers`) it runs with; `logits_all`: every position's logits will be
     /// asked for (perplexity).
     pub fn prepare(&self, model: &Arc<Model>, default_ctx: usize, logits_all: bool) -> Result<Prepared> {
+        self.cluster.check_unused_unless_enabled()?;
         let cluster = if self.cluster.enabled() { Some(self.cluster.options()?) } else { None };
         self.prepare_with(model, default_ctx, logits_all, cluster.as_ref())
     }

@@ -295,6 +295,9 @@ impl Context {
         let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
         self.kv = KvCache::new(0, 0, 0, ty);
         self.kv = KvCache::new(c.n_layer, n_ctx, split.kv_rows(c).len(), ty);
+        // Every exchange of a pass must fit one message: cap the batch to it.
+        let widest = if split.gather_rows.is_some() { c.n_embd.max(c.q_dim()).max(c.n_ff) } else { c.n_embd };
+        self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
         }

@@ -114,6 +114,11 @@ pub trait Collective: Send {
     fn begin_pass(&mut self, pos0: usize, x: &[f32], n_tokens: usize) -> std::result::Result<(), CollectiveError>;
     /// Replace `buf` by the sum of every node's `buf`; every node ends with the same values.
     fn allreduce(&mut self, buf: &mut [f32]) -> std::result::Result<(), CollectiveError>;
+    /// The most `f32` elements one exchange can carry (the forward pass caps its batch
+    /// so that `n_tokens × widest row` fits).
+    fn max_elements(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// An error from a [`Collective`] (the implementation's error, boxed: e.g.

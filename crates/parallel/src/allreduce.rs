@@ -78,7 +78,10 @@ impl Add for CommStats {
 #[derive(Debug, Error)]
 pub enum CommError {
     /// The peer sent nothing (or took nothing) for the whole timeout.
-    #[error("node {node} ({addr}) timed out: nothing for {:.1} s while {op}", after.as_secs_f64())]
+    #[error(
+        "node {node} ({addr}) timed out: nothing for {} while {op} (if it is only slow, e.g. computing a large batch, raise --step-timeout)",
+        secs(*after)
+    )]
     Timeout {
         /// The peer's node index.
         node: usize,
@@ -163,6 +166,11 @@ pub enum CommError {
     /// The group was built wrongly (node indices, counts).
     #[error("invalid allreduce setup: {0}")]
     Setup(String),
+}
+
+/// `1.5 s`, `100 ms`.
+fn secs(d: Duration) -> String {
+    if d >= Duration::from_secs(1) { format!("{:.1} s", d.as_secs_f64()) } else { format!("{} ms", d.as_millis()) }
 }
 
 impl CommError {
@@ -258,6 +266,16 @@ impl Peer {
     /// The peer's node index.
     pub fn node(&self) -> usize {
         self.node
+    }
+
+    /// Change the read/write timeout (e.g. longer for a large batch).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        let t = timeout.max(Duration::from_millis(1));
+        if t != self.timeout {
+            let _ = self.stream.set_read_timeout(Some(t));
+            let _ = self.stream.set_write_timeout(Some(t));
+            self.timeout = t;
+        }
     }
 
     /// The peer's address.

@@ -169,12 +169,21 @@ impl CommCounters {
 pub struct StarCollective {
     star: Arc<Mutex<Star>>,
     counters: Arc<Mutex<CommCounters>>,
+    /// The step timeout for a one-token pass; larger passes get proportionally more.
+    base_timeout: Option<Duration>,
+}
+
+/// The timeout of a pass of `n_tokens`: a prefill batch computes longer between two
+/// exchanges than a decode step, so the step timeout grows with it (×2 at 64 tokens).
+pub fn pass_timeout(base: Duration, n_tokens: usize) -> Duration {
+    base.mul_f64(1.0 + n_tokens as f64 / 64.0)
 }
 
 impl StarCollective {
     /// Wrap `star`; the counters are readable through [`Self::counters`].
     pub fn new(star: Arc<Mutex<Star>>) -> Self {
-        Self { star, counters: Arc::default() }
+        let base_timeout = lock(&star).peers_mut().first().map(|p| p.timeout());
+        Self { star, counters: Arc::default(), base_timeout }
     }
 
     /// The shared counters.
@@ -238,10 +247,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Collective for StarCollective {
-    fn begin_pass(&mut self, pos0: usize, x: &[f32], _n_tokens: usize) -> Result<(), CollectiveError> {
+    fn begin_pass(&mut self, pos0: usize, x: &[f32], n_tokens: usize) -> Result<(), CollectiveError> {
         let t = std::time::Instant::now();
         let mut star = lock(&self.star);
         let mut sent = 0;
+        if let Some(base) = self.base_timeout {
+            star.peers_mut().iter_mut().for_each(|p| p.set_timeout(pass_timeout(base, n_tokens)));
+        }
         if star.node() == 0 {
             let step = Message::Step { pos0: pos0 as u64, x: x.to_vec() };
             for p in star.peers_mut() {
@@ -254,6 +266,11 @@ impl Collective for StarCollective {
         c.step_secs += t.elapsed().as_secs_f64();
         c.total.seconds += t.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    fn max_elements(&self) -> usize {
+        // A frame carries a header and the partial: leave room for the header.
+        (crate::wire::DEFAULT_MAX_FRAME - 4096) / 4
     }
 
     fn allreduce(&mut self, buf: &mut [f32]) -> Result<(), CollectiveError> {
@@ -285,6 +302,10 @@ pub struct ClusterOptions {
     /// Print shard transfers to stderr.
     pub progress: bool,
 }
+
+/// The largest frame a worker reads before the session is open (a `Hello` is 142 bytes):
+/// an unauthenticated peer cannot make it buffer more.
+pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
 
 /// How long the coordinator waits for a worker to open a session (it may be cutting,
 /// checking or loading a shard file first).
@@ -434,7 +455,10 @@ pub fn serve_session(
     make_ctx: MakeContext<'_>,
     admitted: impl FnOnce(&NodeShard),
 ) -> Result<SessionEnd, ClusterError> {
-    let mut peer = Peer::new(stream, 0, timeout).map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?;
+    // Until the session is open, a peer may be anyone: accept only small frames.
+    let mut peer = Peer::new(stream, 0, timeout)
+        .map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?
+        .with_max_frame(HANDSHAKE_MAX_FRAME);
     let sha256 = worker.sha256();
     let hello = worker_handshake(&mut peer, sha256, key)?;
     let shard = hello.shard.clone();
@@ -456,6 +480,8 @@ pub fn serve_session(
             return Err(ClusterError::Plan(why));
         }
     };
+    // The coordinator has passed the handshake: full-size frames (shard data, partials).
+    peer = peer.with_max_frame(crate::wire::DEFAULT_MAX_FRAME);
     let mut split = tensor_split(&shard);
     split.gather_rows = session.gather_rows.clone().map(|r| r.start as usize..r.end as usize);
     let model = match session_model(&mut peer, worker, &split) {
@@ -514,6 +540,8 @@ pub fn serve_session(
             Err(e) => return Err(e.into()),
         };
         let pos0 = usize::try_from(pos0).unwrap_or(usize::MAX);
+        let n_embd = model.config.n_embd;
+        lock(&star).peers_mut()[0].set_timeout(pass_timeout(timeout, x.len() / n_embd.max(1)));
         let t = std::time::Instant::now();
         let r = ctx.eval_embeddings(pos0, &x);
         stats.busy_secs += t.elapsed().as_secs_f64();

@@ -100,7 +100,7 @@ pub fn coordinator_handshake(
     let node = peer.node();
     match m {
         Message::HelloAck(ack) => {
-            check_peer(ack.version, &ack.model_sha256, &hello.model_sha256)
+            check_peer(ack.version, &ack.model_sha256, &hello.model_sha256, false)
                 .map_err(|source| HandshakeError::Mismatch { node, source })?;
             if ack.node != hello.shard.node as u64 {
                 return Err(HandshakeError::Rejected {
@@ -153,9 +153,14 @@ pub fn worker_handshake(
             return Err(HandshakeError::Unexpected { node, expected: "Hello", got: other.name() });
         }
     };
-    if let Err(source) = check_peer(hello.version, &hello.model_sha256, our_sha256) {
+    if let Err(source) = check_peer(hello.version, &hello.model_sha256, our_sha256, true) {
         peer.report(None, &source.to_string());
         return Err(HandshakeError::Mismatch { node, source });
+    }
+    if hello.shard.node == 0 {
+        let why = "a worker cannot be node 0 (the coordinator's index)";
+        peer.report(None, why);
+        return Err(HandshakeError::Rejected { node, message: why.into() });
     }
     if let Err(e) = hello.shard.validate() {
         peer.report(None, &e.to_string());

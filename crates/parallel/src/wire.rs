@@ -207,12 +207,15 @@ pub enum HelloMismatch {
         theirs: u32,
     },
     /// Different model files.
-    #[error("model mismatch: peer runs the model with SHA-256 {theirs}, this node has {ours}")]
+    #[error(
+        "model mismatch: the coordinator runs the model with SHA-256 {coordinator}, the worker has {worker}: \
+         start every node with the same GGUF file (or the worker with --model-sha256 {coordinator} to receive its share)"
+    )]
     Model {
-        /// Our model's hash, hex.
-        ours: String,
-        /// The peer's, hex.
-        theirs: String,
+        /// The coordinator's model hash, hex.
+        coordinator: String,
+        /// The worker's, hex.
+        worker: String,
     },
 }
 
@@ -221,13 +224,15 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Check a peer's version and model hash against ours.
-pub fn check_peer(version: u32, model_sha256: &[u8; 32], our_sha256: &[u8; 32]) -> Result<(), HelloMismatch> {
+/// Check a peer's version and model hash against ours (`we_are_worker`: which end we are).
+pub fn check_peer(version: u32, model_sha256: &[u8; 32], our_sha256: &[u8; 32], we_are_worker: bool) -> Result<(), HelloMismatch> {
     if version != PROTOCOL_VERSION {
         return Err(HelloMismatch::Version { ours: PROTOCOL_VERSION, theirs: version });
     }
     if model_sha256 != our_sha256 {
-        return Err(HelloMismatch::Model { ours: hex(our_sha256), theirs: hex(model_sha256) });
+        let (ours, theirs) = (hex(our_sha256), hex(model_sha256));
+        let (coordinator, worker) = if we_are_worker { (theirs, ours) } else { (ours, theirs) };
+        return Err(HelloMismatch::Model { coordinator, worker });
     }
     Ok(())
 }
@@ -970,11 +975,13 @@ mod tests {
     #[test]
     fn hello_checks() {
         let ours = [1u8; 32];
-        assert!(check_peer(PROTOCOL_VERSION, &ours, &ours).is_ok());
-        let e = check_peer(PROTOCOL_VERSION + 1, &ours, &ours).unwrap_err();
+        assert!(check_peer(PROTOCOL_VERSION, &ours, &ours, true).is_ok());
+        let e = check_peer(PROTOCOL_VERSION + 1, &ours, &ours, true).unwrap_err();
         assert!(e.to_string().contains("protocol version mismatch"), "{e}");
-        let e = check_peer(PROTOCOL_VERSION, &[2u8; 32], &ours).unwrap_err();
-        assert!(e.to_string().contains("0202"), "{e}");
+        let e = check_peer(PROTOCOL_VERSION, &[2u8; 32], &ours, true).unwrap_err();
+        assert!(e.to_string().contains("coordinator runs the model with SHA-256 0202"), "{e}");
+        let e = check_peer(PROTOCOL_VERSION, &[2u8; 32], &ours, false).unwrap_err();
+        assert!(e.to_string().contains("the worker has 0202"), "{e}");
     }
 
     #[test]

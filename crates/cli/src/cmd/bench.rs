@@ -278,7 +278,8 @@ impl ModelInfo {
 
     /// Achieved weight bandwidth (GB/s) and its share of the read bandwidth, for decode.
     fn roofline(&self, r: &TestResult) -> Option<(f64, f64)> {
-        if r.n_gen == 0 || r.io.is_some() {
+        // (Tensor parallel: this node reads only its share, so no roofline either.)
+        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() {
             return None;
         }
         let gbps = self.matrix_bytes as f64 * mean(&r.samples_ts()) / 1e9;

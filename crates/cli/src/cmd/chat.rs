@@ -30,6 +30,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     // With --workers: the group, re-formed without a worker that fails.
+    a.model.cluster.check_unused_unless_enabled()?;
     let mut cluster = if a.model.cluster.enabled() { Some(a.model.cluster.options()?) } else { None };
     let mut ctx = a.model.prepare_with(&model, 2048, false, cluster.as_ref())?.ctx;
     let sampler = a.sampling.config()?;
@@ -97,7 +98,8 @@ pub fn run(a: Args) -> Result<()> {
         let g = match result {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("error: {e}");
+                // The reply may have been cut mid-line.
+                eprintln!("\nerror: {e}");
                 if let (Some(node), Some(opts)) = (crate::cluster::failed_worker(&e), cluster.as_ref()) {
                     // Re-split over the nodes left; the conversation is evaluated again
                     // from the start on the next message.

@@ -5,7 +5,14 @@ use crate::cluster::{parse_secs, read_key};
 use crate::common::{resolve_model, threads_or_default};
 use anyhow::{Context as _, Result};
 use hearth_model::{Context, Model};
-use hearth_parallel::WorkerModel;
+use hearth_parallel::wire::{write_frame, ErrorMsg};
+use hearth_parallel::{Message, WorkerModel};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Connections allowed in their handshake at once.
+const MAX_PENDING: usize = 16;
+/// Time a connection has to complete its handshake.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -34,9 +41,10 @@ pub struct Args {
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// Shared secret: coordinators must prove it (and this worker proves it to them)
-    #[arg(long, value_name = "KEY", conflicts_with = "cluster_key_file", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
+    #[arg(long, value_name = "KEY", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
     pub cluster_key: Option<String>,
-    /// Read the shared secret from a file (first line)
+    /// Read the shared secret from a file (first line); takes precedence over --cluster-key
+    /// and $HEARTH_CLUSTER_KEY
     #[arg(long, value_name = "PATH")]
     pub cluster_key_file: Option<PathBuf>,
     /// Seconds to wait for the coordinator within a forward pass
@@ -104,6 +112,9 @@ pub fn run(a: Args) -> Result<()> {
     // (a coordinator that died without closing its socket must not block the worker).
     let active: Arc<Mutex<Option<(String, TcpStream)>>> = Arc::default();
     let timeout = Duration::from_secs_f64(a.step_timeout);
+    // Connections not yet past the handshake: capped, and each given HANDSHAKE_DEADLINE
+    // in all, so that nobody without the key can tie up threads or memory.
+    let pending = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -113,10 +124,27 @@ pub fn run(a: Args) -> Result<()> {
             }
         };
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        let (worker, key, active, budget) = (worker.clone(), key.clone(), active.clone(), a.budget.clone());
+        if pending.load(Ordering::SeqCst) >= MAX_PENDING {
+            eprintln!("{peer}: refused, {MAX_PENDING} connections are already in their handshake");
+            let _ = stream.shutdown(Shutdown::Both);
+            continue;
+        }
+        pending.fetch_add(1, Ordering::SeqCst);
+        let (worker, key, active, budget, pending) = (worker.clone(), key.clone(), active.clone(), a.budget.clone(), pending.clone());
         std::thread::spawn(move || {
             let mine = stream.try_clone().ok();
             let guard = stream.try_clone().ok();
+            let admitted = Arc::new(AtomicBool::new(false));
+            if let Ok(w) = stream.try_clone() {
+                let admitted = admitted.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(HANDSHAKE_DEADLINE);
+                    if !admitted.load(Ordering::SeqCst) {
+                        let _ = w.shutdown(Shutdown::Both);
+                    }
+                });
+            }
+            let mut counted = true;
             let make = |m: Arc<Model>, n_ctx, n_batch, ct| -> Result<Context, hearth_model::ModelError> {
                 let mut ctx = Context::with_cache_type(m.clone(), n_ctx, n_batch, threads, ct)?;
                 budget.apply(&m, &mut ctx, false).map_err(|e| hearth_model::ModelError::Context(format!("{e:#}")))?;
@@ -124,12 +152,21 @@ pub fn run(a: Args) -> Result<()> {
             };
             let session = || {
                 hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &make, |shard| {
+                    admitted.store(true, Ordering::SeqCst);
+                    pending.fetch_sub(1, Ordering::SeqCst);
+                    counted = false;
                     let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some((old_peer, old)) = cur.take() {
+                    if let Some((old_peer, mut old)) = cur.take() {
+                        // Tell the old coordinator why (best effort), then end its session.
+                        let why = format!("another coordinator ({peer}) took over this worker");
+                        let msg = Message::Error(ErrorMsg { failed_node: None, message: why });
+                        let _ = write_frame(&mut old, &msg, &mut Vec::new());
                         let _ = old.shutdown(Shutdown::Both);
                         eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
                     }
                     *cur = mine.map(|s| (peer.clone(), s));
+                    // Peak RSS per session: reset the kernel's high-water mark (Linux).
+                    let _ = std::fs::write("/proc/self/clear_refs", "5");
                     eprintln!(
                         "coordinator {peer}: node {} of {}, KV heads {:?}, FFN rows {:?}",
                         shard.node, shard.n_nodes, shard.kv_heads, shard.ffn_rows
@@ -139,6 +176,9 @@ pub fn run(a: Args) -> Result<()> {
             // Whatever happens (a panic included), the connection closes and the slot frees,
             // so the coordinator learns at once instead of waiting for a timeout.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(session));
+            if counted {
+                pending.fetch_sub(1, Ordering::SeqCst);
+            }
             if let Some(g) = guard {
                 let _ = g.shutdown(Shutdown::Both);
             }
@@ -156,7 +196,7 @@ pub fn run(a: Args) -> Result<()> {
                 Ok(hearth_parallel::cluster::SessionEnd::Finished { passes }) => {
                     let mem = hearth_memory::ProcMemory::read().map(|m| {
                         format!(
-                            "; worker peak RSS {} (now {} file-backed, {} anonymous)",
+                            "; worker peak RSS this session {} (now {} file-backed, {} anonymous)",
                             crate::common::mib(m.peak_rss_bytes),
                             crate::common::mib(m.rss_file_bytes),
                             crate::common::mib(m.rss_anon_bytes)
