@@ -47,13 +47,7 @@ struct Opts {
 }
 
 fn list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>, String> {
-    s.split(',')
-        .map(|x| {
-            x.trim()
-                .parse::<T>()
-                .map_err(|_| format!("{what}: bad value {x:?}"))
-        })
-        .collect()
+    s.split(',').map(|x| x.trim().parse::<T>().map_err(|_| format!("{what}: bad value {x:?}"))).collect()
 }
 
 fn parse() -> Result<Opts, String> {
@@ -83,23 +77,10 @@ fn parse() -> Result<Opts, String> {
             "--nodes" => o.nodes = list(&v, "--nodes")?,
             "--elems" => o.elems = list(&v, "--elems")?,
             "--delay-ms" => o.delays = list(&v, "--delay-ms")?,
-            "--rate-mbit" => {
-                o.rate_mbit = v
-                    .parse()
-                    .map_err(|_| format!("--rate-mbit: bad value {v:?}"))?
-            }
+            "--rate-mbit" => o.rate_mbit = v.parse().map_err(|_| format!("--rate-mbit: bad value {v:?}"))?,
             "--reps" => o.reps = v.parse().map_err(|_| format!("--reps: bad value {v:?}"))?,
-            "--warmup" => {
-                o.warmup = v
-                    .parse()
-                    .map_err(|_| format!("--warmup: bad value {v:?}"))?
-            }
-            "--wire" => {
-                o.wires = v
-                    .split(',')
-                    .map(|w| w.trim().parse::<WireType>())
-                    .collect::<Result<_, _>>()?
-            }
+            "--warmup" => o.warmup = v.parse().map_err(|_| format!("--warmup: bad value {v:?}"))?,
+            "--wire" => o.wires = v.split(',').map(|w| w.trim().parse::<WireType>()).collect::<Result<_, _>>()?,
             "--algo" => o.algos = list(&v, "--algo")?,
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -124,20 +105,12 @@ fn frame_bytes(n: usize, wire: WireType) -> usize {
 /// The model's prediction in seconds (`None` link: direct, no prediction).
 fn predict(algo: &str, n: usize, elems: usize, wire: WireType, p: &LinkParams) -> f64 {
     let tau = p.delay.as_secs_f64();
-    let b = if p.rate_bps > 0.0 {
-        p.rate_bps / 8.0
-    } else {
-        f64::INFINITY
-    };
+    let b = if p.rate_bps > 0.0 { p.rate_bps / 8.0 } else { f64::INFINITY };
     let steps = 2.0 * (n - 1) as f64;
     if algo == "star" {
         2.0 * tau + steps * frame_bytes(elems, wire) as f64 / b
     } else {
-        let chunk = ring_chunks(elems, n)
-            .iter()
-            .map(|r| r.len())
-            .max()
-            .unwrap_or(0);
+        let chunk = ring_chunks(elems, n).iter().map(|r| r.len()).max().unwrap_or(0);
         steps * (tau + frame_bytes(chunk, wire) as f64 / b)
     }
 }
@@ -148,15 +121,9 @@ type Group = Vec<Box<dyn AllReduce>>;
 fn build(algo: &str, n: usize, wire: WireType, net: Option<&Arc<Net>>) -> Result<Group, Error> {
     let Some(net) = net else {
         return Ok(if algo == "star" {
-            hearth_parallel::loopback::star(n, wire, DEFAULT_TIMEOUT)?
-                .into_iter()
-                .map(|s| Box::new(s) as Box<dyn AllReduce>)
-                .collect()
+            hearth_parallel::loopback::star(n, wire, DEFAULT_TIMEOUT)?.into_iter().map(|s| Box::new(s) as Box<dyn AllReduce>).collect()
         } else {
-            hearth_parallel::loopback::ring(n, wire, DEFAULT_TIMEOUT)?
-                .into_iter()
-                .map(|s| Box::new(s) as Box<dyn AllReduce>)
-                .collect()
+            hearth_parallel::loopback::ring(n, wire, DEFAULT_TIMEOUT)?.into_iter().map(|s| Box::new(s) as Box<dyn AllReduce>).collect()
         });
     };
     let nics: Vec<_> = (0..n).map(|_| net.nic()).collect();
@@ -206,15 +173,9 @@ fn run(group: Group, elems: usize, wire: WireType, warmup: usize, reps: usize) -
                 let barrier = barrier.clone();
                 s.spawn(move || {
                     let input: Vec<f32> = (0..elems).map(|j| value(j, node)).collect();
-                    let want: Vec<f32> = (0..elems)
-                        .map(|j| (0..n).map(|k| value(j, k)).sum())
-                        .collect();
+                    let want: Vec<f32> = (0..elems).map(|j| (0..n).map(|k| value(j, k)).sum()).collect();
                     // Exact in f32 (multiples of 1/4); Q8_0 within a few steps of amax/127.
-                    let tol = if wire == WireType::F32 {
-                        1e-6
-                    } else {
-                        0.1 * n as f32
-                    };
+                    let tol = if wire == WireType::F32 { 1e-6 } else { 0.1 * n as f32 };
                     let mut buf = input.clone();
                     let mut times = Vec::with_capacity(reps);
                     for rep in 0..warmup + reps {
@@ -231,10 +192,7 @@ fn run(group: Group, elems: usize, wire: WireType, warmup: usize, reps: usize) -
                             times.push(dt);
                         }
                         if let Some(j) = (0..elems).find(|&j| (buf[j] - want[j]).abs() > tol) {
-                            eprintln!(
-                                "node {node}: element {j} is {} instead of {}",
-                                buf[j], want[j]
-                            );
+                            eprintln!("node {node}: element {j} is {} instead of {}", buf[j], want[j]);
                             std::process::exit(1);
                         }
                     }
@@ -242,14 +200,9 @@ fn run(group: Group, elems: usize, wire: WireType, warmup: usize, reps: usize) -
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("node thread"))
-            .collect()
+        handles.into_iter().map(|h| h.join().expect("node thread")).collect()
     });
-    (0..reps)
-        .map(|r| per_node.iter().map(|t| t[r]).fold(0.0, f64::max))
-        .collect()
+    (0..reps).map(|r| per_node.iter().map(|t| t[r]).fold(0.0, f64::max)).collect()
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -270,9 +223,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    println!(
-        "| τ ms | rate Mbit/s | algo | wire | N | S elems | frame B | median ms | p10–p90 ms | model ms | measured − model ms |"
-    );
+    println!("| τ ms | rate Mbit/s | algo | wire | N | S elems | frame B | median ms | p10–p90 ms | model ms | measured − model ms |");
     println!("|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|");
     let mut links: Vec<Option<f64>> = Vec::new();
     if o.direct {
@@ -295,10 +246,7 @@ fn main() {
                         };
                         let mut t = run(group, elems, wire, o.warmup, o.reps);
                         let med = median(&mut t) * 1e3;
-                        let (p10, p90) = (
-                            t[t.len() / 10] * 1e3,
-                            t[(t.len() * 9 / 10).min(t.len() - 1)] * 1e3,
-                        );
+                        let (p10, p90) = (t[t.len() / 10] * 1e3, t[(t.len() * 9 / 10).min(t.len() - 1)] * 1e3);
                         let (delay, rate, model, diff) = match params {
                             Some(p) => {
                                 let m = predict(algo, n, elems, wire, &p) * 1e3;

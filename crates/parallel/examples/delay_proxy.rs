@@ -25,8 +25,7 @@ use net_emu::{LinkParams, Net};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
-const USAGE: &str =
-    "usage: delay_proxy --listen HOST:PORT --target HOST:PORT [--listen … --target …]… \
+const USAGE: &str = "usage: delay_proxy --listen HOST:PORT --target HOST:PORT [--listen … --target …]… \
                      [--delay-ms D] [--rate-mbit R] [--separate-clients]";
 
 fn main() {
@@ -57,22 +56,15 @@ fn run() -> Result<(), String> {
         }
     }
     if listens.is_empty() || listens.len() != targets.len() {
-        return Err(format!(
-            "{} --listen for {} --target: give them in pairs",
-            listens.len(),
-            targets.len()
-        ));
+        return Err(format!("{} --listen for {} --target: give them in pairs", listens.len(), targets.len()));
     }
     let net = Net::new(LinkParams::new(delay_ms, rate_mbit));
     let shared_client = net.nic();
     let mut servers = Vec::new();
     let mut out = std::io::stdout().lock();
     for (l, t) in listens.iter().zip(&targets) {
-        let target: SocketAddr = t
-            .to_socket_addrs()
-            .map_err(|e| format!("target {t}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("target {t}: no address"))?;
+        let target: SocketAddr =
+            t.to_socket_addrs().map_err(|e| format!("target {t}: {e}"))?.next().ok_or_else(|| format!("target {t}: no address"))?;
         let listener = TcpListener::bind(l).map_err(|e| format!("listening on {l}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let client = if separate { net.nic() } else { shared_client };
@@ -81,9 +73,7 @@ fn run() -> Result<(), String> {
             .and_then(|_| out.flush())
             .map_err(|e| e.to_string())?;
         let net = net.clone();
-        servers.push(std::thread::spawn(move || {
-            net_emu::serve(listener, target, net, client, server)
-        }));
+        servers.push(std::thread::spawn(move || net_emu::serve(listener, target, net, client, server)));
     }
     drop(out);
     for s in servers {

@@ -42,10 +42,7 @@ pub struct LinkParams {
 impl LinkParams {
     /// `delay_ms` milliseconds one way, `rate_mbit` Mbit/s (10⁶ bits/s; 0 = unlimited).
     pub fn new(delay_ms: f64, rate_mbit: f64) -> Self {
-        Self {
-            delay: Duration::from_secs_f64(delay_ms.max(0.0) / 1e3),
-            rate_bps: rate_mbit * 1e6,
-        }
+        Self { delay: Duration::from_secs_f64(delay_ms.max(0.0) / 1e3), rate_bps: rate_mbit * 1e6 }
     }
 
     /// Serialization time of `bytes` at the rate: `bytes·8/R`.
@@ -62,16 +59,8 @@ impl LinkParams {
 /// `arrival` that needs the resources `uses` (indices into `busy_until`) starts at
 /// `max(arrival + D, busy_until[r] for r in uses)` and is delivered when serialized,
 /// `bytes·8/R` later; the resources are busy until then. Returns the delivery time.
-pub fn schedule(
-    p: &LinkParams,
-    arrival: Duration,
-    bytes: usize,
-    busy_until: &mut [Duration],
-    uses: &[usize],
-) -> Duration {
-    let start = uses
-        .iter()
-        .fold(arrival + p.delay, |t, &r| t.max(busy_until[r]));
+pub fn schedule(p: &LinkParams, arrival: Duration, bytes: usize, busy_until: &mut [Duration], uses: &[usize]) -> Duration {
+    let start = uses.iter().fold(arrival + p.delay, |t, &r| t.max(busy_until[r]));
     let done = start + p.serialize(bytes);
     for &r in uses {
         busy_until[r] = done;
@@ -99,11 +88,7 @@ pub struct Net {
 impl Net {
     /// An empty network whose links all have `params`.
     pub fn new(params: LinkParams) -> Arc<Self> {
-        Arc::new(Self {
-            params,
-            epoch: Instant::now(),
-            busy_until: Mutex::new(Vec::new()),
-        })
+        Arc::new(Self { params, epoch: Instant::now(), busy_until: Mutex::new(Vec::new()) })
     }
 
     /// The link parameters.
@@ -115,10 +100,7 @@ impl Net {
     pub fn nic(&self) -> Nic {
         let mut b = self.busy_until.lock().unwrap_or_else(|p| p.into_inner());
         b.extend([Duration::ZERO, Duration::ZERO]);
-        Nic {
-            tx: b.len() - 2,
-            rx: b.len() - 1,
-        }
+        Nic { tx: b.len() - 2, rx: b.len() - 1 }
     }
 
     /// When a chunk of `bytes` read at `arrival` on a connection from `from` to `to`
@@ -137,48 +119,38 @@ const CHUNK: usize = 64 << 10;
 /// stamps each chunk with its delivery time, a writer that sleeps until then). When
 /// `src` ends, `dst`'s write side is shut down after the last chunk; when writing to
 /// `dst` fails, `src` is shut down so that its writer notices.
-pub fn relay(
-    mut src: TcpStream,
-    mut dst: TcpStream,
-    net: Arc<Net>,
-    from: Nic,
-    to: Nic,
-) -> io::Result<()> {
+pub fn relay(mut src: TcpStream, mut dst: TcpStream, net: Arc<Net>, from: Nic, to: Nic) -> io::Result<()> {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     let src_handle = src.try_clone()?;
-    thread::Builder::new()
-        .name("emu-read".into())
-        .spawn(move || {
-            let mut buf = vec![0u8; CHUNK];
-            loop {
-                let n = match src.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let at = net.deliver_at(Instant::now(), n, from, to);
-                if tx.send((at, buf[..n].to_vec())).is_err() {
-                    break;
-                }
+    thread::Builder::new().name("emu-read".into()).spawn(move || {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let at = net.deliver_at(Instant::now(), n, from, to);
+            if tx.send((at, buf[..n].to_vec())).is_err() {
+                break;
             }
-            // Dropping `tx` tells the writer that the stream ended.
-        })?;
-    thread::Builder::new()
-        .name("emu-write".into())
-        .spawn(move || {
-            precise_sleep();
-            for (at, data) in rx {
-                let now = Instant::now();
-                if at > now {
-                    thread::sleep(at - now);
-                }
-                if dst.write_all(&data).is_err() {
-                    let _ = src_handle.shutdown(Shutdown::Both);
-                    let _ = dst.shutdown(Shutdown::Both);
-                    return;
-                }
+        }
+        // Dropping `tx` tells the writer that the stream ended.
+    })?;
+    thread::Builder::new().name("emu-write".into()).spawn(move || {
+        precise_sleep();
+        for (at, data) in rx {
+            let now = Instant::now();
+            if at > now {
+                thread::sleep(at - now);
             }
-            let _ = dst.shutdown(Shutdown::Write);
-        })?;
+            if dst.write_all(&data).is_err() {
+                let _ = src_handle.shutdown(Shutdown::Both);
+                let _ = dst.shutdown(Shutdown::Both);
+                return;
+            }
+        }
+        let _ = dst.shutdown(Shutdown::Write);
+    })?;
     Ok(())
 }
 
@@ -195,47 +167,23 @@ fn precise_sleep() {
         const PR_SET_TIMERSLACK: c_int = 29;
         // SAFETY: prctl(PR_SET_TIMERSLACK, n) only changes this thread's timer slack.
         unsafe {
-            prctl(
-                PR_SET_TIMERSLACK,
-                1 as c_ulong,
-                0 as c_ulong,
-                0 as c_ulong,
-                0 as c_ulong,
-            );
+            prctl(PR_SET_TIMERSLACK, 1 as c_ulong, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong);
         }
     }
 }
 
 /// Relay an accepted `client` connection to a new connection to `target`, both ways:
 /// `client_nic → target_nic` and back. `TCP_NODELAY` on both sockets.
-pub fn proxy(
-    client: TcpStream,
-    target: SocketAddr,
-    net: &Arc<Net>,
-    client_nic: Nic,
-    target_nic: Nic,
-) -> io::Result<()> {
+pub fn proxy(client: TcpStream, target: SocketAddr, net: &Arc<Net>, client_nic: Nic, target_nic: Nic) -> io::Result<()> {
     let server = TcpStream::connect(target)?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
-    relay(
-        client.try_clone()?,
-        server.try_clone()?,
-        net.clone(),
-        client_nic,
-        target_nic,
-    )?;
+    relay(client.try_clone()?, server.try_clone()?, net.clone(), client_nic, target_nic)?;
     relay(server, client, net.clone(), target_nic, client_nic)
 }
 
 /// Serve `listener` forever: every accepted connection is proxied to `target`.
-pub fn serve(
-    listener: TcpListener,
-    target: SocketAddr,
-    net: Arc<Net>,
-    client_nic: Nic,
-    target_nic: Nic,
-) {
+pub fn serve(listener: TcpListener, target: SocketAddr, net: Arc<Net>, client_nic: Nic, target_nic: Nic) {
     for conn in listener.incoming() {
         let r = conn.and_then(|c| proxy(c, target, &net, client_nic, target_nic));
         if let Err(e) = r {
@@ -278,37 +226,19 @@ mod tests {
         assert!(close(p.serialize(1000), ms(1.0)));
         let mut busy = vec![Duration::ZERO; 4];
         // Alone: delay + serialization.
-        assert!(close(
-            schedule(&p, ms(0.0), 1000, &mut busy, &[0, 3]),
-            ms(6.0)
-        ));
+        assert!(close(schedule(&p, ms(0.0), 1000, &mut busy, &[0, 3]), ms(6.0)));
         // Right behind it: waits for the link (busy until 6 ms), not for its own delay (5.5).
-        assert!(close(
-            schedule(&p, ms(0.5), 1000, &mut busy, &[0, 3]),
-            ms(7.0)
-        ));
+        assert!(close(schedule(&p, ms(0.5), 1000, &mut busy, &[0, 3]), ms(7.0)));
         // Long after: the link is free again.
-        assert!(close(
-            schedule(&p, ms(20.0), 500, &mut busy, &[0, 3]),
-            ms(25.5)
-        ));
+        assert!(close(schedule(&p, ms(20.0), 500, &mut busy, &[0, 3]), ms(25.5)));
         // Another sender into the same receiver (resource 3, busy until 25.5 ms) queues there.
-        assert!(close(
-            schedule(&p, ms(20.0), 1000, &mut busy, &[2, 3]),
-            ms(26.5)
-        ));
+        assert!(close(schedule(&p, ms(20.0), 1000, &mut busy, &[2, 3]), ms(26.5)));
         assert!(close(busy[2], ms(26.5)) && close(busy[0], ms(25.5)));
         // Unlimited rate: delay only, no queueing.
         let q = LinkParams::new(1.0, 0.0);
         let mut busy = vec![Duration::ZERO; 2];
-        assert!(close(
-            schedule(&q, ms(0.0), 1 << 20, &mut busy, &[0, 1]),
-            ms(1.0)
-        ));
-        assert!(close(
-            schedule(&q, ms(0.0), 1 << 20, &mut busy, &[0, 1]),
-            ms(1.0)
-        ));
+        assert!(close(schedule(&q, ms(0.0), 1 << 20, &mut busy, &[0, 1]), ms(1.0)));
+        assert!(close(schedule(&q, ms(0.0), 1 << 20, &mut busy, &[0, 1]), ms(1.0)));
     }
 
     #[test]
@@ -325,11 +255,7 @@ mod tests {
         b.write_all(b"pong").unwrap();
         a.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"pong");
-        assert!(
-            one_way >= ms(20.0) && t.elapsed() >= ms(40.0),
-            "{one_way:?} {:?}",
-            t.elapsed()
-        );
+        assert!(one_way >= ms(20.0) && t.elapsed() >= ms(40.0), "{one_way:?} {:?}", t.elapsed());
         drop(a);
         // EOF travels too.
         assert_eq!(b.read(&mut got).unwrap(), 0);
