@@ -102,7 +102,8 @@
 //!   each one link latency plus `S/N` bytes: `t_ring ≈ 2(N−1)·τ + 2(N−1)/N · S/B`.
 //!   Bandwidth-optimal, but its latency term grows with `N`.
 //!
-//! A token is `2L` allreduces, so per token `2L·t_allreduce`; for the star that is
+//! A token is `2L` allreduces (plus the coordinator's `Step` carrying the token's input,
+//! one more link latency), so per token `2L·t_allreduce`; for the star that is
 //! `2L·(2τ + t_data)` with `t_data = 2(N−1)·S/B` — the form `2·L·(t_data + t_link)` that
 //! issue #6 asks the benchmarks to compare against, with `t_link = 2τ` per allreduce.
 //! At home-network numbers the latency term dominates: SmolLM2 (`L` = 30, `S` = 2.3 KB)
