@@ -134,6 +134,7 @@ pub mod cluster;
 pub mod handshake;
 pub mod loopback;
 pub mod model_hash;
+pub mod profile;
 pub mod shard;
 pub mod shard_file;
 pub mod wire;
