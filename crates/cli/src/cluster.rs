@@ -20,7 +20,7 @@ pub struct ClusterArgs {
     pub cluster: Option<PathBuf>,
     /// Relative speed of each node, this machine first, e.g. 2,1,1: each gets that share
     /// of the attention heads and FFN rows [default: equal]
-    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',')]
+    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',', allow_hyphen_values = true)]
     pub node_weights: Vec<f64>,
     /// How partial sums travel: f32 (exact) or q8_0 (27% of the bytes, ~1/127 relative
     /// error per block) [default: the cluster file's wire_type, else f32]

@@ -137,6 +137,7 @@ pub mod model_hash;
 pub mod profile;
 pub mod shard;
 pub mod shard_file;
+pub mod solver;
 pub mod wire;
 
 pub use allreduce::{ring_chunks, AllReduce, CommError, CommStats, Local, Peer, Ring, Star, DEFAULT_TIMEOUT};
