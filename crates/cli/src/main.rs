@@ -50,6 +50,8 @@ enum Command {
     Quantize(cmd::quantize::Args),
     /// Predict peak memory and the decode speed bound from metadata; say whether it fits.
     Plan(cmd::plan::Args),
+    /// Measure this device (cores, RAM, memory and disk bandwidth, matmul rates per type); cached.
+    Profile(cmd::profile::Args),
     /// Serve a share of a model to a coordinator (`generate --workers`): tensor parallelism
     /// across machines.
     Worker(cmd::worker::Args),
@@ -75,6 +77,7 @@ fn main() {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Profile(a) => cmd::profile::run(a),
         Command::Worker(a) => cmd::worker::run(a),
     };
     if let Err(e) = result {

@@ -1,0 +1,195 @@
+//! `hearth profile`: measure what this device can do — cores, SIMD level, RAM, memory
+//! read bandwidth, disk read throughput of the model's file system, and hearth's matmul
+//! rates per weight type and thread count — into a [`DeviceProfile`], the input of the
+//! layer-assignment solver (issue #7). The profile is cached in
+//! `<cache dir>/profile.json` keyed by a fingerprint of the hardware and the build.
+
+mod cache;
+mod disk;
+mod matmul;
+mod system;
+
+use crate::cmd::bench::membw;
+use crate::common::{print_out, resolve_model};
+use anyhow::{Context as _, Result};
+use hearth_kernels::ThreadPool;
+use hearth_parallel::profile::DeviceProfile;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Flags of `hearth profile`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Measuring takes about half a minute (--quick: a few seconds). The result is cached in \
+    $HEARTH_CACHE_DIR (default ~/.cache/hearth)/profile.json and reused while the CPU, core count, RAM, SIMD level, \
+    hearth binary, model file system and these flags stay the same; --refresh measures again.")]
+pub struct Args {
+    /// Print the profile as JSON (hearth_parallel::profile::DeviceProfile)
+    #[arg(long)]
+    pub json: bool,
+    /// A file on the file system whose disk reads are measured
+    /// [default: $HEARTH_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(short, long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// Comma-separated thread counts for the matmul rates [default: 1 and all cores]
+    #[arg(short, long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Vec<u16>,
+    /// Comma-separated weight types for the matmul rates
+    #[arg(long, value_delimiter = ',', default_value = "q4_0,q4_1,q8_0,q4_k,q6_k,f16")]
+    pub types: Vec<String>,
+    /// Smaller buffers and matrices, fewer runs: seconds instead of half a minute
+    #[arg(long)]
+    pub quick: bool,
+    /// Measure again even if a cached profile matches
+    #[arg(long)]
+    pub refresh: bool,
+}
+
+/// Budgets of one profile run.
+struct Sizes {
+    membw_bytes: usize,
+    membw_passes: usize,
+    disk: disk::Limits,
+    matmul: matmul::Shape,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                membw_bytes: 64 << 20,
+                membw_passes: 3,
+                disk: disk::Limits { max_bytes: 64 << 20, max_time: Duration::from_millis(500) },
+                matmul: matmul::Shape::QUICK,
+            }
+        } else {
+            Self {
+                membw_bytes: 512 << 20,
+                membw_passes: 5,
+                disk: disk::Limits { max_bytes: 256 << 20, max_time: Duration::from_secs(2) },
+                // Decode must stream from RAM: twice the last-level cache (at most 512 MiB).
+                matmul: matmul::Shape {
+                    min_decode_bytes: system::last_level_cache_bytes().map_or(0, |l3| (2 * l3).min(512 << 20)),
+                    ..matmul::Shape::FULL
+                },
+            }
+        }
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = resolve_model(a.model.as_ref())?;
+    anyhow::ensure!(model.is_file(), "{} is not a file (the disk is measured on the model's file system)", model.display());
+    let cores = system::cores();
+    let mut threads: Vec<usize> = if a.threads.is_empty() { vec![1, cores] } else { a.threads.iter().map(|&t| t as usize).collect() };
+    threads.sort_unstable();
+    threads.dedup();
+    let types = a.types.iter().map(|t| matmul::parse_type(t.trim())).collect::<Result<Vec<_>>>()?;
+    let ram = system::ram().context("reading /proc/meminfo")?;
+    let (cpu, simd) = (system::cpu_model(), system::simd());
+    let names: Vec<&str> = types.iter().map(|t| t.name()).collect();
+    let fp = cache::Fingerprint {
+        cpu_model: &cpu,
+        cores,
+        ram_total: ram.total,
+        simd: &simd,
+        model: &model,
+        params: format!("quick={}|threads={threads:?}|types={}", a.quick, names.join(",")),
+    };
+    let key = fp.key();
+    let cache_path = cache::path();
+    let cached = if a.refresh { None } else { cache_path.as_deref().and_then(|p| cache::load(p, &key)) };
+    let profile = match cached {
+        Some(mut p) => {
+            eprintln!("hearth profile: loaded from cache {} (--refresh measures again)", cache_path.as_ref().unwrap().display());
+            // RAM availability changes from minute to minute: always current.
+            p.ram_available_bytes = ram.available;
+            p
+        }
+        None => {
+            let p = measure(&model, &threads, &types, ram, simd.clone(), Sizes::new(a.quick))?;
+            match &cache_path {
+                Some(path) => match cache::store(path, &key, &p) {
+                    Ok(()) => eprintln!("hearth profile: measured; cached in {}", path.display()),
+                    Err(e) => eprintln!("hearth profile: measured; could not cache it in {}: {e}", path.display()),
+                },
+                None => eprintln!("hearth profile: measured (no cache directory: set HEARTH_CACHE_DIR or HOME)"),
+            }
+            p
+        }
+    };
+    if a.json {
+        print_out(&(serde_json::to_string_pretty(&profile)? + "\n"))
+    } else {
+        print_out(&table(&profile, &cpu))
+    }
+}
+
+/// Run every measurement, with a progress bar on stderr.
+fn measure(
+    model: &std::path::Path,
+    threads: &[usize],
+    types: &[hearth_quant::GgmlType],
+    ram: system::Ram,
+    simd: String,
+    sizes: Sizes,
+) -> Result<DeviceProfile> {
+    let cores = system::cores();
+    let pb = ProgressBar::new(2 + (types.len() * threads.len()) as u64);
+    pb.set_style(ProgressStyle::with_template("{msg:>16} [{bar:30}] {pos}/{len}, {elapsed}").unwrap().progress_chars("=> "));
+    pb.set_message(format!("membw t={cores}"));
+    let mem_read_gbps = membw::measure(cores, sizes.membw_bytes, sizes.membw_passes);
+    pb.inc(1);
+    pb.set_message("disk");
+    let d = disk::measure(model, sizes.disk).with_context(|| format!("measuring reads of {}", model.display()))?;
+    if !d.direct {
+        pb.suspend(|| eprintln!("hearth profile: O_DIRECT is not supported there: disk reads went through the page cache (dropped first)"));
+    }
+    pb.inc(1);
+    let pools: Vec<ThreadPool> = threads.iter().map(|&t| ThreadPool::new(t)).collect();
+    let mut rates = Vec::new();
+    for &ty in types {
+        pb.set_message(format!("matmul {}", ty.name()));
+        rates.extend(matmul::measure(ty, &pools, sizes.matmul, || pb.inc(1))?);
+    }
+    pb.finish_and_clear();
+    Ok(DeviceProfile {
+        name: system::host_name(),
+        cores,
+        simd,
+        ram_total_bytes: ram.total,
+        ram_available_bytes: ram.available,
+        swap_total_bytes: ram.swap,
+        mem_read_gbps,
+        disk_seq_read_gbps: d.seq_gbps,
+        disk_rand_read_gbps: d.rand_gbps,
+        matmul: rates,
+        links: Vec::new(),
+    })
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// The human-readable report.
+fn table(p: &DeviceProfile, cpu: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "device      {}", p.name);
+    let _ = writeln!(s, "cpu         {cpu}, {} logical cores, {}", p.cores, p.simd);
+    let _ = writeln!(
+        s,
+        "ram         {:.2} GiB total, {:.2} GiB available, {:.2} GiB swap",
+        gib(p.ram_total_bytes),
+        gib(p.ram_available_bytes),
+        gib(p.swap_total_bytes)
+    );
+    let _ = writeln!(s, "memory      {:.2} GB/s read ({} threads)", p.mem_read_gbps, p.cores);
+    let _ = writeln!(s, "disk        {:.2} GB/s sequential, {:.2} GB/s random 1 MiB reads", p.disk_seq_read_gbps, p.disk_rand_read_gbps);
+    let _ = writeln!(s, "\n| type | threads | decode GB/s | prefill GFLOP/s |\n|---|---:|---:|---:|");
+    for m in &p.matmul {
+        let _ = writeln!(s, "| {} | {} | {:.2} | {:.1} |", m.ty, m.threads, m.decode_gbps, m.prefill_gflops);
+    }
+    s
+}
