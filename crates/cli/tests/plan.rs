@@ -104,3 +104,36 @@ fn shapes_big_and_corrupt() {
     assert_eq!(o.status.code(), Some(1));
     assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{err}");
 }
+
+/// A `hearth profile --json` document with the given decode rate and available RAM.
+fn profile_json(name: &str, decode_gbps: f64, ram: u64) -> String {
+    format!(
+        r#"{{"name":"{name}","cores":2,"simd":"avx2","ram_total_bytes":{ram},"ram_available_bytes":{ram},"swap_total_bytes":0,
+        "mem_read_gbps":{decode_gbps},"disk_seq_read_gbps":0.5,"disk_rand_read_gbps":0.3,
+        "matmul":[{{"ty":"q4_0","threads":2,"decode_gbps":{decode_gbps},"prefill_gflops":50.0}}],"links":[]}}"#
+    )
+}
+
+#[test]
+fn ring_plan_assigns_every_layer_or_says_what_is_missing() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ring-plan");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.json"), profile_json("a", 10.0, 8 << 30)).unwrap();
+    std::fs::write(dir.join("b.json"), profile_json("b", 3.0, 2 << 30)).unwrap();
+    let ring = dir.join("ring.toml");
+    let entry = |p: &str, budget: &str| format!("[[device]]\nprofile = \"{p}\"\nbudget = \"{budget}\"\nrtt_ms = 2.0\nmbit = 300\n");
+    std::fs::write(&ring, entry("a.json", "3GiB") + &entry("b.json", "2GiB")).unwrap();
+    let out = hearth(&["plan", "--shape", "7b", "--membw", "10", "--ring", ring.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let w: Vec<u64> = v["windows"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(w.iter().sum::<u64>() * v["k"].as_u64().unwrap(), 32, "{v}");
+    assert!(w[0] > w[1], "the faster device with room takes more layers: {v}");
+    assert!(v["predicted_ms_per_token"].as_f64().unwrap() > 0.0);
+    // Budgets far below the model: a one-line error saying what is missing.
+    std::fs::write(&ring, entry("a.json", "256MiB") + &entry("b.json", "256MiB")).unwrap();
+    let out = hearth(&["plan", "--shape", "7b", "--membw", "10", "--ring", ring.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no layer assignment fits") && err.contains("budget"), "{err}");
+}

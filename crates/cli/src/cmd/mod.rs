@@ -6,6 +6,7 @@ pub mod inspect;
 pub mod perplexity;
 pub mod quantize;
 pub mod plan;
+pub mod plan_ring;
 pub mod profile;
 pub mod synth;
 pub mod tokenize;

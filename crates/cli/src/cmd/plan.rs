@@ -46,6 +46,11 @@ pub struct Args {
     /// model file, 1 GiB with O_DIRECT; with --shape: 0.5]
     #[arg(long, value_name = "GBPS")]
     pub disk_bw: Option<f64>,
+    /// Assign the layers to the devices of a ring file (pipelined-ring parallelism): each
+    /// `[[device]]` names its `hearth profile --json` output, a budget, and the link to the
+    /// next device; prints each device's layers and predicted TPOT
+    #[arg(long, value_name = "PATH")]
+    pub ring: Option<PathBuf>,
     /// Print one JSON object
     #[arg(long)]
     pub json: bool,
@@ -109,6 +114,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     let cache_type: hearth_model::CacheType = a.cache_type.into();
     cache_type.check(summary.shape.head_dim).map_err(anyhow::Error::msg)?;
+    if let Some(ring) = &a.ring {
+        let row = cache_type.row_bytes(summary.shape.kv_dim()) as u64;
+        return print_out(&super::plan_ring::run(ring, &summary, n_ctx, row, a.json)?);
+    }
     let available = hearth_memory::available_bytes().unwrap_or(0);
     let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false }, available, membw);
     let window = match a.mem_budget {

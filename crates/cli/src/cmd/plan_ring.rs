@@ -1,0 +1,146 @@
+//! `hearth plan --ring ring.toml`: assign a model's layers to heterogeneous devices for
+//! pipelined-ring parallelism (issue #7) with the solver in `hearth_parallel::solver`,
+//! from each device's `hearth profile --json` output.
+//!
+//! ```toml
+//! [[device]]               # device 0: the head of the ring (embedding, output head)
+//! name = "laptop"
+//! profile = "laptop.json"  # `hearth profile --json > laptop.json` on that device
+//! budget = "6GiB"          # RAM the model may use there [default: the profile's available RAM]
+//! rtt_ms = 3.0             # round trip of the link to the next device
+//! mbit = 300               # its bandwidth
+//! [[device]]
+//! name = "desktop"
+//! profile = "desktop.json"
+//! rtt_ms = 3.0
+//! mbit = 300
+//! ```
+
+use anyhow::{bail, Context as _, Result};
+use hearth_memory::plan::ModelSummary;
+use hearth_parallel::profile::{DeviceProfile, LinkProfile};
+use hearth_parallel::solver::{solve, DeviceSpec, ModelCost};
+use std::path::Path;
+
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct RingFile {
+    device: Vec<DeviceEntry>,
+}
+
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct DeviceEntry {
+    name: Option<String>,
+    profile: String,
+    budget: Option<String>,
+    rtt_ms: Option<f64>,
+    mbit: Option<f64>,
+}
+
+/// The devices of a ring file (profiles resolved relative to the file).
+pub fn read_devices(path: &Path) -> Result<Vec<DeviceSpec>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the ring file {}", path.display()))?;
+    let f: RingFile = toml::from_str(&text).with_context(|| format!("ring file {}", path.display()))?;
+    if f.device.is_empty() {
+        bail!("ring file {} names no [[device]]", path.display());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    f.device
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let p = dir.join(&d.profile);
+            let json = std::fs::read_to_string(&p).with_context(|| format!("device {i}: reading the profile {}", p.display()))?;
+            let mut profile: DeviceProfile = serde_json::from_str(&json)
+                .with_context(|| format!("device {i}: {} is not a `hearth profile --json` output", p.display()))?;
+            if let Some(n) = &d.name {
+                profile.name = n.clone();
+            }
+            let budget_bytes = match &d.budget {
+                Some(b) => crate::budget::parse_size(b).map_err(|e| anyhow::anyhow!("device {i}: budget: {e}"))?,
+                None => profile.ram_available_bytes,
+            };
+            let (rtt_ms, mbit) = (d.rtt_ms.unwrap_or(1.0), d.mbit.unwrap_or(1000.0));
+            if !(rtt_ms >= 0.0 && rtt_ms.is_finite() && mbit > 0.0 && mbit.is_finite()) {
+                bail!("device {i}: rtt_ms must be >= 0 and mbit > 0");
+            }
+            let link = LinkProfile { peer: format!("device {}", (i + 1) % f.device.len()), rtt_ms, mbit };
+            Ok(DeviceSpec { profile, budget_bytes, link })
+        })
+        .collect()
+}
+
+/// What one token costs the solver's model, from the file's tensor table.
+pub fn model_cost(m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64) -> ModelCost {
+    let layers = m.shape.n_layer.max(1);
+    let layer_bytes = m.largest_layer_bytes();
+    let is_layer = |n: &str| n.starts_with("blk.");
+    let layer_params: u64 = m
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk.0."))
+        .map(|t| t.bytes * t.ty.block_size() as u64 / t.ty.type_size().max(1) as u64)
+        .sum();
+    // The layers' dominant type names the matmul rate to use.
+    let mut by_type = std::collections::BTreeMap::<String, u64>::new();
+    for t in m.tensors.iter().filter(|t| is_layer(&t.name) && t.n_dims == 2) {
+        *by_type.entry(t.ty.name().to_lowercase()).or_default() += t.bytes;
+    }
+    let weight_type = by_type.into_iter().max_by_key(|(_, b)| *b).map(|(t, _)| t).unwrap_or_else(|| "q4_0".into());
+    ModelCost {
+        n_layer: layers,
+        layer_bytes,
+        layer_flops: 2.0 * layer_params as f64,
+        kv_bytes_per_layer_token: 2 * kv_row_bytes,
+        n_ctx: n_ctx as u64,
+        act_bytes: 4 * m.shape.n_embd as u64,
+        extra_bytes: m.tensors.iter().filter(|t| !is_layer(&t.name)).map(|t| t.bytes).sum(),
+        weight_type,
+    }
+}
+
+/// Solve and print (or return as JSON) the assignment.
+pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, json: bool) -> Result<String> {
+    let devices = read_devices(ring)?;
+    let cost = model_cost(m, n_ctx, kv_row_bytes);
+    let a = solve(&cost, &devices)?;
+    if json {
+        let per: Vec<_> = a
+            .per_device
+            .iter()
+            .zip(&devices)
+            .zip(&a.windows)
+            .map(|((p, d), w)| {
+                serde_json::json!({
+                    "name": d.profile.name, "window_layers": w, "layers": w * a.k,
+                    "compute_ms": p.compute_ms, "disk_ms": p.disk_ms, "network_ms": p.network_ms, "resident_bytes": p.resident_bytes,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({"k": a.k, "windows": a.windows, "predicted_ms_per_token": a.predicted_ms_per_token,
+            "devices": per, "explanation": a.explanation});
+        return Ok(format!("{v}\n"));
+    }
+    let mut o = format!(
+        "ring plan for {} layers of {:.1} MiB ({}), n_ctx {n_ctx}, over {} devices:\n",
+        cost.n_layer,
+        cost.layer_bytes as f64 / (1 << 20) as f64,
+        cost.weight_type,
+        devices.len()
+    );
+    o += "| device | layers per round | layers | compute ms/token | disk ms/token | network ms/token | resident MiB |\n|---|---:|---:|---:|---:|---:|---:|\n";
+    for ((p, d), w) in a.per_device.iter().zip(&devices).zip(&a.windows) {
+        o += &format!(
+            "| {} | {w} | {} | {:.1} | {:.1} | {:.1} | {:.0} |\n",
+            d.profile.name,
+            w * a.k,
+            p.compute_ms,
+            p.disk_ms,
+            p.network_ms,
+            p.resident_bytes as f64 / (1 << 20) as f64
+        );
+    }
+    o += &format!("\nk = {} rounds, predicted TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n", a.k, a.predicted_ms_per_token, 1e3 / a.predicted_ms_per_token, a.explanation);
+    Ok(o)
+}
