@@ -22,15 +22,20 @@ fn cache_dir() -> PathBuf {
 }
 
 impl Worker {
+    /// `hearth worker -m model --listen 127.0.0.1:0 -t 1 extra…`.
     fn start(model: &Path, extra: &[&str]) -> Worker {
+        Self::spawn(&[&["--listen", "127.0.0.1:0", "-m", model.to_str().unwrap()], extra].concat(), Stdio::null())
+    }
+
+    /// `hearth worker -t 1 args…`, once it has printed where it listens.
+    fn spawn(args: &[&str], stderr: Stdio) -> Worker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(["worker", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
-            .arg(model)
-            .args(extra)
+            .args(["worker", "-t", "1"])
+            .args(args)
             .env("HEARTH_CACHE_DIR", cache_dir())
             .env_remove("HEARTH_CLUSTER_KEY")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -213,19 +218,10 @@ fn bad_peers_get_clear_errors_and_the_worker_survives() {
     assert_clean_error(&generate(&["--workers", &w_other.addr]), "model mismatch");
 
     // beyond loopback without a key: a loud warning
-    let mut open = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["worker", "--listen", "0.0.0.0:0", "-t", "1", "-m", m.to_str().unwrap()])
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .env_remove("HEARTH_CLUSTER_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(open.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _ = open.kill();
-    let out = open.wait_with_output().unwrap();
-    let warn = String::from_utf8_lossy(&out.stderr);
+    let mut open = Worker::spawn(&["--listen", "0.0.0.0:0", "-m", m.to_str().unwrap()], Stdio::piped());
+    let _ = open.child.kill();
+    let mut warn = String::new();
+    open.child.stderr.take().unwrap().read_to_string(&mut warn).unwrap();
     assert!(warn.contains("WARNING") && warn.contains("WITHOUT a cluster key"), "{warn}");
 
     // nobody listening
@@ -305,19 +301,7 @@ fn a_worker_without_the_model_file_gets_its_shard_once() {
     let sha = model_sha(&m);
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shard-cache-test");
     let _ = std::fs::remove_dir_all(&cache);
-    let start = || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(["worker", "--listen", "127.0.0.1:0", "-t", "1", "--model-sha256", &sha, "--shard-cache"])
-            .arg(&cache)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.split_whitespace().nth(4).unwrap().to_string();
-        Worker { child, addr }
-    };
+    let start = || Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], Stdio::null());
     let single = tokens(&ok(generate(&[])));
     let w = start();
     let run = |w: &Worker| {
