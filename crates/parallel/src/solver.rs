@@ -16,12 +16,20 @@
 //! With `S` the devices in the ring (`|S|` of them):
 //!
 //! ```text
-//! T(k, w) = Σ_{i∈S} [ k·w_i·t_i  +  spill_i / disk_i ]  +  k·Σ_{i∈S} hop_i     (hops only when |S| > 1)
+//! T(k, w) = Σ_{i∈S} [ k·w_i·t_i  +  disk_i ]  +  k·H
 //!
 //! t_i     = max(layer_bytes / decode_i, layer_flops / peak_i)       ms per layer
-//! need_i  = k·w_i·(layer_bytes + kv_layer) + [i = 0]·extra_bytes    bytes device i must hold
-//! spill_i = max(0, need_i − budget_i)                               weight bytes re-read from disk every token
 //! hop_i   = rtt_i / 2 + act_bytes / bandwidth_i                     ms, device i → the next device of the ring
+//! H       = Σ_{i∈S} hop_i  (0 when |S| = 1)                         ms of hops per round
+//! need_i  = k·w_i·(layer_bytes + kv_layer) + [i = 0]·extra_bytes    bytes to hold everything
+//! disk_i  = min over the regimes device i can use:
+//!   resident / spill:  spill_i / disk_i,   spill_i = max(0, need_i − budget_i)
+//!                      (spill_i > 0 needs a disk)
+//!   streaming:         k·max(0, load_i − T_other_i)
+//!                      when it has a disk and
+//!                      2·w_i·layer_bytes + k·w_i·kv_layer + [i = 0]·extra_bytes ≤ budget_i
+//!     load_i    = w_i·layer_bytes / disk_i                          ms to load its next window
+//!     T_other_i = Σ_{j∈S, j≠i} w_j·t_j + H                          ms the token spends elsewhere per round
 //! ```
 //!
 //! - `decode_i` is the device's measured matrix-vector rate on the model's weight type
@@ -29,41 +37,53 @@
 //!   measured, its memory read bandwidth; `peak_i` is the measured prefill GFLOP/s of
 //!   that type (decode is bandwidth-bound, so the byte term normally wins).
 //! - `kv_layer = kv_bytes_per_layer_token · n_ctx`: the KV cache of one layer, sized for
-//!   the context. The KV cache and the non-layer part must stay resident; only layer
-//!   weights may spill. A device whose layers do not fit its budget re-reads the part
-//!   that does not fit from disk at `disk_seq_read_gbps` for every token (with mmap and
-//!   a cyclic access pattern the page cache keeps evicting what it is about to need), the
-//!   disk-offloading cost issue #7 asks for (after prima.cpp; the paper itself was not read
-//!   here beyond its abstract). A device with no measured disk
-//!   (`disk_seq_read_gbps ≤ 0`) may not spill.
+//!   the context. The KV cache and the non-layer part must stay resident in every regime;
+//!   only layer weights may live on disk. A device with no measured disk
+//!   (`disk_seq_read_gbps ≤ 0`) must hold all its layers.
+//! - *Resident / spill*: a device whose layers fit holds them all and never touches the
+//!   disk. One whose layers do not fit may re-read the part that does not fit from disk
+//!   at `disk_seq_read_gbps` for every token, with no overlap (with mmap and a cyclic
+//!   access pattern the page cache keeps evicting what it is about to need).
+//! - *Streaming with prefetch* (prima.cpp's pipelined ring, Li et al., arXiv 2504.08791):
+//!   with `k` rounds a device keeps only two windows of `w_i` layers resident (the one it
+//!   runs and the one being loaded) and, in every round, loads its next window while the
+//!   token is on the other devices (their compute for the round and the round's hops),
+//!   so it stalls only for the part of the load that the rest of the ring does not hide.
+//!   Its resident set is `2·w_i` layers of weights plus its whole KV cache (and the head
+//!   on device 0). For `k ≤ 2` two windows are all its layers, so streaming only matters
+//!   for `k ≥ 3`.
+//! - Each device uses whichever of its feasible regimes costs less (ties: resident/spill).
 //! - Links: `DeviceSpec::link` is device `i`'s link to the next device. When devices are
 //!   dropped, the predecessor's hop is assumed to cost what its measured link costs (links
 //!   are not measured pairwise).
 //!
-//! This is the formula of issue #7 as stated there; it is a simplification of Halda's,
-//! which also models GPUs, OS-specific memory behaviour and prefetching that hides disk
-//! loads behind the rest of the ring. Note what it implies: a device's resident set is
-//! `k·w_i` layers whatever `k`, while the hops grow with `k`, so with all devices fixed
-//! `k = 1` is never worse than a larger `k`. Larger `k` pays off only once prefetching
-//! overlaps disk loads with the other devices' work, which this model does not count.
+//! This remains a simplification of Halda's model, which also models GPUs and
+//! OS-specific memory behaviour. The trade-off it captures: hops grow with `k`, and with
+//! every device resident `k = 1` is best; but a larger `k` shrinks the windows, so a
+//! device short of RAM can stream its layers from a fast disk while the rest of the ring
+//! hides the loads, which can beat re-reading spilled weights without overlap at `k = 1`.
 //!
 //! # The method
 //!
 //! As issue #7 describes Halda: for every `k` dividing `L` and every set of devices `S` (all subsets
 //! containing device 0 for up to [`EXHAUSTIVE_MAX_DEVICES`] devices; beyond that, greedy
-//! dropping of one device at a time while that helps), solve the integer program
+//! dropping of one device at a time while that helps), solve the mixed-integer program
 //!
 //! ```text
-//! minimise   Σ k·t_i·w_i + Σ s_i/disk_i + ε·z
+//! minimise   Σ k·t_i·w_i + Σ s_i/disk_i + Σ k·u_i + ε·z
 //! subject to Σ w_i = L/k,  w_0 ≥ 0,  w_i ≥ 1 (i ∈ S \ {0}),  integer
-//!            s_i ≥ need_i(w_i) − budget_i,  s_i ≥ 0            (spilled GiB)
-//!            k·w_i·kv_layer + [i = 0]·extra ≤ budget_i          (KV and head stay resident)
-//!            z ≥ k·t_i·w_i                                      (tie-break: balance)
+//!            b_i ∈ {0, 1}  (1 = streaming; fixed to 0 without a disk or when k ≤ 2)
+//!            s_i ≥ need_i(w_i) − budget_i − M·b_i,  s_i ≥ 0       (spilled GiB; 0 without a disk)
+//!            k·w_i·kv_layer + [i = 0]·extra ≤ budget_i             (KV and head stay resident)
+//!            2·w_i·layer + k·w_i·kv_layer + [i = 0]·extra ≤ budget_i + M·(1 − b_i)
+//!            u_i ≥ w_i·layer/disk_i − Σ_{j≠i} t_j·w_j − H − M·(1 − b_i),  u_i ≥ 0   (stall per round)
+//!            z ≥ k·t_i·w_i                                         (tie-break: balance)
 //! ```
 //!
-//! with the pure-Rust `microlp` backend of `good_lp`, and keep the fastest. The small `ε`
-//! term breaks ties (a homogeneous cluster without spill has many equally fast splits)
-//! toward the split with the smallest per-device compute time, which is the balanced one.
+//! (`M` a big-M bound on each left-hand side) with the pure-Rust `microlp` backend of
+//! `good_lp`, and keep the fastest by [`predict`]. The small `ε` term breaks ties (a
+//! homogeneous cluster without spill has many equally fast splits) toward the split with
+//! the smallest per-device compute time, which is the balanced one.
 
 use crate::profile::{DeviceProfile, LinkProfile};
 use good_lp::{constraint, microlp, variable, variables, Expression, Solution, SolverModel, Variable};
@@ -126,6 +146,9 @@ pub struct DevicePrediction {
     pub network_ms: f64,
     /// Bytes it keeps in RAM (weights, KV cache, and on device 0 the embedding and head).
     pub resident_bytes: u64,
+    /// Whether it streams its layers from disk, two windows resident, prefetching the
+    /// next window while the token is on the other devices.
+    pub streaming: bool,
 }
 
 /// The solver's answer.
@@ -189,13 +212,28 @@ fn need_bytes(model: &ModelCost, i: usize, n: usize) -> u64 {
 
 /// The cost model for one given plan: `None` when it does not fit (KV or head over
 /// budget, spill without a disk, a hop over a dead link) or `Σ w_i·k ≠ L`.
-/// Returns the ms per token and the per-device breakdown.
+/// Returns the ms per token and the per-device breakdown. Each device takes the cheaper
+/// of its feasible regimes (resident or spilling, streaming with prefetch).
 pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[usize]) -> Option<(f64, Vec<DevicePrediction>)> {
     if k == 0 || windows.len() != devices.len() || windows.iter().sum::<usize>() * k != model.n_layer {
         return None;
     }
     let in_ring: Vec<bool> = windows.iter().enumerate().map(|(i, &w)| i == 0 || w > 0).collect();
     let ring_size = in_ring.iter().filter(|&&b| b).count();
+    // per-round compute of every device of the ring, and the hops of one round
+    let mut round_ms = vec![0.0; devices.len()];
+    let mut hops_ms = 0.0;
+    for (i, d) in devices.iter().enumerate() {
+        if !in_ring[i] {
+            continue;
+        }
+        if windows[i] > 0 {
+            round_ms[i] = windows[i] as f64 * layer_ms(model, &d.profile)?;
+        }
+        if ring_size > 1 {
+            hops_ms += hop_ms(model, &d.link);
+        }
+    }
     let mut out = vec![DevicePrediction::default(); devices.len()];
     for (i, d) in devices.iter().enumerate() {
         if !in_ring[i] {
@@ -207,17 +245,35 @@ pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[u
         if spill > n as u64 * model.layer_bytes {
             return None; // KV cache or head does not fit
         }
-        let disk_ms = match (spill, disk_ms_per_byte(&d.profile)) {
-            (0, _) => 0.0,
-            (s, Some(per_byte)) => s as f64 * per_byte,
-            (_, None) => return None,
+        let per_byte = disk_ms_per_byte(&d.profile);
+        // resident, or spilling and re-reading the excess every token
+        let spill_option = match (spill, per_byte) {
+            (0, _) => Some((0.0, need)),
+            (s, Some(pb)) => Some((s as f64 * pb, need - s)),
+            (_, None) => None,
         };
-        let compute_ms = if n == 0 { 0.0 } else { n as f64 * layer_ms(model, &d.profile)? };
+        // streaming: two windows resident, the next one prefetched while the token is elsewhere
+        let stream_resident = need - n as u64 * model.layer_bytes + 2 * windows[i] as u64 * model.layer_bytes;
+        let stream_option = match per_byte {
+            Some(pb) if spill > 0 && stream_resident <= d.budget_bytes => {
+                let load = (windows[i] as u64 * model.layer_bytes) as f64 * pb;
+                let other: f64 = round_ms.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, &r)| r).sum::<f64>() + hops_ms;
+                Some((k as f64 * (load - other).max(0.0), stream_resident))
+            }
+            _ => None,
+        };
+        let (disk_ms, resident_bytes, streaming) = match (spill_option, stream_option) {
+            (Some(a), Some(b)) if b.0 < a.0 => (b.0, b.1, true),
+            (Some(a), _) => (a.0, a.1, false),
+            (None, Some(b)) => (b.0, b.1, true),
+            (None, None) => return None,
+        };
+        let compute_ms = k as f64 * round_ms[i];
         let network_ms = if ring_size > 1 { k as f64 * hop_ms(model, &d.link) } else { 0.0 };
         if !network_ms.is_finite() {
             return None;
         }
-        out[i] = DevicePrediction { compute_ms, disk_ms, network_ms, resident_bytes: need - spill };
+        out[i] = DevicePrediction { compute_ms, disk_ms, network_ms, resident_bytes, streaming };
     }
     let total = out.iter().map(|p| p.compute_ms + p.disk_ms + p.network_ms).sum();
     Some((total, out))
@@ -228,8 +284,14 @@ pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[u
 fn solve_fixed(model: &ModelCost, devices: &[DeviceSpec], k: usize, ring: &[usize]) -> Option<Vec<usize>> {
     let big_w = model.n_layer / k;
     let kf = k as f64;
+    let layer_gib = model.layer_bytes as f64 / GIB;
     let per_layer_gib = (model.layer_bytes + model.kv_layer_bytes()) as f64 / GIB;
     let kv_gib = model.kv_layer_bytes() as f64 / GIB;
+    let hops: f64 = if ring.len() > 1 { ring.iter().map(|&i| hop_ms(model, &devices[i].link)).sum() } else { 0.0 };
+    if !hops.is_finite() {
+        return None;
+    }
+    let times: Vec<f64> = ring.iter().map(|&i| layer_ms(model, &devices[i].profile)).collect::<Option<_>>()?;
     let mut vars = variables!();
     let z = vars.add(variable().min(0.0));
     let mut w: Vec<Variable> = Vec::new();
@@ -237,20 +299,44 @@ fn solve_fixed(model: &ModelCost, devices: &[DeviceSpec], k: usize, ring: &[usiz
     let mut constraints = Vec::new();
     let mut sum = Expression::from(0.0);
     for &i in ring {
-        let d = &devices[i];
-        let t = layer_ms(model, &d.profile)?;
         let lo = if i == 0 { 0.0 } else { 1.0 };
-        let wi = vars.add(variable().integer().min(lo).max(big_w as f64));
+        w.push(vars.add(variable().integer().min(lo).max(big_w as f64)));
+    }
+    for (pos, &i) in ring.iter().enumerate() {
+        let d = &devices[i];
+        let t = times[pos];
+        let wi = w[pos];
         let disk = disk_ms_per_byte(&d.profile);
-        let si = vars.add(variable().min(0.0).max(if disk.is_some() { f64::INFINITY } else { 0.0 }));
         let extra = if i == 0 { model.extra_bytes as f64 / GIB } else { 0.0 };
         let budget = d.budget_bytes as f64 / GIB;
+        // Streaming never beats holding everything for k ≤ 2 (two windows are all of it).
+        let can_stream = disk.is_some() && k >= 3;
+        // b = 1: streaming with prefetch; b = 0: resident or spilling
+        let b = vars.add(variable().integer().min(0.0).max(if can_stream { 1.0 } else { 0.0 }));
+        let si = vars.add(variable().min(0.0).max(if disk.is_some() { f64::INFINITY } else { 0.0 }));
         objective += kf * t * wi + disk.unwrap_or(0.0) * GIB * si;
-        constraints.push(constraint!(si >= kf * per_layer_gib * wi + extra - budget));
+        let m_spill = kf * per_layer_gib * big_w as f64 + extra + 1.0;
+        constraints.push(constraint!(si >= kf * per_layer_gib * wi + extra - budget - m_spill * b));
         constraints.push(constraint!(kf * kv_gib * wi + extra <= budget));
         constraints.push(constraint!(z >= kf * t * wi));
+        if can_stream {
+            let pb = disk.unwrap_or(0.0);
+            let load = layer_gib * GIB * pb; // ms per layer from disk
+            let m_mem = (2.0 * layer_gib + kf * kv_gib) * big_w as f64 + extra + 1.0;
+            let m_load = load * big_w as f64 + 1.0;
+            // stall per round
+            let ui = vars.add(variable().min(0.0));
+            objective += kf * ui;
+            constraints.push(constraint!((2.0 * layer_gib + kf * kv_gib) * wi + extra - m_mem * (1.0 - b) <= budget));
+            let mut other = Expression::from(hops);
+            for (q, &wj) in w.iter().enumerate() {
+                if q != pos {
+                    other += times[q] * wj;
+                }
+            }
+            constraints.push(constraint!(ui >= load * wi - other - m_load * (1.0 - b)));
+        }
         sum += wi;
-        w.push(wi);
     }
     constraints.push(constraint!(sum == big_w as f64));
     let mut problem = vars.minimise(objective).using(microlp);
@@ -409,9 +495,10 @@ fn explain(
     for &i in ring {
         let p = &per[i];
         s += &format!(
-            "  device {i} ({}): {} layers, {} resident of a {} budget, {:.2} ms compute, {:.2} ms disk, {:.2} ms link\n",
+            "  device {i} ({}): {} layers{}, {} resident of a {} budget, {:.2} ms compute, {:.2} ms disk, {:.2} ms link\n",
             devices[i].profile.name,
             k * windows[i],
+            if p.streaming { " (streamed from disk, next window prefetched)" } else { "" },
             gib(p.resident_bytes as f64),
             gib(devices[i].budget_bytes as f64),
             p.compute_ms,
@@ -545,6 +632,48 @@ mod tests {
     }
 
     #[test]
+    fn solver_matches_brute_force_when_streaming() {
+        // Tight budgets, fast disks and layer counts with many divisors: streaming regimes.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (mut feasible, mut streamed) = (0, 0);
+        for case in 0..60 {
+            let n_layer = [12, 18, 24, 30, 36][rng.gen_range(0..5)];
+            let mut m = model(n_layer, rng.gen_range(50..300));
+            m.n_ctx = rng.gen_range(0..2048);
+            let n_dev = rng.gen_range(1..=4);
+            let devices: Vec<DeviceSpec> = (0..n_dev)
+                .map(|i| {
+                    device(
+                        &format!("d{i}"),
+                        rng.gen_range(2.0..30.0),
+                        m.extra_bytes + rng.gen_range(0..(n_layer as u64 * m.layer_bytes / n_dev as u64 + 1)),
+                        if rng.gen_bool(0.9) { rng.gen_range(1.0..20.0) } else { 0.0 },
+                        rng.gen_range(0.05..5.0),
+                        rng.gen_range(100.0..10_000.0),
+                    )
+                })
+                .collect();
+            let brute = brute_force(&m, &devices);
+            match (solve(&m, &devices), brute) {
+                (Ok(a), Some(b)) => {
+                    feasible += 1;
+                    streamed += a.per_device.iter().any(|p| p.streaming) as usize;
+                    assert!(
+                        (a.predicted_ms_per_token - b).abs() <= 1e-6 * b + 1e-9,
+                        "case {case}: solver {} vs brute force {b}\n{}",
+                        a.predicted_ms_per_token,
+                        a.explanation
+                    );
+                }
+                (Err(SolveError::Infeasible(_)), None) => {}
+                (got, want) => panic!("case {case}: solver {got:?}, brute force {want:?}"),
+            }
+        }
+        eprintln!("{feasible} feasible, {streamed} streaming");
+        assert!(feasible >= 30 && streamed >= 5, "{feasible} feasible, {streamed} streaming");
+    }
+
+    #[test]
     fn infeasible_says_what_is_missing_where() {
         // 40 layers of 1 GiB, no disk anywhere: 40 GiB must be resident, 11 GiB is available.
         let mut m = model(40, 1024);
@@ -594,6 +723,37 @@ mod tests {
             let brute_check = predict(&m, &devices, a.k, &a.windows).unwrap().0;
             assert_eq!(brute_check, a.predicted_ms_per_token);
         }
+    }
+
+    #[test]
+    fn short_of_ram_device_streams_with_prefetch() {
+        // 36 layers of 200 MiB (7 GiB); devices 0 and 1 hold 3 GiB each, device 2 only 1 GiB
+        // but reads its NVMe at 10 GB/s. At k = 1 some 4 layers must be re-read from disk
+        // every token; with k = 6 rounds of 2 layers each, device 2 keeps 2 windows resident
+        // and loads its next 2 layers (42 ms) while the others compute theirs (84 ms).
+        let mut m = model(36, 200);
+        m.n_ctx = 0;
+        let devices = vec![
+            device("a", 10.0, 3 * GB, 1.0, 1.0, 1000.0),
+            device("b", 10.0, 3 * GB, 1.0, 1.0, 1000.0),
+            device("short", 10.0, GB, 10.0, 1.0, 1000.0),
+        ];
+        let a = solve(&m, &devices).unwrap();
+        let mut best_k1 = f64::INFINITY;
+        for w0 in 0..=36 {
+            for w1 in 0..=36 - w0 {
+                if let Some((ms, _)) = predict(&m, &devices, 1, &[w0, w1, 36 - w0 - w1]) {
+                    best_k1 = best_k1.min(ms);
+                }
+            }
+        }
+        assert!(a.k > 1, "{}", a.explanation);
+        assert!(a.predicted_ms_per_token < best_k1, "k = 1 best {best_k1}\n{}", a.explanation);
+        assert!(a.per_device[2].streaming, "{}", a.explanation);
+        assert_eq!(a.per_device[2].disk_ms, 0.0, "{}", a.explanation); // fully hidden
+        assert!(a.per_device[2].resident_bytes <= GB);
+        eprintln!("best k = 1: {best_k1:.2} ms\n{}", a.explanation);
+        assert_eq!(a.predicted_ms_per_token, brute_force(&m, &devices).unwrap());
     }
 
     #[test]
