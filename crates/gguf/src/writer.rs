@@ -24,7 +24,7 @@ impl TensorSpec {
     /// number of blocks.
     pub fn size(&self) -> Result<u64> {
         let n: u64 = self.dims.iter().product();
-        self.ty.row_bytes(n).filter(|_| self.dims[0] % self.ty.block_size() as u64 == 0).ok_or_else(|| {
+        self.ty.row_bytes(n).filter(|_| self.dims[0].is_multiple_of(self.ty.block_size() as u64)).ok_or_else(|| {
             GgufError::Invalid {
                 field: format!("tensor {:?}", self.name),
                 offset: 0,

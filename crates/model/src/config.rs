@@ -87,10 +87,10 @@ impl ModelConfig {
                 return bad("rope.scaling.type", format!("RoPE scaling {t:?} is not supported yet"));
             }
         }
-        if cfg.n_head % cfg.n_head_kv != 0 {
+        if !cfg.n_head.is_multiple_of(cfg.n_head_kv) {
             return bad("attention.head_count_kv", format!("{} query heads are not a multiple of {} KV heads", n_head, n_head_kv));
         }
-        if cfg.rope_dims > cfg.head_dim || cfg.rope_dims % 2 != 0 {
+        if cfg.rope_dims > cfg.head_dim || !cfg.rope_dims.is_multiple_of(2) {
             return bad("rope.dimension_count", format!("{} must be even and at most head_dim {}", rope_dims, head_dim));
         }
         if !(cfg.rms_eps.is_finite() && cfg.rms_eps > 0.0) {

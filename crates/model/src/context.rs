@@ -560,6 +560,8 @@ impl Context {
                 let ta = std::time::Instant::now();
                 pool.run(|tid, nth| {
                     let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
+                    // Capture the whole SyncPtr (Send + Sync), not its raw-pointer field.
+                    #[allow(clippy::redundant_locals)]
                     let out = out;
                     for item in (tid..n * n_head).step_by(nth) {
                         let (t, h) = (item / n_head, item % n_head);

@@ -96,7 +96,7 @@ pub fn render_chat(model: &Model, messages: &[Message]) -> Result<String> {
     let tok = &model.tokenizer;
     let text = |id: Option<u32>| id.map(|i| tok.token_text(i).to_string()).unwrap_or_default();
     let tmpl = ChatTemplate::new(src, &text(tok.bos()), &text(tok.eos())).context("chat template")?;
-    Ok(tmpl.render(messages, true).context("rendering the chat template")?)
+    tmpl.render(messages, true).context("rendering the chat template")
 }
 
 pub fn run(a: Args) -> Result<()> {

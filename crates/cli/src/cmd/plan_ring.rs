@@ -115,6 +115,7 @@ pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, json:
                 serde_json::json!({
                     "name": d.profile.name, "window_layers": w, "layers": w * a.k,
                     "compute_ms": p.compute_ms, "disk_ms": p.disk_ms, "network_ms": p.network_ms, "resident_bytes": p.resident_bytes,
+                    "streaming": p.streaming,
                 })
             })
             .collect();
@@ -129,16 +130,17 @@ pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, json:
         cost.weight_type,
         devices.len()
     );
-    o += "| device | layers per round | layers | compute ms/token | disk ms/token | network ms/token | resident MiB |\n|---|---:|---:|---:|---:|---:|---:|\n";
+    o += "| device | layers per round | layers | compute ms/token | disk ms/token | network ms/token | resident MiB | weights |\n|---|---:|---:|---:|---:|---:|---:|---|\n";
     for ((p, d), w) in a.per_device.iter().zip(&devices).zip(&a.windows) {
         o += &format!(
-            "| {} | {w} | {} | {:.1} | {:.1} | {:.1} | {:.0} |\n",
+            "| {} | {w} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} |\n",
             d.profile.name,
             w * a.k,
             p.compute_ms,
             p.disk_ms,
             p.network_ms,
-            p.resident_bytes as f64 / (1 << 20) as f64
+            p.resident_bytes as f64 / (1 << 20) as f64,
+            if p.streaming { "streamed, next window prefetched" } else { "resident" }
         );
     }
     o += &format!("\nk = {} rounds, predicted TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n", a.k, a.predicted_ms_per_token, 1e3 / a.predicted_ms_per_token, a.explanation);
