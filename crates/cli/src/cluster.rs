@@ -255,8 +255,9 @@ impl ClusterArgs {
             bail!("empty worker address {w:?} in --workers");
         }
         let workers = workers.iter().map(|w| check_addr(w)).collect::<Result<Vec<_>>>()?;
-        if let Some((i, w)) = workers.iter().enumerate().find(|(i, w)| workers[..*i].contains(w)) {
-            bail!("worker {w} is listed twice (as node {} and node {}): a worker serves one share at a time", workers.iter().position(|x| x == w).unwrap() + 1, i + 1);
+        let pairs = (0..workers.len()).flat_map(|i| (0..i).map(move |j| (j, i)));
+        if let Some((j, i)) = pairs.into_iter().find(|&(j, i)| workers[j] == workers[i]) {
+            bail!("worker {} is listed twice (as node {} and node {}): a worker serves one share at a time", workers[i], j + 1, i + 1);
         }
         if let Some(w) = self.wire_type {
             wire = w; // the flag overrides the cluster file

@@ -110,8 +110,6 @@ struct SplitState {
     /// than the share resident; the copies keep the RSS at this node's share.
     shard: Vec<ShardBlock>,
     comm: Box<dyn Collective>,
-    /// Seconds inside `begin_pass` and `allreduce` calls.
-    comm_secs: f64,
 }
 
 /// Where forward-pass time went (`HEARTH_PROFILE=1`).
@@ -293,6 +291,7 @@ impl Context {
         }
         split.validate(c, &self.model.weights)?;
         let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
+        // Free the whole-model cache before allocating this node's, so both never coexist.
         self.kv = KvCache::new(0, 0, 0, ty);
         self.kv = KvCache::new(c.n_layer, n_ctx, split.kv_rows(c).len(), ty);
         // Every exchange of a pass must fit one message: cap the batch to it.
@@ -312,19 +311,8 @@ impl Context {
                 shard.push(ShardBlock { m });
             }
         }
-        self.split = Some(SplitState { split, shard, comm, comm_secs: 0.0 });
+        self.split = Some(SplitState { split, shard, comm });
         Ok(())
-    }
-
-    /// This node's share when tensor-parallel.
-    pub fn tensor_split(&self) -> Option<&TensorSplit> {
-        self.split.as_ref().map(|s| &s.split)
-    }
-
-    /// Seconds spent in the tensor-parallel group's calls (sending inputs, allreduces,
-    /// waiting for the other nodes) since the split was set; 0 on one node.
-    pub fn comm_secs(&self) -> f64 {
-        self.split.as_ref().map_or(0.0, |s| s.comm_secs)
     }
 
     /// The source's I/O counters, when weights come through one.
@@ -432,10 +420,7 @@ impl Context {
         let e = self.model.config.n_embd;
         self.embed(tokens)?;
         if let Some(sp) = &mut self.split {
-            let tc = std::time::Instant::now();
-            let r = sp.comm.begin_pass(self.n_past, &self.s.x[..n * e], n);
-            sp.comm_secs += tc.elapsed().as_secs_f64();
-            r.map_err(ModelError::Collective)?;
+            sp.comm.begin_pass(self.n_past, &self.s.x[..n * e], n).map_err(ModelError::Collective)?;
         }
         let attention = self.blocks(n)?;
         self.head(n, out_row, all)?;
@@ -512,17 +497,14 @@ impl Context {
         let pool = &self.pool;
         let tr = self.trace;
         let (shard, mut comm) = match self.split.as_mut() {
-            Some(SplitState { shard, comm, comm_secs, .. }) => (&shard[..], Some((comm, comm_secs))),
+            Some(SplitState { shard, comm, .. }) => (&shard[..], Some(comm)),
             None => (&[][..], None),
         };
         let mut allreduce = |buf: &mut [f32]| -> Result<()> {
-            if let Some((comm, secs)) = comm.as_mut() {
-                let tc = std::time::Instant::now();
-                let r = comm.allreduce(buf);
-                **secs += tc.elapsed().as_secs_f64();
-                r.map_err(ModelError::Collective)?;
+            match comm.as_mut() {
+                Some(comm) => comm.allreduce(buf).map_err(ModelError::Collective),
+                None => Ok(()),
             }
-            Ok(())
         };
 
         let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };

@@ -110,25 +110,14 @@ fn cache_type(b: u8) -> CacheType {
 /// Bytes of the weight rows and columns a node computes with (every block's share;
 /// the coordinator's embedding and head are not counted).
 pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
-    let c = &model.config;
-    let (q, kv, f) = (split.q_rows(c).len(), split.kv_rows(c).len(), split.ffn_rows.len());
-    let part = |t: &hearth_model::TensorRef, num: usize, den: usize| (t.size as u64) * num as u64 / den.max(1) as u64;
-    model
-        .weights
-        .layers
-        .iter()
-        .map(|l| {
-            part(&l.wq, q, l.wq.rows)
-                + part(&l.wk, kv, l.wk.rows)
-                + part(&l.wv, kv, l.wv.rows)
-                + part(&l.w_gate, f, l.w_gate.rows)
-                + part(&l.w_up, f, l.w_up.rows)
-                + match &split.gather_rows {
-                    Some(r) => part(&l.wo, r.len(), l.wo.rows) + part(&l.w_down, r.len(), l.w_down.rows),
-                    None => part(&l.wo, q, l.wo.cols) + part(&l.w_down, f, l.w_down.cols),
-                }
-        })
-        .sum()
+    // Each matrix's share of its bytes: the shape the node computes with (as stored, for
+    // a shard file whose matrices are already cut) over the stored shape.
+    let shapes = split.matrix_shapes(&model.config);
+    let share = |t: &hearth_model::TensorRef, (rows, cols): &(std::ops::Range<usize>, std::ops::Range<usize>)| {
+        let (r, c) = if model.shard.is_some() { (t.rows, t.cols) } else { (rows.len(), cols.len()) };
+        t.size as u64 * (r * c) as u64 / (t.rows * t.cols).max(1) as u64
+    };
+    model.weights.layers.iter().flat_map(|l| l.matrices().into_iter().zip(&shapes).map(|(t, s)| share(t, s))).sum()
 }
 
 /// Communication counters of a tensor-parallel group, shared with whoever reports them.

@@ -352,17 +352,17 @@ fn solve_fixed(model: &ModelCost, devices: &[DeviceSpec], k: usize, ring: &[usiz
 }
 
 /// The best `(k, windows, ms)` over every divisor `k` of `L` for the ring `ring`.
-fn best_for_ring(model: &ModelCost, devices: &[DeviceSpec], ring: &[usize]) -> Option<(usize, Vec<usize>, f64)> {
-    let mut best: Option<(usize, Vec<usize>, f64)> = None;
+fn best_for_ring(model: &ModelCost, devices: &[DeviceSpec], ring: &[usize]) -> Option<(usize, Vec<usize>, f64, Vec<DevicePrediction>)> {
+    let mut best: Option<(usize, Vec<usize>, f64, Vec<DevicePrediction>)> = None;
     for k in (1..=model.n_layer).filter(|&k| model.n_layer.is_multiple_of(k)) {
         // every device of the ring but device 0 needs a layer per round
         if model.n_layer / k + 1 < ring.len() {
             continue;
         }
         let Some(w) = solve_fixed(model, devices, k, ring) else { continue };
-        let Some((ms, _)) = predict(model, devices, k, &w) else { continue };
+        let Some((ms, per_device)) = predict(model, devices, k, &w) else { continue };
         if best.as_ref().is_none_or(|b| ms < b.2) {
-            best = Some((k, w, ms));
+            best = Some((k, w, ms, per_device));
         }
     }
     best
@@ -382,8 +382,13 @@ pub fn solve(model: &ModelCost, devices: &[DeviceSpec]) -> Result<Assignment, So
     let m = devices.len();
     // (ring, k, windows, ms) for every ring tried
     let mut tried: Vec<(Vec<usize>, usize, Vec<usize>, f64)> = Vec::new();
+    // the per-device predictions of the fastest ring so far (the first of equals)
+    let mut best_per_device: Option<(f64, Vec<DevicePrediction>)> = None;
     let mut try_ring = |ring: Vec<usize>| -> Option<f64> {
-        let (k, w, ms) = best_for_ring(model, devices, &ring)?;
+        let (k, w, ms, per_device) = best_for_ring(model, devices, &ring)?;
+        if best_per_device.as_ref().is_none_or(|b| ms < b.0) {
+            best_per_device = Some((ms, per_device));
+        }
         tried.push((ring, k, w, ms));
         Some(ms)
     };
@@ -412,11 +417,10 @@ pub fn solve(model: &ModelCost, devices: &[DeviceSpec]) -> Result<Assignment, So
             cost = c;
         }
     }
-    let Some(best) = tried.iter().min_by(|a, b| a.3.total_cmp(&b.3)).cloned() else {
+    let (Some(best), Some((_, per_device))) = (tried.iter().min_by(|a, b| a.3.total_cmp(&b.3)).cloned(), best_per_device) else {
         return Err(SolveError::Infeasible(infeasible_message(model, devices)));
     };
     let (ring, k, windows, ms) = best;
-    let (_, per_device) = predict(model, devices, k, &windows).expect("the solver's plan is feasible");
     let explanation = explain(model, devices, &tried, &ring, k, &windows, ms, &per_device);
     Ok(Assignment { k, windows, predicted_ms_per_token: ms, per_device, explanation })
 }

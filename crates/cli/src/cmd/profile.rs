@@ -99,10 +99,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     let key = fp.key();
     let cache_path = cache::path();
-    let cached = if a.refresh { None } else { cache_path.as_deref().and_then(|p| cache::load(p, &key)) };
+    let cached = cache_path.as_deref().filter(|_| !a.refresh).and_then(|path| Some((path, cache::load(path, &key)?)));
     let profile = match cached {
-        Some(mut p) => {
-            eprintln!("hearth profile: loaded from cache {} (--refresh measures again)", cache_path.as_ref().unwrap().display());
+        Some((path, mut p)) => {
+            eprintln!("hearth profile: loaded from cache {} (--refresh measures again)", path.display());
             // RAM availability changes from minute to minute: always current.
             p.ram_available_bytes = ram.available;
             p
