@@ -4,6 +4,7 @@
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{CacheType, KvCache};
 use crate::model::Model;
+use crate::ring::{RingLink, RingWindows};
 use crate::source::{LayerSource, SourceStats, Unit};
 use crate::split::{Collective, TensorSplit};
 use hearth_kernels::ops::{self, AttnScratch, AttnShape};
@@ -85,6 +86,20 @@ pub struct Context {
     profile: Option<Profile>,
     /// Tensor parallelism: this node's share and the group's allreduce (`set_tensor_split`).
     split: Option<SplitState>,
+    /// Pipelined ring: this device's windows and, on the head device, the link to the
+    /// others (`set_ring`).
+    ring: Option<RingState>,
+    /// The source unit of each layer (`usize::MAX`: a layer this device does not run),
+    /// and of the first output-head chunk: a ring device's source holds only its units.
+    layer_unit: Vec<usize>,
+    head_unit0: usize,
+}
+
+struct RingState {
+    windows: RingWindows,
+    link: Option<Box<dyn RingLink>>,
+    /// The pass [`Context::eval_round`] is in: first position, tokens, next round.
+    pass: (usize, usize, usize),
 }
 
 /// One block's matrices as this node computes them (shapes as in `blocks`).
@@ -235,6 +250,7 @@ impl Context {
             attn_acc: (0..n_threads).map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16))).collect(),
         };
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
+        let n_layer = c.n_layer;
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
         let profile = std::env::var_os("HEARTH_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Profile::default());
         Ok(Self {
@@ -249,6 +265,9 @@ impl Context {
             trace,
             profile,
             split: None,
+            ring: None,
+            layer_unit: (0..n_layer).collect(),
+            head_unit0: n_layer,
         })
     }
 
@@ -275,8 +294,8 @@ impl Context {
     /// `comm` (tensor parallelism; see [`TensorSplit`]). The KV cache is re-created for
     /// this node's KV heads only, so this must come before the first [`Self::eval`].
     pub fn set_tensor_split(&mut self, split: TensorSplit, comm: Box<dyn Collective>) -> Result<()> {
-        if self.n_past > 0 {
-            return Err(ModelError::Context("a tensor split must be set before the first evaluation".into()));
+        if self.n_past > 0 || self.ring.is_some() {
+            return Err(ModelError::Context("a tensor split must be set before the first evaluation, and not with a ring".into()));
         }
         if self.source.is_some() && self.model.shard.is_none() {
             return Err(ModelError::Context(
@@ -313,6 +332,44 @@ impl Context {
         }
         self.split = Some(SplitState { split, shard, comm });
         Ok(())
+    }
+
+    /// Run only `windows` of the layers (pipelined ring; see [`RingWindows`]). On the head
+    /// device `link` carries the activations around the rest of the ring after each of
+    /// its windows and [`Self::eval`] works as usual; on the other devices (`link` =
+    /// `None`, windows not the whole model) [`Self::eval_round`] runs one window. The KV
+    /// cache is re-created for these layers only, so this must come before the first
+    /// evaluation, and before [`Self::set_source`] (whose units are [`Self::units`]).
+    pub fn set_ring(&mut self, windows: RingWindows, link: Option<Box<dyn RingLink>>) -> Result<()> {
+        if self.n_past > 0 || self.split.is_some() || self.source.is_some() {
+            return Err(ModelError::Context("a ring must be set before the first evaluation, without a tensor split or a source".into()));
+        }
+        let c = &self.model.config;
+        let owned = windows.owned(c.n_layer)?;
+        let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
+        self.kv = KvCache::new(0, 0, 0, ty);
+        self.kv = KvCache::for_layers(&owned, n_ctx, c.kv_dim(), ty);
+        if let Some(l) = &link {
+            self.n_batch = self.n_batch.min(l.max_elements() / c.n_embd).max(1);
+        }
+        let mut next = 0;
+        for (il, &o) in owned.iter().enumerate() {
+            self.layer_unit[il] = if o { next } else { usize::MAX };
+            next += o as usize;
+        }
+        self.head_unit0 = next;
+        self.ring = Some(RingState { windows, link, pass: (0, 0, 0) });
+        Ok(())
+    }
+
+    /// File byte ranges of the units this context reads, in the order it reads them: its
+    /// blocks (all, or a ring device's own), then, with `head`, the output head in row
+    /// chunks (see [`crate::unit_ranges`]). What a sliding window over this context streams.
+    pub fn units(&self, head: bool) -> Result<Vec<std::ops::Range<usize>>> {
+        let c = &self.model.config;
+        let all = crate::source::unit_ranges(&self.model.weights)?;
+        let own = (0..c.n_layer).filter(|&il| self.layer_unit[il] != usize::MAX).map(|il| all[il].clone());
+        Ok(own.chain(if head { all[c.n_layer..].to_vec() } else { Vec::new() }).collect())
     }
 
     /// The source's I/O counters, when weights come through one.
@@ -419,10 +476,28 @@ impl Context {
         let n = tokens.len();
         let e = self.model.config.n_embd;
         self.embed(tokens)?;
-        if let Some(sp) = &mut self.split {
-            sp.comm.begin_pass(self.n_past, &self.s.x[..n * e], n).map_err(ModelError::Collective)?;
+        let pos0 = self.n_past;
+        let mut attention = std::time::Duration::ZERO;
+        if let Some(mut ring) = self.ring.take() {
+            // Each round: this device's window, then the rest of the ring.
+            let r = (|| {
+                for (round, win) in ring.windows.rounds.iter().enumerate() {
+                    attention += self.blocks(n, win.clone())?;
+                    if let Some(link) = ring.link.as_mut() {
+                        link.pass(pos0, round, &mut self.s.x[..n * e]).map_err(ModelError::Collective)?;
+                    }
+                }
+                Ok::<_, ModelError>(())
+            })();
+            self.ring = Some(ring);
+            r?;
+        } else {
+            if let Some(sp) = &mut self.split {
+                sp.comm.begin_pass(pos0, &self.s.x[..n * e], n).map_err(ModelError::Collective)?;
+            }
+            attention = self.blocks(n, 0..self.model.config.n_layer)?;
         }
-        let attention = self.blocks(n)?;
+        self.n_past = pos0 + n;
         self.head(n, out_row, all)?;
         if let Some(p) = &mut self.profile {
             p.passes += 1;
@@ -454,7 +529,45 @@ impl Context {
         }
         self.n_past = pos0;
         self.s.x[..n * e].copy_from_slice(x);
-        self.blocks(n)?;
+        self.blocks(n, 0..self.model.config.n_layer)?;
+        self.n_past = pos0 + n;
+        Ok(())
+    }
+
+    /// Pipelined ring, on a device other than the head: run `x: [n_tokens, n_embd]` (the
+    /// activations of tokens at positions `pos0..`) through this device's window of round
+    /// `round`, in place. Round 0 drops cached positions from `pos0` on first.
+    /// `n_tokens` must be at most [`Self::n_batch`].
+    pub fn eval_round(&mut self, pos0: usize, round: usize, x: &mut [f32]) -> Result<()> {
+        let e = self.model.config.n_embd;
+        let n = x.len() / e;
+        let Some(win) = self.ring.as_ref().and_then(|r| r.windows.rounds.get(round)).cloned() else {
+            return Err(ModelError::Input(format!("round {round} is not one of this device's rounds")));
+        };
+        if n == 0 || x.len() != n * e {
+            return Err(ModelError::Input(format!("activations of {} values are not whole rows of n_embd {e}", x.len())));
+        }
+        if n > self.n_batch {
+            return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
+        }
+        let pass = self.ring.as_ref().map_or((0, 0, 0), |r| r.pass);
+        if (round == 0 && pos0 > self.n_past) || (round > 0 && pass != (pos0, n, round)) {
+            return Err(ModelError::Context(format!(
+                "round {round} of a pass of {n} tokens at position {pos0}, but {} positions are cached and the pass under way is {pass:?}",
+                self.n_past
+            )));
+        }
+        if pos0 + n > self.n_ctx() {
+            return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
+        }
+        self.n_past = pos0;
+        self.s.x[..n * e].copy_from_slice(x);
+        self.blocks(n, win)?;
+        self.n_past = pos0 + n;
+        if let Some(r) = self.ring.as_mut() {
+            r.pass = (pos0, n, round + 1);
+        }
+        x.copy_from_slice(&self.s.x[..n * e]);
         Ok(())
     }
 
@@ -478,10 +591,10 @@ impl Context {
         Ok(())
     }
 
-    /// `x: [n, n_embd]` through every block at positions `n_past..`; returns the time
-    /// spent in attention. With a split, this node's rows and columns only, and the two
-    /// partial products of each block summed across nodes.
-    fn blocks(&mut self, n: usize) -> Result<std::time::Duration> {
+    /// `x: [n, n_embd]` through blocks `layers` at positions `n_past..` (which the caller
+    /// advances); returns the time spent in attention. With a split, this node's rows and
+    /// columns only, and the two partial products of each block summed across nodes.
+    fn blocks(&mut self, n: usize, layers: std::ops::Range<usize>) -> Result<std::time::Duration> {
         let mut attention = std::time::Duration::ZERO;
         let model = Arc::clone(&self.model);
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
@@ -509,9 +622,9 @@ impl Context {
 
         let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };
         let mapped = Unit { bytes: file.as_bytes(), base: 0 };
-        for (il, l) in w.layers.iter().enumerate() {
+        for (il, l) in w.layers.iter().enumerate().take(layers.end).skip(layers.start) {
             let unit = match self.source.as_mut() {
-                Some(src) => src.acquire(il)?,
+                Some(src) => src.acquire(self.layer_unit[il])?,
                 None => mapped,
             };
             let own = shard.get(il);
@@ -618,10 +731,9 @@ impl Context {
             trace(tr, "ffn_out", il, &s.xb[..n * e]);
             trace(tr, "l_out", il, &s.x[..n * e]);
             if let Some(src) = self.source.as_mut() {
-                src.release(il);
+                src.release(self.layer_unit[il]);
             }
         }
-        self.n_past += n;
         Ok(attention)
     }
 
@@ -644,7 +756,7 @@ impl Context {
         let v = c.n_vocab;
         for (k, rows) in self.head_chunks.iter().enumerate() {
             let unit = match self.source.as_mut() {
-                Some(src) => src.acquire(c.n_layer + k)?,
+                Some(src) => src.acquire(self.head_unit0 + k)?,
                 None => mapped,
             };
             if let Some(row) = out_row {
@@ -678,7 +790,7 @@ impl Context {
                 }
             }
             if let Some(src) = self.source.as_mut() {
-                src.release(c.n_layer + k);
+                src.release(self.head_unit0 + k);
             }
         }
         Ok(())

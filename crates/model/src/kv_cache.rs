@@ -150,6 +150,8 @@ impl Rows {
 pub struct KvCache {
     k: Vec<Rows>,
     v: Vec<Rows>,
+    /// Layers with storage.
+    n_layer: usize,
     n_ctx: usize,
     kv_dim: usize,
     ty: CacheType,
@@ -159,9 +161,15 @@ impl KvCache {
     /// Allocate a zeroed cache of `ty` for `n_ctx` positions. For Q8_0, `kv_dim` must be
     /// whole blocks of 32 (callers check the head width with [`CacheType::check`]).
     pub fn new(n_layer: usize, n_ctx: usize, kv_dim: usize, ty: CacheType) -> Self {
+        Self::for_layers(&vec![true; n_layer], n_ctx, kv_dim, ty)
+    }
+
+    /// A cache holding only the layers `il` with `owned[il]` (a pipelined-ring device
+    /// computes only its windows); the others are empty and must not be used.
+    pub fn for_layers(owned: &[bool], n_ctx: usize, kv_dim: usize, ty: CacheType) -> Self {
         assert!(ty != CacheType::Q8_0 || kv_dim.is_multiple_of(32), "q8_0 cache rows must be whole blocks of 32");
-        let alloc = || (0..n_layer).map(|_| Rows::new(ty, n_ctx, kv_dim)).collect();
-        Self { k: alloc(), v: alloc(), n_ctx, kv_dim, ty }
+        let alloc = || owned.iter().map(|&o| Rows::new(ty, if o { n_ctx } else { 0 }, kv_dim)).collect();
+        Self { k: alloc(), v: alloc(), n_layer: owned.iter().filter(|&&o| o).count(), n_ctx, kv_dim, ty }
     }
 
     /// Positions the cache can hold.
@@ -176,7 +184,7 @@ impl KvCache {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        Self::bytes_for(self.k.len(), self.n_ctx, self.kv_dim, self.ty)
+        Self::bytes_for(self.n_layer, self.n_ctx, self.kv_dim, self.ty)
     }
 
     /// Bytes a cache of this shape takes: `2 · n_layer · n_ctx · ty.row_bytes(kv_dim)`
@@ -215,7 +223,7 @@ mod tests {
         assert_eq!(KvCache::bytes_for(30, 512, 192, CacheType::F32), 23_592_960);
         assert_eq!(KvCache::bytes_for(30, 512, 192, CacheType::Q8_0), 2 * 30 * 512 * 6 * 34);
         assert_eq!(KvCache::bytes_for(30, 512, 192, CacheType::Q8_0), 6_266_880); // 5.98 MiB
-        // Llama 2 7B at 4096: 2 GiB (f16), 4 GiB (f32), 1.0625 GiB (q8_0), as llama.cpp prints.
+                                                                                  // Llama 2 7B at 4096: 2 GiB (f16), 4 GiB (f32), 1.0625 GiB (q8_0), as llama.cpp prints.
         assert_eq!(KvCache::bytes_for(32, 4096, 4096, CacheType::F16), 2 << 30);
         assert_eq!(KvCache::bytes_for(32, 4096, 4096, CacheType::F32), 4 << 30);
         assert_eq!(KvCache::bytes_for(32, 4096, 4096, CacheType::Q8_0), (2 << 30) / 32 * 17);
