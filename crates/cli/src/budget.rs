@@ -48,13 +48,31 @@ impl BudgetArgs {
     /// say the mapped model fits). `logits_all`: the run wants every position's logits
     /// (perplexity). Prints the decision to stderr; returns the window plan.
     pub fn apply(&self, model: &Model, ctx: &mut Context, logits_all: bool) -> Result<Option<WindowPlan>> {
+        self.apply_units(model, ctx, logits_all, true)
+    }
+
+    /// [`Self::apply`] for a pipelined-ring device: only its own layers (and, on the head
+    /// device, `head`, the output head) count and stream. When they do not all fit, no unit
+    /// is pinned: every slot streams, so the next window is prefetched while the token is
+    /// on the other devices.
+    pub fn apply_ring(&self, model: &Model, ctx: &mut Context, head: bool) -> Result<Option<WindowPlan>> {
+        self.apply_units(model, ctx, false, head)
+    }
+
+    fn apply_units(&self, model: &Model, ctx: &mut Context, logits_all: bool, head: bool) -> Result<Option<WindowPlan>> {
         let Some(budget) = self.mem_budget else { return Ok(None) };
         let summary = ModelSummary::from_gguf(&model.file)?;
         let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
-        let p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
-        let units = hearth_model::unit_ranges(&model.weights)?;
+        let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
+        let ring = ctx.ring_windows().is_some();
+        let units = ctx.units(head)?;
         let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
-        let w = plan_window(&p, &sizes, budget, 0.0).map_err(|min| {
+        if ring {
+            // Only this device's layers and their KV cache.
+            p.kv_cache_bytes = ctx.kv_bytes() as u64;
+            p.peak_rss_bytes = units.iter().map(|r| r.len() as u64).sum::<u64>() + p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
+        }
+        let mut w = plan_window(&p, &sizes, budget, 0.0).map_err(|min| {
             let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
             anyhow::anyhow!(
                 "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {} + a margin of {} \
@@ -76,10 +94,14 @@ impl BudgetArgs {
             WindowIo::Direct => ReadMode::Direct,
             WindowIo::Buffered => ReadMode::Buffered,
         };
+        if ring && w.slots < w.n_units {
+            w.pinned = 0;
+            w.read_bytes_per_token = sizes.iter().sum();
+        }
         // Drop the mapping's pages (header, norms) before the window's slots fill up, so the
         // two never count together in the peak.
         model.file.release_pages();
-        let window = Window::open(model.file.path(), units, w.slots, mode)?;
+        let window = Window::open_with(model.file.path(), units, w.slots, w.pinned, mode)?;
         eprintln!(
             "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
              + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",

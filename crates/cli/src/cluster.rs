@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context as _, Result};
 use hearth_model::{Context, Model};
-use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, GroupHandle, NodeStats, WireType};
+use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, GroupHandle, Layout, NodeStats, WireType};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -43,6 +43,26 @@ pub struct ClusterArgs {
     /// the node; a batch of N tokens gets (1 + N/64) times as long [default: 5]
     #[arg(long, value_parser = parse_secs)]
     pub step_timeout: Option<f64>,
+    /// How the model is split: tensor (every device computes a share of every block,
+    /// two allreduces per block) or ring (pipelined ring, prima.cpp-style: each device
+    /// runs whole layers, a window per round, and passes the activations on; windows from
+    /// the layer solver over the devices' profiles, or --layer-window) [default: tensor]
+    #[arg(long, value_enum)]
+    pub parallel: Option<ParallelMode>,
+    /// Ring: layers per round for each device, this machine first (it may be 0), e.g.
+    /// 2,6,7; the model's layer count must be a multiple of the sum (k = layers / sum
+    /// rounds). A worker given 0 leaves the ring [default: the solver's choice]
+    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',')]
+    pub layer_window: Vec<usize>,
+}
+
+/// `--parallel` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParallelMode {
+    /// Tensor parallelism (star allreduce)
+    Tensor,
+    /// Pipelined ring with per-device layer windows
+    Ring,
 }
 
 /// `--tp-schedule` values.
@@ -91,21 +111,45 @@ pub struct ClusterRun {
     pub n_nodes: usize,
     /// Wire type.
     pub wire: WireType,
-    /// Worker addresses (nodes 1..).
+    /// Worker addresses (nodes 1..; for a ring, the workers in the ring, in ring order).
     pub workers: Vec<String>,
     /// This node's counters and the workers' reports.
-    pub handle: GroupHandle,
+    pub handle: Handle,
+}
+
+/// The running group, by kind.
+pub enum Handle {
+    /// Tensor parallelism.
+    Tensor(GroupHandle),
+    /// A pipelined ring.
+    Ring(crate::ring::RingRun),
 }
 
 impl ClusterRun {
-    /// A snapshot of this node's counters.
+    /// A snapshot of this node's counters (a ring's: seconds the token spent on the
+    /// other devices, hops as passes).
     pub fn snapshot(&self) -> CommCounters {
-        self.handle.counters()
+        match &self.handle {
+            Handle::Tensor(h) => h.counters(),
+            Handle::Ring(r) => r.comm_counters(),
+        }
     }
 
     /// This node's counters and every worker's (between forward passes only).
     pub fn all_stats(&self) -> Option<(CommCounters, Vec<NodeStats>)> {
-        Some((self.snapshot(), self.handle.worker_stats().ok()?))
+        let workers = match &self.handle {
+            Handle::Tensor(h) => h.worker_stats().ok()?,
+            Handle::Ring(r) => r.handle.worker_stats().ok()?,
+        };
+        Some((self.snapshot(), workers))
+    }
+
+    /// The ring, when this run is one.
+    pub fn ring(&self) -> Option<&crate::ring::RingRun> {
+        match &self.handle {
+            Handle::Ring(r) => Some(r),
+            Handle::Tensor(_) => None,
+        }
     }
 }
 
@@ -207,11 +251,35 @@ impl ClusterArgs {
             ("--tp-schedule", self.tp_schedule.is_some()),
             ("--step-timeout", self.step_timeout.is_some()),
             ("--cluster-key-file", self.cluster_key_file.is_some()),
+            ("--parallel", self.parallel.is_some()),
+            ("--layer-window", !self.layer_window.is_empty()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
-            bail!("{flag} only applies to a tensor-parallel run: add --workers HOST:PORT,... or --cluster FILE");
+            bail!("{flag} only applies to a run across devices: add --workers HOST:PORT,... or --cluster FILE");
         }
         Ok(())
+    }
+
+    /// Tensor parallelism or the ring, with the flags that only fit one of them refused.
+    fn layout(&self, n_workers: usize) -> Result<Layout> {
+        if self.parallel != Some(ParallelMode::Ring) {
+            if !self.layer_window.is_empty() {
+                bail!("--layer-window applies to a pipelined ring: add --parallel ring");
+            }
+            return Ok(Layout::Tensor);
+        }
+        let tp_only = [
+            ("--node-weights", !self.node_weights.is_empty()),
+            ("--tp-schedule", self.tp_schedule.is_some()),
+            ("--wire-type q8_0", self.wire_type == Some(WireType::Q8_0)),
+        ];
+        if let Some((flag, _)) = tp_only.iter().find(|(_, g)| *g) {
+            bail!("{flag} applies to tensor parallelism; a ring passes whole activations in f32 (use --layer-window to weight devices)");
+        }
+        if !self.layer_window.is_empty() && self.layer_window.len() != n_workers + 1 {
+            bail!("--layer-window has {} values for {} devices (this machine first, then each worker)", self.layer_window.len(), n_workers + 1);
+        }
+        Ok(Layout::Ring { windows: (!self.layer_window.is_empty()).then(|| self.layer_window.clone()) })
     }
 
     /// The workers, weights and wire type from the flags or the cluster file.
@@ -267,6 +335,7 @@ impl ClusterArgs {
             eprintln!("note: --tp-schedule gather with the q8_0 wire is not exact (its gathers are quantized); use --wire-type f32 for results identical to one machine");
         }
         Ok(ClusterOptions {
+            layout: self.layout(workers.len())?,
             workers,
             weights,
             wire,
@@ -287,8 +356,13 @@ impl ClusterArgs {
     }
 }
 
-/// Connect to `opts.workers` and make `ctx` compute node 0's share. Prints the split.
+/// Connect to `opts.workers` and make `ctx` compute node 0's share (or its ring
+/// windows). Prints the split.
 pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<ClusterRun> {
+    if let Layout::Ring { windows } = &opts.layout {
+        let _ = windows;
+        return crate::ring::apply(model, ctx, opts, None);
+    }
     {
         let path = model.file.path();
         let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
@@ -329,12 +403,12 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
         let handle = group.collective.handle();
         let workers = group.workers.iter().map(|w| w.0.clone()).collect();
         ctx.set_tensor_split(group.split, Box::new(group.collective))?;
-        Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, workers, handle })
+        Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, workers, handle: Handle::Tensor(handle) })
     }
 }
 
 /// A failure to form the group, with the worker's address and what to check.
-fn explain(e: hearth_parallel::ClusterError, opts: &ClusterOptions) -> anyhow::Error {
+pub fn explain(e: hearth_parallel::ClusterError, opts: &ClusterOptions) -> anyhow::Error {
     use hearth_parallel::{ClusterError as C, CommError, HandshakeError as H};
     let addr = e.failed_node().filter(|&n| n >= 1).and_then(|n| opts.workers.get(n - 1));
     let hint = match &e {
@@ -361,13 +435,17 @@ pub fn failed_worker(e: &hearth_model::ModelError) -> Option<usize> {
     }
 }
 
-/// `opts` without worker node `node` (≥ 1) and its weight.
+/// `opts` without worker node `node` (≥ 1) and its weight (a ring's explicit windows
+/// no longer apply: the solver re-plans over the rest).
 pub fn without_node(opts: &ClusterOptions, node: usize) -> ClusterOptions {
     let mut o = opts.clone();
     if node >= 1 && node <= o.workers.len() {
         o.workers.remove(node - 1);
         if !o.weights.is_empty() {
             o.weights.remove(node);
+        }
+        if let Layout::Ring { windows } = &mut o.layout {
+            *windows = None;
         }
     }
     o

@@ -116,18 +116,26 @@ impl ModelArgs {
         logits_all: bool,
         cluster: Option<&hearth_parallel::ClusterOptions>,
     ) -> Result<Prepared> {
-        if cluster.is_some() && self.budget.mem_budget.is_some() {
-            bail!("--mem-budget on the coordinator together with --workers is not supported yet (workers split the weights instead)");
+        let ring = cluster.is_some_and(|c| matches!(c.layout, hearth_parallel::Layout::Ring { .. }));
+        if cluster.is_some() && !ring && self.budget.mem_budget.is_some() {
+            bail!("--mem-budget on the coordinator with tensor parallelism is not supported yet (workers split the weights instead; a --parallel ring takes it)");
         }
         let n_ctx = self.ctx_size(model, default_ctx)?;
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?;
         if self.pin {
             ctx.pin_threads()?;
         }
-        let window = self.budget.apply(model, &mut ctx, logits_all)?;
-        let cluster = match cluster {
-            Some(o) if !o.workers.is_empty() => Some(crate::cluster::apply_options(model, &mut ctx, o)?),
-            _ => None,
+        let (window, cluster) = match cluster {
+            // A ring device streams only its own windows: the ring first, then the budget.
+            Some(o) if ring => {
+                let run = crate::ring::apply(model, &mut ctx, o, self.budget.mem_budget)?;
+                (self.budget.apply_ring(model, &mut ctx, true)?, Some(run))
+            }
+            Some(o) if !o.workers.is_empty() => {
+                let w = self.budget.apply(model, &mut ctx, logits_all)?;
+                (w, Some(crate::cluster::apply_options(model, &mut ctx, o)?))
+            }
+            _ => (self.budget.apply(model, &mut ctx, logits_all)?, None),
         };
         Ok(Prepared { ctx, window, cluster })
     }

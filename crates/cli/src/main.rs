@@ -7,6 +7,7 @@ mod budget;
 mod cluster;
 mod cmd;
 mod common;
+mod ring;
 
 use clap::{Parser, Subcommand};
 

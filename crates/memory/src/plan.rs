@@ -193,7 +193,7 @@ impl ModelSummary {
     }
 
     /// The tensor called `name`.
-    fn tensor(&self, name: &str) -> Option<&TensorSummary> {
+    pub fn tensor(&self, name: &str) -> Option<&TensorSummary> {
         self.tensors.iter().find(|t| t.name == name)
     }
 

@@ -176,10 +176,20 @@ impl Window {
     /// through `slots` buffers ([`pinned_units`] of them kept). Fails when the file cannot
     /// be opened or the slots cannot be allocated.
     pub fn open(path: &Path, units: Vec<Range<usize>>, slots: usize, mode: ReadMode) -> Result<Self, ModelError> {
+        let pinned = pinned_units(units.len(), slots);
+        Self::open_with(path, units, slots, pinned, mode)
+    }
+
+    /// [`Self::open`] keeping the first `pinned` units instead of [`pinned_units`]'s
+    /// choice. A pipelined-ring device short of memory pins none: all its slots form the
+    /// streaming ring, so while the token is on the other devices the loader fills every
+    /// slot its last window freed with the next window's layers (prima.cpp's prefetch).
+    pub fn open_with(path: &Path, units: Vec<Range<usize>>, slots: usize, pinned: usize, mode: ReadMode) -> Result<Self, ModelError> {
         let err = |what: String| ModelError::Weights(format!("{}: {what}", path.display()));
         if units.is_empty() || slots == 0 {
             return Err(err("a window needs at least one unit and one slot".into()));
         }
+        let pinned = if slots >= units.len() { units.len() } else { pinned.min(slots - 1) };
         let file = File::open(path).map_err(|e| err(e.to_string()))?;
         {
             use std::os::fd::AsRawFd;
@@ -188,7 +198,6 @@ impl Window {
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         }
         let spans: Vec<Span> = units.iter().map(Span::new).collect();
-        let pinned = pinned_units(units.len(), slots);
         let n_slots = slots.min(units.len());
         let size = slot_bytes(&units);
         let slots = (0..n_slots).map(|_| SlotBuf::new(size)).collect::<Result<Vec<_>, _>>().map_err(err)?;

@@ -372,6 +372,11 @@ impl Context {
         Ok(own.chain(if head { all[c.n_layer..].to_vec() } else { Vec::new() }).collect())
     }
 
+    /// This device's ring windows, when it runs a pipelined ring ([`Self::set_ring`]).
+    pub fn ring_windows(&self) -> Option<&RingWindows> {
+        self.ring.as_ref().map(|r| &r.windows)
+    }
+
     /// The source's I/O counters, when weights come through one.
     pub fn source_stats(&self) -> Option<SourceStats> {
         self.source.as_ref().map(|s| s.stats())

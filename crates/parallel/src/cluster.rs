@@ -91,7 +91,7 @@ pub fn tensor_split(shard: &NodeShard) -> TensorSplit {
     TensorSplit { kv_heads: shard.kv_heads.clone(), ffn_rows: shard.ffn_rows.clone(), gather_rows: None }
 }
 
-fn cache_byte(t: CacheType) -> u8 {
+pub(crate) fn cache_byte(t: CacheType) -> u8 {
     match t {
         CacheType::F32 => 0,
         CacheType::F16 => 1,
@@ -99,7 +99,7 @@ fn cache_byte(t: CacheType) -> u8 {
     }
 }
 
-fn cache_type(b: u8) -> CacheType {
+pub(crate) fn cache_type(b: u8) -> CacheType {
     match b {
         0 => CacheType::F32,
         1 => CacheType::F16,
@@ -272,9 +272,25 @@ impl Collective for StarCollective {
     }
 }
 
+/// How the model is split across the devices.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Layout {
+    /// Tensor parallelism: every node computes a share of every block.
+    #[default]
+    Tensor,
+    /// Pipelined ring: every device runs whole layers, `windows[i]` per round for device
+    /// `i` (this coordinator first), or the solver's choice when `None`.
+    Ring {
+        /// Layers per round per device.
+        windows: Option<Vec<usize>>,
+    },
+}
+
 /// How the coordinator forms the group.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
+    /// Tensor parallelism or a pipelined ring.
+    pub layout: Layout,
     /// Worker addresses (`HOST:PORT`); they become nodes `1..=workers.len()`.
     pub workers: Vec<String>,
     /// Per-node shares, node 0 (this coordinator) first; empty: equal.
@@ -352,13 +368,7 @@ pub fn connect(
     let mut workers = Vec::with_capacity(n - 1);
     for (i, addr) in opts.workers.iter().enumerate() {
         let node = i + 1;
-        let cerr = |source| ClusterError::Connect { node, addr: addr.clone(), source };
-        let sa = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
-            .map_err(cerr)?
-            .next()
-            .ok_or_else(|| cerr(std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))?;
-        let stream = TcpStream::connect_timeout(&sa, opts.timeout).map_err(cerr)?;
-        let mut peer = Peer::new(stream, node, opts.timeout).map_err(cerr)?;
+        let mut peer = dial(addr, node, opts.timeout)?;
         let shard = plan.node(node).expect("node in plan").clone();
         let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
         coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
@@ -383,6 +393,17 @@ pub fn connect(
     let mut split = tensor_split(plan.node(0).expect("node 0"));
     split.gather_rows = gather[0].clone();
     Ok(Group { plan, split, collective: StarCollective::new(Arc::new(Mutex::new(star))), workers })
+}
+
+/// Connect to `addr` (node `node`) within `timeout`.
+pub(crate) fn dial(addr: &str, node: usize, timeout: Duration) -> Result<Peer, ClusterError> {
+    let cerr = |source| ClusterError::Connect { node, addr: addr.to_string(), source };
+    let sa = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(cerr)?
+        .next()
+        .ok_or_else(|| cerr(std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))?;
+    let stream = TcpStream::connect_timeout(&sa, timeout).map_err(cerr)?;
+    Peer::new(stream, node, timeout).map_err(cerr)
 }
 
 /// How a worker session ended.
@@ -427,13 +448,18 @@ impl WorkerModel {
     }
 }
 
-/// Builds a worker's context for a session: `(model, n_ctx, n_batch, KV cache type)`.
-pub type MakeContext<'a> = &'a dyn Fn(Arc<Model>, usize, usize, CacheType) -> Result<Context, hearth_model::ModelError>;
+/// Builds a worker's context for a session: `(model, n_ctx, n_batch, KV cache type, ring
+/// windows)`; with windows (a ring session) the context must run only those
+/// ([`Context::set_ring`]).
+pub type MakeContext<'a> =
+    &'a dyn Fn(Arc<Model>, usize, usize, CacheType, Option<hearth_model::RingWindows>) -> Result<Context, hearth_model::ModelError>;
 
 /// Serve one coordinator on `stream` until it leaves: handshake (against the model's
 /// SHA-256 and `key`), find this session's weights (the model, a cached shard file, or
 /// one received now), build the context with `make_ctx`, then run every
-/// [`Message::Step`] through this node's share. `admitted` is told the shard once the
+/// [`Message::Step`] through this node's share — or, when the coordinator opens a
+/// pipelined-ring session instead, serve that ([`crate::ring::serve_ring`]); `profile`
+/// answers its [`Message::ProfileRequest`]. `admitted` is told the shard once the
 /// coordinator has passed the handshake (before this session allocates anything).
 /// Errors are reported to the coordinator before returning.
 pub fn serve_session(
@@ -441,6 +467,7 @@ pub fn serve_session(
     worker: &WorkerModel,
     key: Option<&ClusterKey>,
     timeout: Duration,
+    profile: &dyn Fn() -> crate::ring::WorkerProfile,
     make_ctx: MakeContext<'_>,
     admitted: impl FnOnce(&NodeShard),
 ) -> Result<SessionEnd, ClusterError> {
@@ -461,12 +488,24 @@ pub fn serve_session(
         }
     }
     admitted(&shard);
-    let session = match peer.recv()?.0 {
-        Message::Session(s) => s,
-        other => {
-            let why = format!("expected Session, got {}", other.name());
-            peer.report(Some(me), &why);
-            return Err(ClusterError::Plan(why));
+    let session = loop {
+        match peer.recv_within(SETUP_TIMEOUT)?.0 {
+            Message::Session(s) => break s,
+            Message::ProfileRequest => {
+                let json = serde_json::to_vec(&profile()).map_err(|e| ClusterError::Plan(format!("encoding the profile: {e}")))?;
+                peer.send(&Message::Profile(json))?;
+            }
+            Message::RingSession(s) => {
+                let peer = peer.with_max_frame(crate::wire::DEFAULT_MAX_FRAME);
+                return crate::ring::serve_ring(peer, me, worker, s, make_ctx, timeout);
+            }
+            // The coordinator left this worker out (e.g. the ring solver gave it no layers).
+            Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0 }),
+            other => {
+                let why = format!("expected Session, got {}", other.name());
+                peer.report(Some(me), &why);
+                return Err(ClusterError::Plan(why));
+            }
         }
     };
     // The coordinator has passed the handshake: full-size frames (shard data, partials).
@@ -488,7 +527,7 @@ pub fn serve_session(
             ))
         })?;
         let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
-        make_ctx(model.clone(), n_ctx, n_batch, cache_type(session.cache_type))
+        make_ctx(model.clone(), n_ctx, n_batch, cache_type(session.cache_type), None)
     })();
     let mut ctx = match opened {
         Ok(c) => c,

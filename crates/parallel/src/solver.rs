@@ -115,6 +115,8 @@ pub struct ModelCost {
     pub extra_bytes: u64,
     /// GGML type name of the layer weights (`q4_0`, …), to look up the matmul rate.
     pub weight_type: String,
+    /// Bytes of the output head streamed per token (on device 0, at its matmul rate).
+    pub head_bytes: u64,
 }
 
 impl ModelCost {
@@ -189,6 +191,15 @@ fn layer_ms(model: &ModelCost, dev: &DeviceProfile) -> Option<f64> {
     let bytes_ms = model.layer_bytes as f64 / (gbps * 1e6);
     let flops_ms = if gflops > 0.0 { model.layer_flops / (gflops * 1e6) } else { 0.0 };
     Some(bytes_ms.max(flops_ms))
+}
+
+/// The output head on `dev` (device 0), ms per token.
+fn head_ms(model: &ModelCost, dev: &DeviceProfile) -> Option<f64> {
+    let gbps = match dev.rate(&model.weight_type) {
+        Some(r) if r.decode_gbps > 0.0 => r.decode_gbps,
+        _ => dev.mem_read_gbps,
+    };
+    (gbps > 0.0).then(|| model.head_bytes as f64 / (gbps * 1e6))
 }
 
 /// One hop from a device over `link`, ms (infinite when the link has no bandwidth).
@@ -268,7 +279,9 @@ pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[u
             (None, Some(b)) => (b.0, b.1, true),
             (None, None) => return None,
         };
-        let compute_ms = k as f64 * round_ms[i];
+        // Device 0 also computes the output head once per token.
+        let head_ms = if i == 0 { head_ms(model, &d.profile)? } else { 0.0 };
+        let compute_ms = k as f64 * round_ms[i] + head_ms;
         let network_ms = if ring_size > 1 { k as f64 * hop_ms(model, &d.link) } else { 0.0 };
         if !network_ms.is_finite() {
             return None;
@@ -544,6 +557,7 @@ mod tests {
             act_bytes: 4096 * 4,
             extra_bytes: 500 * MB,
             weight_type: "q4_0".into(),
+            head_bytes: 0,
         }
     }
 

@@ -28,7 +28,15 @@
 //! | 13 | [`Message::ShardData`] | bytes of the shard file (the rest of the frame) |
 //! | 14 | [`Message::ShardEnd`] | u64 total bytes, 32-byte SHA-256 of the shard file |
 //! | 15 | [`Message::StatsRequest`] | empty |
-//! | 16 | [`Message::Stats`] | u64 passes, f64 busy seconds, f64 seconds in allreduces, u64 bytes sent, u64 bytes received |
+//! | 16 | [`Message::Stats`] | u64 passes, f64 busy seconds, f64 seconds in allreduces, u64 bytes sent, u64 bytes received, f64 seconds waiting for disk |
+//! | 17 | [`Message::ProfileRequest`] | empty |
+//! | 18 | [`Message::Profile`] | UTF-8 JSON of the worker's profile and budget (the rest of the frame) |
+//! | 19 | [`Message::RingSession`] | u64 n_ctx, u64 n_batch, u8 KV cache type, u8 listen, 32-byte link token, u64 rounds, u64 × 2 per round (first, end layer) |
+//! | 20 | [`Message::RingReady`] | u64 KV-cache bytes, u64 weight bytes, u16 link port (0: none) |
+//! | 21 | [`Message::Link`] | 32-byte link token, UTF-8 address of the next device (empty: back to the coordinator) |
+//! | 22 | [`Message::LinkHello`] | 32-byte link token, u64 node of the sender |
+//! | 23 | [`Message::Linked`] | empty |
+//! | 24 | [`Message::Hop`] | u64 first position, u32 round, u64 element count, f32 × count (`[n_tokens, n_embd]` activations) |
 //!
 //! Decoding never panics: a wrong length, an unknown type or a truncated payload is a
 //! [`WireError`], and the connection it came on should be closed.
@@ -39,7 +47,7 @@ use std::io::{self, Read, Write};
 use thiserror::Error;
 
 /// Version of this protocol; a peer with another version is refused at handshake.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes before the payload: u32 length + u8 type.
 pub const HEADER_BYTES: usize = 5;
@@ -402,6 +410,65 @@ pub enum Message {
     StatsRequest,
     /// Worker → coordinator: its counters since the session opened.
     Stats(NodeStats),
+    /// Coordinator → worker after the handshake: report your device profile.
+    ProfileRequest,
+    /// Worker → coordinator: its profile and memory budget, JSON
+    /// (`hearth_parallel::ring::WorkerProfile`).
+    Profile(Vec<u8>),
+    /// Coordinator → worker after the handshake: a pipelined-ring session.
+    RingSession(RingSession),
+    /// Worker → coordinator: the ring session's buffers are allocated.
+    RingReady {
+        /// Bytes of the worker's KV cache (its layers only).
+        kv_bytes: u64,
+        /// Weight bytes of its layers.
+        weight_bytes: u64,
+        /// Port on which it waits for its predecessor's link (0: its predecessor is the
+        /// coordinator).
+        link_port: u16,
+    },
+    /// Coordinator → worker: where to send activations after each of its windows.
+    Link {
+        /// The session's link token (the next device checks it).
+        token: [u8; 32],
+        /// `HOST:PORT` of the next device, `None`: back to the coordinator.
+        next: Option<String>,
+    },
+    /// Worker → next worker, first message of a link.
+    LinkHello {
+        /// The session's link token.
+        token: [u8; 32],
+        /// The sender's node index.
+        node: u64,
+    },
+    /// Worker → coordinator: its links are up.
+    Linked,
+    /// Activations travelling the ring.
+    Hop {
+        /// Position of the first token.
+        pos0: u64,
+        /// Round of the pass the activations are in (the window they go through next).
+        round: u32,
+        /// Activations `[n_tokens, n_embd]`, row-major.
+        x: Vec<f32>,
+    },
+}
+
+/// A pipelined-ring session, sent once after the handshake instead of [`Session`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingSession {
+    /// Context size (KV cache positions).
+    pub n_ctx: u64,
+    /// Most tokens per forward pass.
+    pub n_batch: u64,
+    /// KV cache type: 0 f32, 1 f16, 2 q8_0.
+    pub cache_type: u8,
+    /// Whether the worker's predecessor is another worker (which will connect to it).
+    pub listen: bool,
+    /// A secret random token for this session's links.
+    pub token: [u8; 32],
+    /// The worker's window in each round: layers `start..end`.
+    pub rounds: Vec<std::ops::Range<u64>>,
 }
 
 /// A worker's counters since its session opened.
@@ -417,6 +484,9 @@ pub struct NodeStats {
     pub bytes_sent: u64,
     /// Bytes it received.
     pub bytes_received: u64,
+    /// Of `busy_secs`, seconds waiting for weights to come from disk (a memory budget's
+    /// sliding window).
+    pub io_wait_secs: f64,
 }
 
 impl NodeStats {
@@ -428,6 +498,7 @@ impl NodeStats {
             comm_secs: self.comm_secs - earlier.comm_secs,
             bytes_sent: self.bytes_sent - earlier.bytes_sent,
             bytes_received: self.bytes_received - earlier.bytes_received,
+            io_wait_secs: self.io_wait_secs - earlier.io_wait_secs,
         }
     }
 }
@@ -463,6 +534,14 @@ const T_SHARD_DATA: u8 = 13;
 const T_SHARD_END: u8 = 14;
 const T_STATS_REQUEST: u8 = 15;
 const T_STATS: u8 = 16;
+const T_PROFILE_REQUEST: u8 = 17;
+const T_PROFILE: u8 = 18;
+const T_RING_SESSION: u8 = 19;
+const T_RING_READY: u8 = 20;
+const T_LINK: u8 = 21;
+const T_LINK_HELLO: u8 = 22;
+const T_LINKED: u8 = 23;
+const T_HOP: u8 = 24;
 
 /// Reads fields from a payload, each read checked.
 struct Fields<'a> {
@@ -497,6 +576,16 @@ impl<'a> Fields<'a> {
         let v = self.u64()?;
         usize::try_from(v).map_err(|_| WireError::Invalid { what, why: format!("{v} does not fit this machine") })
     }
+    /// A u64 count, then that many f32s.
+    fn f32s(&mut self) -> Result<Vec<f32>, WireError> {
+        let n = self.u64()?;
+        let n_us = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= usize::MAX / 4)
+            .ok_or_else(|| WireError::Invalid { what: self.what, why: format!("element count {n}") })?;
+        let data = self.bytes(4 * n_us)?;
+        Ok(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
     fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.buf)
     }
@@ -511,6 +600,15 @@ impl<'a> Fields<'a> {
 
 fn put_u64(out: &mut Vec<u8>, v: usize) {
     out.extend_from_slice(&(v as u64).to_le_bytes());
+}
+
+/// u64 count, then the values.
+fn put_f32s(out: &mut Vec<u8>, x: &[f32]) {
+    put_u64(out, x.len());
+    out.reserve(4 * x.len());
+    for v in x {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
 }
 
 impl Message {
@@ -533,6 +631,14 @@ impl Message {
             Message::ShardEnd { .. } => T_SHARD_END,
             Message::StatsRequest => T_STATS_REQUEST,
             Message::Stats(_) => T_STATS,
+            Message::ProfileRequest => T_PROFILE_REQUEST,
+            Message::Profile(_) => T_PROFILE,
+            Message::RingSession(_) => T_RING_SESSION,
+            Message::RingReady { .. } => T_RING_READY,
+            Message::Link { .. } => T_LINK,
+            Message::LinkHello { .. } => T_LINK_HELLO,
+            Message::Linked => T_LINKED,
+            Message::Hop { .. } => T_HOP,
         }
     }
 
@@ -555,6 +661,14 @@ impl Message {
             Message::ShardEnd { .. } => "ShardEnd",
             Message::StatsRequest => "StatsRequest",
             Message::Stats(_) => "Stats",
+            Message::ProfileRequest => "ProfileRequest",
+            Message::Profile(_) => "Profile",
+            Message::RingSession(_) => "RingSession",
+            Message::RingReady { .. } => "RingReady",
+            Message::Link { .. } => "Link",
+            Message::LinkHello { .. } => "LinkHello",
+            Message::Linked => "Linked",
+            Message::Hop { .. } => "Hop",
         }
     }
 
@@ -624,11 +738,39 @@ impl Message {
             }
             Message::Step { pos0, x } => {
                 out.extend_from_slice(&pos0.to_le_bytes());
-                put_u64(out, x.len());
-                out.reserve(4 * x.len());
-                for v in x {
-                    out.extend_from_slice(&v.to_le_bytes());
+                put_f32s(out, x);
+            }
+            Message::Hop { pos0, round, x } => {
+                out.extend_from_slice(&pos0.to_le_bytes());
+                out.extend_from_slice(&round.to_le_bytes());
+                put_f32s(out, x);
+            }
+            Message::ProfileRequest | Message::Linked => {}
+            Message::Profile(b) => out.extend_from_slice(b),
+            Message::RingSession(r) => {
+                out.extend_from_slice(&r.n_ctx.to_le_bytes());
+                out.extend_from_slice(&r.n_batch.to_le_bytes());
+                out.push(r.cache_type);
+                out.push(r.listen as u8);
+                out.extend_from_slice(&r.token);
+                put_u64(out, r.rounds.len());
+                for w in &r.rounds {
+                    out.extend_from_slice(&w.start.to_le_bytes());
+                    out.extend_from_slice(&w.end.to_le_bytes());
                 }
+            }
+            Message::RingReady { kv_bytes, weight_bytes, link_port } => {
+                out.extend_from_slice(&kv_bytes.to_le_bytes());
+                out.extend_from_slice(&weight_bytes.to_le_bytes());
+                out.extend_from_slice(&link_port.to_le_bytes());
+            }
+            Message::Link { token, next } => {
+                out.extend_from_slice(token);
+                out.extend_from_slice(next.as_deref().unwrap_or("").as_bytes());
+            }
+            Message::LinkHello { token, node } => {
+                out.extend_from_slice(token);
+                out.extend_from_slice(&node.to_le_bytes());
             }
             Message::NeedShard => {}
             Message::ShardData(b) => out.extend_from_slice(b),
@@ -643,6 +785,7 @@ impl Message {
                 out.extend_from_slice(&n.comm_secs.to_le_bytes());
                 out.extend_from_slice(&n.bytes_sent.to_le_bytes());
                 out.extend_from_slice(&n.bytes_received.to_le_bytes());
+                out.extend_from_slice(&n.io_wait_secs.to_le_bytes());
             }
         }
     }
@@ -683,6 +826,14 @@ impl Message {
             T_SHARD_END => "ShardEnd",
             T_STATS_REQUEST => "StatsRequest",
             T_STATS => "Stats",
+            T_PROFILE_REQUEST => "ProfileRequest",
+            T_PROFILE => "Profile",
+            T_RING_SESSION => "RingSession",
+            T_RING_READY => "RingReady",
+            T_LINK => "Link",
+            T_LINK_HELLO => "LinkHello",
+            T_LINKED => "Linked",
+            T_HOP => "Hop",
             _ => return Err(WireError::UnknownType(ty)),
         };
         let mut f = Fields { buf: payload, what };
@@ -752,17 +903,34 @@ impl Message {
                 Message::Session(Session { n_ctx, n_batch, cache_type, gather_rows })
             }
             T_READY => Message::Ready { kv_bytes: f.u64()?, weight_bytes: f.u64()? },
-            T_STEP => {
-                let pos0 = f.u64()?;
+            T_STEP => Message::Step { pos0: f.u64()?, x: f.f32s()? },
+            T_HOP => Message::Hop { pos0: f.u64()?, round: f.u32()?, x: f.f32s()? },
+            T_PROFILE_REQUEST => Message::ProfileRequest,
+            T_PROFILE => Message::Profile(f.rest().to_vec()),
+            T_LINKED => Message::Linked,
+            T_RING_SESSION => {
+                let (n_ctx, n_batch, cache_type, listen) = (f.u64()?, f.u64()?, f.u8()?, f.u8()?);
+                if cache_type > 2 || listen > 1 {
+                    return Err(WireError::Invalid { what: "RingSession", why: format!("KV cache type {cache_type}, listen {listen}") });
+                }
+                let token = f.arr()?;
                 let n = f.u64()?;
-                let n_us = usize::try_from(n)
-                    .ok()
-                    .filter(|&n| n <= usize::MAX / 4)
-                    .ok_or_else(|| WireError::Invalid { what: "Step", why: format!("element count {n}") })?;
-                let data = f.bytes(4 * n_us)?;
-                let x = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                Message::Step { pos0, x }
+                let mut rounds = Vec::new();
+                for _ in 0..n {
+                    // each round is 16 bytes: a count beyond the payload fails here
+                    rounds.push(f.u64()?..f.u64()?);
+                }
+                Message::RingSession(RingSession { n_ctx, n_batch, cache_type, listen: listen == 1, token, rounds })
             }
+            T_RING_READY => Message::RingReady { kv_bytes: f.u64()?, weight_bytes: f.u64()?, link_port: u16::from_le_bytes(f.arr()?) },
+            T_LINK => {
+                let token = f.arr()?;
+                let next = std::str::from_utf8(f.rest())
+                    .map_err(|_| WireError::Invalid { what: "Link", why: "address is not UTF-8".into() })?
+                    .to_string();
+                Message::Link { token, next: (!next.is_empty()).then_some(next) }
+            }
+            T_LINK_HELLO => Message::LinkHello { token: f.arr()?, node: f.u64()? },
             T_NEED_SHARD => Message::NeedShard,
             T_SHARD_DATA => Message::ShardData(f.rest().to_vec()),
             T_SHARD_END => Message::ShardEnd { total: f.u64()?, sha256: f.arr()? },
@@ -773,6 +941,7 @@ impl Message {
                 comm_secs: f64::from_bits(f.u64()?),
                 bytes_sent: f.u64()?,
                 bytes_received: f.u64()?,
+                io_wait_secs: f64::from_bits(f.u64()?),
             }),
             _ => Message::Shutdown,
         };
@@ -872,7 +1041,16 @@ mod tests {
             Message::ShardData(vec![1, 2, 3, 4]),
             Message::ShardEnd { total: 4, sha256: [5; 32] },
             Message::StatsRequest,
-            Message::Stats(NodeStats { passes: 3, busy_secs: 0.5, comm_secs: 0.25, bytes_sent: 10, bytes_received: 20 }),
+            Message::Stats(NodeStats { passes: 3, busy_secs: 0.5, comm_secs: 0.25, bytes_sent: 10, bytes_received: 20, io_wait_secs: 0.125 }),
+            Message::ProfileRequest,
+            Message::Profile(b"{}".to_vec()),
+            Message::RingSession(RingSession { n_ctx: 512, n_batch: 64, cache_type: 1, listen: true, token: [6; 32], rounds: vec![2..4, 12..14] }),
+            Message::RingReady { kv_bytes: 1 << 20, weight_bytes: 3 << 20, link_port: 4242 },
+            Message::Link { token: [6; 32], next: Some("10.0.0.2:7070".into()) },
+            Message::Link { token: [6; 32], next: None },
+            Message::LinkHello { token: [6; 32], node: 2 },
+            Message::Linked,
+            Message::Hop { pos0: 3, round: 1, x: vec![0.5, -1.0] },
         ]
     }
 
@@ -894,8 +1072,13 @@ mod tests {
         let sizes: Vec<usize> = s.iter().map(|m| m.encode().len()).collect();
         // Hello, HelloAck, AuthChallenge, AuthResponse, AuthProof, Partial (3 × f32),
         // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
-        // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd, StatsRequest, Stats
-        assert_eq!(sizes, vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45, 5, 45]);
+        // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd, StatsRequest, Stats,
+        // ProfileRequest, Profile (2 bytes), RingSession (2 rounds), RingReady, Link (13-byte
+        // address), Link (none), LinkHello, Linked, Hop (2 × f32)
+        assert_eq!(
+            sizes,
+            vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45, 5, 53, 5, 7, 63 + 32, 23, 37 + 13, 37, 45, 5, 25 + 8]
+        );
     }
 
     #[test]
@@ -1028,9 +1211,32 @@ mod tests {
             prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::ShardData),
             (any::<u64>(), arr()).prop_map(|(total, sha256)| Message::ShardEnd { total, sha256 }),
             Just(Message::StatsRequest),
-            (any::<u64>(), 0f64..1e6, 0f64..1e6, any::<u64>(), any::<u64>()).prop_map(|(passes, busy_secs, comm_secs, bytes_sent, bytes_received)| {
-                Message::Stats(NodeStats { passes, busy_secs, comm_secs, bytes_sent, bytes_received })
+            (any::<u64>(), 0f64..1e6, 0f64..1e6, any::<u64>(), any::<u64>(), 0f64..1e6).prop_map(
+                |(passes, busy_secs, comm_secs, bytes_sent, bytes_received, io_wait_secs)| {
+                    Message::Stats(NodeStats { passes, busy_secs, comm_secs, bytes_sent, bytes_received, io_wait_secs })
+                }
+            ),
+            Just(Message::ProfileRequest),
+            prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::Profile),
+            (any::<u64>(), any::<u64>(), 0u8..3, any::<bool>(), arr(), prop::collection::vec((any::<u64>(), any::<u64>()), 0..6)).prop_map(
+                |(n_ctx, n_batch, cache_type, listen, token, r)| Message::RingSession(RingSession {
+                    n_ctx,
+                    n_batch,
+                    cache_type,
+                    listen,
+                    token,
+                    rounds: r.into_iter().map(|(a, b)| a..b).collect()
+                })
+            ),
+            (any::<u64>(), any::<u64>(), any::<u16>()).prop_map(|(kv_bytes, weight_bytes, link_port)| Message::RingReady {
+                kv_bytes,
+                weight_bytes,
+                link_port
             }),
+            (arr(), prop::option::of("[a-z0-9.:]{1,30}")).prop_map(|(token, next)| Message::Link { token, next }),
+            (arr(), any::<u64>()).prop_map(|(token, node)| Message::LinkHello { token, node }),
+            Just(Message::Linked),
+            (any::<u64>(), any::<u32>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(|(pos0, round, x)| Message::Hop { pos0, round, x }),
         ]
     }
 
@@ -1057,7 +1263,7 @@ mod tests {
             let _ = decode_frame(&bytes, 4096);
             let _ = read_frame(&mut &bytes[..], 4096);
             if let Some((&ty, payload)) = bytes.split_first() {
-                let _ = Message::decode(ty % 18, payload);
+                let _ = Message::decode(ty % 26, payload);
             }
         }
 

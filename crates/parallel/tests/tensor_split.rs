@@ -75,6 +75,7 @@ fn compare(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cac
     let mut single = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
     let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
     let opts = ClusterOptions {
+        layout: Default::default(),
         workers: workers(model, weights.len() - 1),
         weights: weights.to_vec(),
         wire,

@@ -150,10 +150,17 @@ pub fn run(a: Args) -> Result<()> {
     let t = &out.timings;
     let mem = MemoryReport::now(&ctx);
     // Per node over decode: this node's and every worker's counters after vs before.
-    let decode_nodes = match (&cluster, &nodes1) {
-        (Some(run), Some(n1)) if t.decode_tokens > 0 => {
-            run.all_stats().map(|n2| crate::cluster::node_rows(run, n1, &n2, t.decode_ms / 1e3, t.decode_tokens))
-        }
+    let nodes2 = match (&cluster, &nodes1) {
+        (Some(run), Some(_)) if t.decode_tokens > 0 => run.all_stats(),
+        _ => None,
+    };
+    let (decode_s, n_dec) = (t.decode_ms / 1e3, t.decode_tokens);
+    let decode_nodes = match (&cluster, &nodes1, &nodes2) {
+        (Some(run), Some(n1), Some(n2)) if run.ring().is_none() => Some(crate::cluster::node_rows(run, n1, n2, decode_s, n_dec)),
+        _ => None,
+    };
+    let decode_ring = match (cluster.as_ref().and_then(|c| c.ring()), &nodes1, &nodes2) {
+        (Some(r), Some(n1), Some(n2)) => Some(crate::ring::ring_rows(r, n1, n2, decode_s, n_dec, t.decode_io.wait_secs)),
         _ => None,
     };
     if json {
@@ -173,7 +180,8 @@ pub fn run(a: Args) -> Result<()> {
             "peak_rss_bytes": mem.proc.peak_rss_bytes,
             "memory": mem.json(),
             "seed": sampler.seed,
-            "tensor_parallel": cluster.as_ref().map(|c| {
+            "ring": decode_ring,
+            "tensor_parallel": cluster.as_ref().filter(|c| c.ring().is_none()).map(|c| {
                 let now = c.snapshot();
                 serde_json::json!({
                     "nodes": c.n_nodes, "wire": c.wire.name(), "passes": now.passes, "allreduces": now.allreduces,
@@ -205,7 +213,9 @@ pub fn run(a: Args) -> Result<()> {
             out.stop,
             mem.human(),
         );
-        if let (Some(run), Some(c0)) = (&cluster, &comm0) {
+        if let Some(v) = &decode_ring {
+            eprintln!("{}", crate::ring::ring_lines(v));
+        } else if let (Some(run), Some(c0)) = (&cluster, &comm0) {
             let (c1, c2) = (comm1.clone().unwrap_or_else(|| run.snapshot()), run.snapshot());
             eprintln!("{}", crate::cluster::comm_line("prefill", run.n_nodes, c0, &c1, t.prefill_ms / 1e3, t.prompt_tokens));
             if t.decode_tokens > 0 {

@@ -97,6 +97,7 @@ pub fn model_cost(m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64) -> ModelCos
         act_bytes: 4 * m.shape.n_embd as u64,
         extra_bytes: m.tensors.iter().filter(|t| !is_layer(&t.name)).map(|t| t.bytes).sum(),
         weight_type,
+        head_bytes: m.tensor("output.weight").or_else(|| m.tensor("token_embd.weight")).map_or(0, |t| t.bytes),
     }
 }
 

@@ -16,7 +16,7 @@ use hearth_kernels::ThreadPool;
 use hearth_parallel::profile::DeviceProfile;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Flags of `hearth profile`.
@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(short, long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Vec<u16>,
     /// Comma-separated weight types for the matmul rates
-    #[arg(long, value_delimiter = ',', default_value = "q4_0,q4_1,q8_0,q4_k,q6_k,f16")]
+    #[arg(long, value_delimiter = ',', default_value = Args::DEFAULT_TYPES)]
     pub types: Vec<String>,
     /// Smaller buffers and matrices, fewer runs: seconds instead of half a minute
     #[arg(long)]
@@ -44,6 +44,10 @@ pub struct Args {
     /// Measure again even if a cached profile matches
     #[arg(long)]
     pub refresh: bool,
+}
+
+impl Args {
+    const DEFAULT_TYPES: &'static str = "q4_0,q4_1,q8_0,q4_k,q6_k,f16";
 }
 
 /// Budgets of one profile run.
@@ -61,7 +65,11 @@ impl Sizes {
                 membw_bytes: 64 << 20,
                 membw_passes: 3,
                 disk: disk::Limits { max_bytes: 64 << 20, max_time: Duration::from_millis(500) },
-                matmul: matmul::Shape::QUICK,
+                // Decode must still stream from RAM, not the last-level cache.
+                matmul: matmul::Shape {
+                    min_decode_bytes: system::last_level_cache_bytes().map_or(0, |l3| (2 * l3).min(128 << 20)),
+                    ..matmul::Shape::QUICK
+                },
             }
         } else {
             Self {
@@ -80,12 +88,31 @@ impl Sizes {
 
 pub fn run(a: Args) -> Result<()> {
     let model = resolve_model(a.model.as_ref())?;
+    let threads: Vec<usize> = a.threads.iter().map(|&t| t as usize).collect();
+    let (profile, cpu) = device_profile(&model, &threads, &a.types, a.quick, a.refresh)?;
+    if a.json {
+        print_out(&(serde_json::to_string_pretty(&profile)? + "\n"))
+    } else {
+        print_out(&table(&profile, &cpu))
+    }
+}
+
+/// This device's profile for the ring solver: the cached one, or a quick measurement at
+/// `threads` (cached for next time).
+pub fn for_ring(model: &Path, threads: usize) -> Result<DeviceProfile> {
+    let types: Vec<String> = Args::DEFAULT_TYPES.split(',').map(String::from).collect();
+    Ok(device_profile(model, &[threads], &types, true, false)?.0)
+}
+
+/// Measure (or load from the cache) this device's profile; also returns the CPU name.
+/// `threads` empty: 1 and every core.
+fn device_profile(model: &Path, threads: &[usize], types: &[String], quick: bool, refresh: bool) -> Result<(DeviceProfile, String)> {
     anyhow::ensure!(model.is_file(), "{} is not a file (the disk is measured on the model's file system)", model.display());
     let cores = system::cores();
-    let mut threads: Vec<usize> = if a.threads.is_empty() { vec![1, cores] } else { a.threads.iter().map(|&t| t as usize).collect() };
+    let mut threads: Vec<usize> = if threads.is_empty() { vec![1, cores] } else { threads.to_vec() };
     threads.sort_unstable();
     threads.dedup();
-    let types = a.types.iter().map(|t| matmul::parse_type(t.trim())).collect::<Result<Vec<_>>>()?;
+    let types = types.iter().map(|t| matmul::parse_type(t.trim())).collect::<Result<Vec<_>>>()?;
     let ram = system::ram().context("reading /proc/meminfo")?;
     let (cpu, simd) = (system::cpu_model(), system::simd());
     let names: Vec<&str> = types.iter().map(|t| t.name()).collect();
@@ -94,12 +121,12 @@ pub fn run(a: Args) -> Result<()> {
         cores,
         ram_total: ram.total,
         simd: &simd,
-        model: &model,
-        params: format!("quick={}|threads={threads:?}|types={}", a.quick, names.join(",")),
+        model,
+        params: format!("quick={quick}|threads={threads:?}|types={}", names.join(",")),
     };
     let key = fp.key();
     let cache_path = cache::path();
-    let cached = cache_path.as_deref().filter(|_| !a.refresh).and_then(|path| Some((path, cache::load(path, &key)?)));
+    let cached = cache_path.as_deref().filter(|_| !refresh).and_then(|path| Some((path, cache::load(path, &key)?)));
     let profile = match cached {
         Some((path, mut p)) => {
             eprintln!("hearth profile: loaded from cache {} (--refresh measures again)", path.display());
@@ -108,7 +135,7 @@ pub fn run(a: Args) -> Result<()> {
             p
         }
         None => {
-            let p = measure(&model, &threads, &types, ram, simd.clone(), Sizes::new(a.quick))?;
+            let p = measure(model, &threads, &types, ram, simd.clone(), Sizes::new(quick))?;
             match &cache_path {
                 Some(path) => match cache::store(path, &key, &p) {
                     Ok(()) => eprintln!("hearth profile: measured; cached in {}", path.display()),
@@ -119,11 +146,7 @@ pub fn run(a: Args) -> Result<()> {
             p
         }
     };
-    if a.json {
-        print_out(&(serde_json::to_string_pretty(&profile)? + "\n"))
-    } else {
-        print_out(&table(&profile, &cpu))
-    }
+    Ok((profile, cpu))
 }
 
 /// Run every measurement, with a progress bar on stderr.

@@ -4,7 +4,10 @@
 use crate::cluster::{parse_secs, read_key};
 use crate::common::{resolve_model, threads_or_default};
 use anyhow::{Context as _, Result};
-use hearth_model::{Context, Model};
+use hearth_model::{Context, Model, RingWindows};
+use hearth_parallel::profile::DeviceProfile;
+use hearth_parallel::ring::WorkerProfile;
+use std::sync::OnceLock;
 use hearth_parallel::wire::{write_frame, ErrorMsg};
 use hearth_parallel::{Message, WorkerModel};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -69,9 +72,22 @@ fn parse_sha(hex: &str) -> Result<[u8; 32]> {
     Ok(out)
 }
 
+/// What this worker tells a ring coordinator: its profile (measured on first use, see
+/// `hearth profile`), threads and memory budget.
+fn ring_profile(profiled: &OnceLock<Option<DeviceProfile>>, model: Option<&std::path::Path>, threads: usize, budget: Option<u64>) -> WorkerProfile {
+    let profile = profiled.get_or_init(|| {
+        let model = model?;
+        eprintln!("measuring this device for the ring's layer solver (hearth profile --quick; cached for next time)");
+        crate::cmd::profile::for_ring(model, threads).map_err(|e| eprintln!("could not profile this device: {e:#}")).ok()
+    });
+    let available = hearth_memory::available_bytes().unwrap_or(0);
+    WorkerProfile { profile: profile.clone(), threads, budget_bytes: budget.unwrap_or(available), can_stream: budget.is_some() && model.is_some() }
+}
+
 pub fn run(a: Args) -> Result<()> {
     let key = read_key(a.cluster_key.as_deref(), a.cluster_key_file.as_deref())?;
     let shard_dir = hearth_parallel::shard_file::cache_dir(a.shard_cache.as_deref());
+    let model_path = if a.model_sha256.is_some() { None } else { Some(resolve_model(a.model.as_ref())?) };
     let (worker, what) = match &a.model_sha256 {
         Some(hex) => {
             let sha = parse_sha(hex)?;
@@ -115,6 +131,8 @@ pub fn run(a: Args) -> Result<()> {
     // Connections not yet past the handshake: capped, and each given HANDSHAKE_DEADLINE
     // in all, so that nobody without the key can tie up threads or memory.
     let pending = Arc::new(AtomicUsize::new(0));
+    // This device's profile for the ring solver: measured (or loaded) once, when first asked.
+    let profiled: Arc<OnceLock<Option<DeviceProfile>>> = Arc::default();
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -131,6 +149,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         pending.fetch_add(1, Ordering::SeqCst);
         let (worker, key, active, budget, pending) = (worker.clone(), key.clone(), active.clone(), a.budget.clone(), pending.clone());
+        let (profiled, model_path) = (profiled.clone(), model_path.clone());
         std::thread::spawn(move || {
             let mine = stream.try_clone().ok();
             let guard = stream.try_clone().ok();
@@ -145,13 +164,22 @@ pub fn run(a: Args) -> Result<()> {
                 });
             }
             let mut counted = true;
-            let make = |m: Arc<Model>, n_ctx, n_batch, ct| -> Result<Context, hearth_model::ModelError> {
+            let make = |m: Arc<Model>, n_ctx, n_batch, ct, ring: Option<RingWindows>| -> Result<Context, hearth_model::ModelError> {
                 let mut ctx = Context::with_cache_type(m.clone(), n_ctx, n_batch, threads, ct)?;
-                budget.apply(&m, &mut ctx, false).map_err(|e| hearth_model::ModelError::Context(format!("{e:#}")))?;
+                let window = match ring {
+                    Some(w) => {
+                        eprintln!("coordinator {peer}: pipelined ring, layers {:?}", w.rounds);
+                        ctx.set_ring(w, None)?;
+                        budget.apply_ring(&m, &mut ctx, false)
+                    }
+                    None => budget.apply(&m, &mut ctx, false),
+                };
+                window.map_err(|e| hearth_model::ModelError::Context(format!("{e:#}")))?;
                 Ok(ctx)
             };
+            let profile = || ring_profile(&profiled, model_path.as_deref(), threads, budget.mem_budget);
             let session = || {
-                hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &make, |shard| {
+                hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &profile, &make, |shard| {
                     admitted.store(true, Ordering::SeqCst);
                     pending.fetch_sub(1, Ordering::SeqCst);
                     counted = false;

@@ -1,0 +1,203 @@
+//! `--parallel ring`: the coordinator's side of a pipelined ring (issue #7). Gather the
+//! workers (with their profiles when the solver is to choose), assign the layer windows
+//! (`hearth_parallel::solver`, or `--layer-window`), open the ring, and report per device
+//! what the solver predicted against what was measured.
+
+use crate::cluster::{ClusterRun, Handle};
+use anyhow::{bail, Context as _, Result};
+use hearth_memory::plan::{plan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS};
+use hearth_model::{Context, Model};
+use hearth_parallel::profile::LinkProfile;
+use hearth_parallel::ring::{PendingRing, RingHandle};
+use hearth_parallel::solver::{solve, Assignment, DevicePrediction, DeviceSpec};
+use hearth_parallel::{ClusterOptions, CommCounters, CommStats, Layout, NodeStats};
+
+/// Link bandwidth assumed where none is measured, Mbit/s (activations are a few KiB per
+/// token, so latency dominates a hop).
+const ASSUMED_MBIT: f64 = 1000.0;
+
+/// One device of a running ring.
+#[derive(Debug, Clone)]
+pub struct RingDevice {
+    /// `this machine` or the worker's address.
+    pub name: String,
+    /// Layers per round.
+    pub window: usize,
+    /// The solver's prediction for it, when the solver chose the windows.
+    pub predicted: Option<DevicePrediction>,
+}
+
+/// A running ring, for reports.
+pub struct RingRun {
+    /// The coordinator's link counters and the workers' stats.
+    pub handle: RingHandle,
+    /// The devices in ring order, this machine first.
+    pub devices: Vec<RingDevice>,
+    /// Rounds per token.
+    pub k: usize,
+    /// The solver's predicted decode ms per token, when it chose.
+    pub predicted_ms: Option<f64>,
+}
+
+impl RingRun {
+    /// The coordinator's counters as a group's: the token's time on the other devices
+    /// counts as time "in the group".
+    pub fn comm_counters(&self) -> CommCounters {
+        let c = self.handle.counters();
+        CommCounters {
+            passes: c.rounds,
+            allreduces: 0,
+            total: CommStats { bytes_sent: c.bytes_sent, bytes_received: c.bytes_received, seconds: c.ring_secs },
+            allreduce_secs: 0.0,
+            step_secs: 0.0,
+        }
+    }
+}
+
+/// Open the ring of `opts` (its layout must be a ring) with `ctx` as the head device;
+/// `budget`: this machine's `--mem-budget`, for the solver. Prints the assignment.
+pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Option<u64>) -> Result<ClusterRun> {
+    let Layout::Ring { windows } = &opts.layout else { bail!("not a ring layout") };
+    let path = model.file.path();
+    let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
+    let pending = hearth_parallel::ring::gather(model, sha, &opts.workers, opts.key.as_ref(), opts.timeout, windows.is_none())
+        .map_err(|e| crate::cluster::explain(e, opts))?;
+    let (windows, assignment) = match windows {
+        Some(w) => (w.clone(), None),
+        None => {
+            let a = solve_windows(model, ctx, &pending, budget)?;
+            (a.windows.clone(), Some(a))
+        }
+    };
+    let n_layer = model.config.n_layer;
+    let per_round: usize = windows.iter().sum();
+    if per_round == 0 || !n_layer.is_multiple_of(per_round) {
+        bail!("--layer-window {windows:?} covers {per_round} layers per round; the model's {n_layer} layers must be a multiple of that");
+    }
+    let group = pending.open(model, &windows, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| crate::cluster::explain(e, opts))?;
+    let k = n_layer / per_round;
+    let pred = |i: usize| assignment.as_ref().map(|a| a.per_device[i].clone());
+    let mut devices = vec![RingDevice { name: "this machine".into(), window: windows[0], predicted: pred(0) }];
+    devices.extend(group.workers.iter().map(|w| RingDevice { name: w.addr.clone(), window: w.window, predicted: pred(w.node) }));
+    eprintln!("pipelined ring over {} devices: k = {k} rounds of {per_round} layers (activations pass in f32):", devices.len());
+    let layers = |rounds: &[std::ops::Range<usize>]| rounds.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ");
+    eprintln!("  device 0 (this machine): {} layers per round, layers {}", windows[0], layers(&group.windows.rounds));
+    for (p, w) in group.workers.iter().enumerate() {
+        let rounds = hearth_model::RingWindows::from_assignment(n_layer, &windows, w.node)?.rounds;
+        eprintln!(
+            "  device {} ({}): {} layers per round, layers {}; {} of weights, KV cache {}",
+            p + 1,
+            w.addr,
+            w.window,
+            layers(&rounds),
+            crate::common::mib(w.weight_bytes),
+            crate::common::mib(w.kv_bytes)
+        );
+    }
+    let dropped: Vec<&String> = opts.workers.iter().enumerate().filter(|&(i, _)| windows[i + 1] == 0).map(|(_, a)| a).collect();
+    if !dropped.is_empty() {
+        eprintln!("  left out (given no layers): {}", dropped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "));
+    }
+    if let Some(a) = &assignment {
+        eprintln!("  solver: predicted TPOT {:.1} ms/token; {}", a.predicted_ms_per_token, a.explanation.replace('\n', "\n  "));
+    }
+    let handle = group.link.handle();
+    ctx.set_ring(group.windows, Some(Box::new(group.link)))?;
+    let workers = devices[1..].iter().map(|d| d.name.clone()).collect();
+    let run = RingRun { handle, devices, k, predicted_ms: assignment.map(|a| a.predicted_ms_per_token) };
+    Ok(ClusterRun { n_nodes: run.devices.len(), wire: hearth_parallel::WireType::F32, workers, handle: Handle::Ring(run) })
+}
+
+/// The solver's windows over this machine and the gathered workers.
+fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Option<u64>) -> Result<Assignment> {
+    let summary = ModelSummary::from_gguf(&model.file)?;
+    let kv_row = ctx.cache_type().row_bytes(model.config.kv_dim()) as u64;
+    let cost = crate::cmd::plan_ring::model_cost(&summary, ctx.n_ctx(), kv_row);
+    // What a device needs besides weights and KV: scratch, runtime, the window's margin.
+    let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all: false };
+    let p = plan(&summary, params, 0, DEFAULT_MEMBW_GBPS);
+    let usable = |b: u64| b.saturating_sub(p.scratch_bytes + p.overhead_bytes + hearth_memory::plan::WINDOW_MARGIN_BASE + b / 32);
+    let me = crate::cmd::profile::for_ring(model.file.path(), ctx.n_threads())?;
+    let rtt = |i: usize| pending.members.get(i).map_or(0.0, |m| m.rtt_ms);
+    let link = |peer: String, rtt_ms: f64| LinkProfile { peer, rtt_ms, mbit: ASSUMED_MBIT };
+    let mine = budget.unwrap_or(me.ram_available_bytes);
+    let mut devices = vec![DeviceSpec { profile: me, budget_bytes: usable(mine), link: link("device 1".into(), rtt(0)) }];
+    for (i, m) in pending.members.iter().enumerate() {
+        let Some(mut profile) = m.profile.profile.clone() else {
+            bail!("worker {} has no device profile (it could not measure one): give the windows with --layer-window", m.addr);
+        };
+        profile.name = m.addr.clone();
+        // Hops between workers are not measured: take the coordinator's round trip to the next device.
+        let next_rtt = if i + 1 < pending.members.len() { rtt(i + 1) } else { m.rtt_ms };
+        devices.push(DeviceSpec { profile, budget_bytes: usable(m.profile.budget_bytes), link: link(format!("device {}", i + 2), next_rtt) });
+    }
+    Ok(solve(&cost, &devices)?)
+}
+
+/// Per device over decode, between two [`ClusterRun::all_stats`] snapshots of `secs`
+/// seconds and `tokens` tokens: measured compute, disk wait and network ms per token
+/// next to the solver's prediction (JSON; [`ring_lines`] prints it). `own_io_wait`: this
+/// machine's seconds waiting for its window over the same phase.
+pub fn ring_rows(
+    run: &RingRun,
+    before: &(CommCounters, Vec<NodeStats>),
+    after: &(CommCounters, Vec<NodeStats>),
+    secs: f64,
+    tokens: usize,
+    own_io_wait: f64,
+) -> serde_json::Value {
+    let per = |v: f64| v * 1e3 / tokens.max(1) as f64;
+    let ring_secs = after.0.total.seconds - before.0.total.seconds;
+    let mut measured = vec![((secs - ring_secs - own_io_wait).max(0.0), own_io_wait)];
+    for (a, b) in after.1.iter().zip(&before.1) {
+        let d = a.since(b);
+        measured.push(((d.busy_secs - d.comm_secs - d.io_wait_secs).max(0.0), d.io_wait_secs));
+    }
+    let worker_busy: f64 = measured[1..].iter().map(|(c, io)| c + io).sum();
+    let devices: Vec<serde_json::Value> = run
+        .devices
+        .iter()
+        .zip(&measured)
+        .map(|(d, (c, io))| {
+            serde_json::json!({
+                "name": d.name, "window": d.window, "compute_ms": per(*c), "disk_wait_ms": per(*io),
+                "predicted_compute_ms": d.predicted.as_ref().map(|x| x.compute_ms),
+                "predicted_disk_ms": d.predicted.as_ref().map(|x| x.disk_ms),
+            })
+        })
+        .collect();
+    let net_pred: Option<f64> = run.devices.iter().map(|d| d.predicted.as_ref().map(|x| x.network_ms)).sum();
+    serde_json::json!({
+        "k": run.k, "devices": devices,
+        "network_ms": per((ring_secs - worker_busy).max(0.0)), "predicted_network_ms": net_pred,
+        "tpot_ms": per(secs), "predicted_tpot_ms": run.predicted_ms,
+    })
+}
+
+/// [`ring_rows`] for humans.
+pub fn ring_lines(v: &serde_json::Value) -> String {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    let p = |v: &serde_json::Value| v.as_f64().map(|v| format!(" ({v:.1})")).unwrap_or_default();
+    let mut o = format!("decode per device, ms/token measured (predicted): compute + disk wait; k = {} rounds", v["k"]);
+    for (i, d) in v["devices"].as_array().into_iter().flatten().enumerate() {
+        o.push_str(&format!(
+            "\n  device {i} ({}, {} layers per round): {:.1}{} + {:.1}{}",
+            d["name"].as_str().unwrap_or(""),
+            d["window"],
+            f(&d["compute_ms"]),
+            p(&d["predicted_compute_ms"]),
+            f(&d["disk_wait_ms"]),
+            p(&d["predicted_disk_ms"]),
+        ));
+    }
+    o.push_str(&format!(
+        "\n  network (hops and waiting: the ring's time not spent computing): {:.1}{} ms/token",
+        f(&v["network_ms"]),
+        p(&v["predicted_network_ms"])
+    ));
+    if let Some(pred) = v["predicted_tpot_ms"].as_f64() {
+        let m = f(&v["tpot_ms"]);
+        o.push_str(&format!("\n  TPOT {m:.1} ms measured, {pred:.1} ms predicted ({:+.0}%)", 100.0 * (m - pred) / pred.max(1e-9)));
+    }
+    o
+}

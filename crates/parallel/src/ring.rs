@@ -1,0 +1,510 @@
+//! Pipelined-ring parallelism over TCP (prima.cpp's ring, issue #7): the coordinator's
+//! side ([`gather`] then [`PendingRing::open`]) and the worker's ([`serve_ring`]).
+//!
+//! A ring session, after the [handshake](crate::handshake) (the `Hello` carries a whole
+//! model "shard": ring devices compute whole layers):
+//!
+//! 1. coordinator → every worker [`Message::ProfileRequest`]; the worker answers
+//!    [`Message::Profile`] ([`WorkerProfile`]: its `hearth profile`, threads and memory
+//!    budget), which the layer solver needs;
+//! 2. the coordinator assigns windows (the solver, or `--layer-window`); a worker given
+//!    no layers gets [`Message::Shutdown`] and leaves the ring;
+//! 3. coordinator → each ring worker [`Message::RingSession`] (its window per round, a
+//!    random link token, whether its predecessor is a worker); the worker builds its
+//!    context for those layers only (KV cache included) and answers
+//!    [`Message::RingReady`] with the port it waits on for its predecessor;
+//! 4. coordinator → each ring worker [`Message::Link`] (the next worker's address, or
+//!    none: back to the coordinator). Workers connect to their successor
+//!    ([`Message::LinkHello`] with the token), accept their predecessor, and answer
+//!    [`Message::Linked`];
+//! 5. per forward pass and round: the coordinator runs its window and sends
+//!    [`Message::Hop`] to the first worker, each worker runs its window and sends the
+//!    hop to the next, the last sends it back to the coordinator. Activations travel in
+//!    f32, so every device computes on exactly the numbers one machine would.
+//!
+//! `StatsRequest` and `Shutdown` travel the ring like hops (each worker answers
+//! `Stats` on its own connection to the coordinator). A worker whose predecessor
+//! disappears, or whose window fails, sends [`Message::Error`] naming the failed node on
+//! along the ring, so the coordinator learns at once which device to drop.
+
+use crate::allreduce::{CommError, Peer};
+use crate::auth::ClusterKey;
+use crate::cluster::{model_dims, pass_timeout, ClusterError, MakeContext, SessionEnd, WorkerModel, SETUP_TIMEOUT};
+use crate::handshake::coordinator_handshake;
+use crate::profile::DeviceProfile;
+use crate::shard::NodeShard;
+use crate::wire::{Hello, Message, NodeStats, RingSession, WireType, PROTOCOL_VERSION};
+use hearth_model::{CacheType, CollectiveError, Context, Model, RingLink, RingWindows};
+use serde::{Deserialize, Serialize};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a worker reports about itself before a ring session ([`Message::Profile`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerProfile {
+    /// Its measured profile (`hearth profile`), when it has one.
+    pub profile: Option<DeviceProfile>,
+    /// Threads it computes with.
+    pub threads: usize,
+    /// Bytes of RAM it may use for the model: its `--mem-budget`, else its available RAM.
+    pub budget_bytes: u64,
+    /// Whether it streams layers that do not fit from disk (it has the model file and a budget).
+    pub can_stream: bool,
+}
+
+/// A worker after the handshake, before its ring session.
+pub struct RingMember {
+    /// Its address (`HOST:PORT`), as the coordinator reached it.
+    pub addr: String,
+    /// What it reported (default when profiles were not asked for).
+    pub profile: WorkerProfile,
+    /// Median round trip of a small request to it, ms (0 when not measured).
+    pub rtt_ms: f64,
+    peer: Peer,
+}
+
+/// Workers connected and profiled, waiting for their windows.
+pub struct PendingRing {
+    /// Nodes `1..`, in `--workers` order.
+    pub members: Vec<RingMember>,
+}
+
+fn whole_shard(model: &Model, node: usize, n_nodes: usize) -> NodeShard {
+    let dims = model_dims(model);
+    NodeShard { node, n_nodes, kv_heads: 0..dims.n_head_kv, ffn_rows: 0..dims.n_ff, dims }
+}
+
+/// Connect to every worker of `workers` (nodes `1..`), authenticate with `key`, check
+/// they serve `model` (SHA-256 `sha256`) and, with `profiles`, ask each for its profile
+/// (a worker without a cached one measures it first) and time a few round trips.
+pub fn gather(
+    model: &Model,
+    sha256: [u8; 32],
+    workers: &[String],
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+    profiles: bool,
+) -> Result<PendingRing, ClusterError> {
+    let n = workers.len() + 1;
+    let mut members = Vec::with_capacity(n - 1);
+    for (i, addr) in workers.iter().enumerate() {
+        let node = i + 1;
+        let mut peer = crate::cluster::dial(addr, node, timeout)?;
+        let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: WireType::F32, shard: whole_shard(model, node, n) };
+        coordinator_handshake(&mut peer, &hello, key)?;
+        let (mut profile, mut rtts) = (WorkerProfile::default(), Vec::new());
+        // The first request may wait for a measurement; the next three time the link.
+        for i in 0..if profiles { 4 } else { 0 } {
+            let t = Instant::now();
+            peer.send(&Message::ProfileRequest)?;
+            profile = match peer.recv_within(SETUP_TIMEOUT)?.0 {
+                Message::Profile(json) => serde_json::from_slice(&json)
+                    .map_err(|e| ClusterError::Refused { node, message: format!("sent a profile that does not parse: {e}") })?,
+                Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
+                other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Profile", other.name()) }),
+            };
+            if i > 0 {
+                rtts.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        rtts.sort_by(f64::total_cmp);
+        let rtt_ms = rtts.get(rtts.len() / 2).copied().unwrap_or(0.0);
+        members.push(RingMember { addr: addr.clone(), profile, rtt_ms, peer });
+    }
+    Ok(PendingRing { members })
+}
+
+/// One worker of a running ring, as it reported at setup.
+#[derive(Debug, Clone)]
+pub struct RingWorker {
+    /// Its node index (`--workers` position + 1).
+    pub node: usize,
+    /// Its address.
+    pub addr: String,
+    /// Its layers per round.
+    pub window: usize,
+    /// KV cache bytes.
+    pub kv_bytes: u64,
+    /// Weight bytes of its layers.
+    pub weight_bytes: u64,
+}
+
+/// A ring ready to run: the coordinator's windows and its link to the others.
+pub struct RingGroup {
+    /// The coordinator's windows (pass to [`Context::set_ring`] with `link`).
+    pub windows: RingWindows,
+    /// The link to the first worker and from the last.
+    pub link: TcpRing,
+    /// The workers in the ring, in ring order (those given no layers left).
+    pub workers: Vec<RingWorker>,
+}
+
+impl PendingRing {
+    /// Open the ring: `windows[i]` layers per round for node `i` (node 0 = this
+    /// coordinator; `n_layer` must be a multiple of `Σ windows`). Workers given 0 layers
+    /// are sent away. Every ring worker builds its context for `n_ctx` positions,
+    /// batches of `n_batch` and KV cache type `cache`, then the links are made.
+    pub fn open(self, model: &Model, windows: &[usize], n_ctx: usize, n_batch: usize, cache: CacheType) -> Result<RingGroup, ClusterError> {
+        let n_layer = model.config.n_layer;
+        if windows.len() != self.members.len() + 1 {
+            return Err(ClusterError::Plan(format!("{} layer windows for {} devices", windows.len(), self.members.len() + 1)));
+        }
+        let head = RingWindows::from_assignment(n_layer, windows, 0)?;
+        let token: [u8; 32] = rand::random();
+        let mut ring: Vec<(RingMember, RingWorker, u16)> = Vec::new();
+        for (i, mut m) in self.members.into_iter().enumerate() {
+            let node = i + 1;
+            if windows[node] == 0 {
+                let _ = m.peer.send(&Message::Shutdown);
+                continue;
+            }
+            let rounds = RingWindows::from_assignment(n_layer, windows, node)?.rounds.iter().map(|r| r.start as u64..r.end as u64).collect();
+            let listen = !ring.is_empty();
+            let s = RingSession { n_ctx: n_ctx as u64, n_batch: n_batch as u64, cache_type: crate::cluster::cache_byte(cache), listen, token, rounds };
+            m.peer.send(&Message::RingSession(s))?;
+            match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
+                Message::RingReady { kv_bytes, weight_bytes, link_port } => {
+                    let w = RingWorker { node, addr: m.addr.clone(), window: windows[node], kv_bytes, weight_bytes };
+                    ring.push((m, w, link_port));
+                }
+                Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
+                other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of RingReady", other.name()) }),
+            }
+        }
+        // Each worker's successor: the next ring worker's host (as we reach it) and link port.
+        for p in 0..ring.len() {
+            let next = ring.get(p + 1).map(|(m, _, port)| {
+                let host = m.peer.stream().peer_addr().map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into());
+                std::net::SocketAddr::new(host.parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()), *port).to_string()
+            });
+            ring[p].0.peer.send(&Message::Link { token, next })?;
+        }
+        for (m, w, _) in &mut ring {
+            match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
+                Message::Linked => {}
+                Message::Error(e) => return Err(ClusterError::Refused { node: w.node, message: e.message }),
+                other => return Err(ClusterError::Refused { node: w.node, message: format!("answered {} instead of Linked", other.name()) }),
+            }
+        }
+        let workers = ring.iter().map(|(_, w, _)| w.clone()).collect();
+        let peers: Vec<Peer> = ring.into_iter().map(|(m, _, _)| m.peer).collect();
+        let base_timeout = peers.first().map(|p| p.timeout());
+        let inner = Arc::new(Mutex::new(Inner { peers, counters: RingCounters::default() }));
+        let link = TcpRing { inner, base_timeout, n_embd: model.config.n_embd };
+        Ok(RingGroup { windows: head, link, workers })
+    }
+}
+
+/// The coordinator's time and bytes in the ring.
+#[derive(Debug, Clone, Default)]
+pub struct RingCounters {
+    /// Hops sent around the ring (one per round of each pass).
+    pub rounds: u64,
+    /// Seconds from sending a hop until it came back: the other devices' windows and
+    /// every hop of the round.
+    pub ring_secs: f64,
+    /// Bytes sent and received.
+    pub bytes_sent: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+}
+
+/// The coordinator's [`RingLink`] over TCP: hops go to the first ring worker and come
+/// back from the last (both through their session connections).
+pub struct TcpRing {
+    inner: Arc<Mutex<Inner>>,
+    /// The step timeout for a one-token pass on one device.
+    base_timeout: Option<Duration>,
+    n_embd: usize,
+}
+
+struct Inner {
+    /// Ring workers in ring order (their session connections).
+    peers: Vec<Peer>,
+    counters: RingCounters,
+}
+
+/// The coordinator's view of a running ring, for reports.
+#[derive(Clone)]
+pub struct RingHandle {
+    inner: Arc<Mutex<Inner>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl TcpRing {
+    /// A handle for reports while the context owns the link.
+    pub fn handle(&self) -> RingHandle {
+        RingHandle { inner: self.inner.clone() }
+    }
+}
+
+impl RingHandle {
+    /// A snapshot of the coordinator's counters.
+    pub fn counters(&self) -> RingCounters {
+        lock(&self.inner).counters.clone()
+    }
+
+    /// Every ring worker's counters, in ring order. Call between forward passes; the
+    /// request travels the ring, each worker answers on its own connection.
+    pub fn worker_stats(&self) -> Result<Vec<NodeStats>, CommError> {
+        let mut inner = lock(&self.inner);
+        let Some(first) = inner.peers.first_mut() else { return Ok(Vec::new()) };
+        first.send(&Message::StatsRequest)?;
+        let mut out = Vec::with_capacity(inner.peers.len());
+        for p in &mut inner.peers {
+            match p.recv()?.0 {
+                Message::Stats(s) => out.push(s),
+                Message::Error(e) => return Err(remote(p.node(), e)),
+                other => return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why: format!("expected Stats, got {}", other.name()) }),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn remote(from: usize, e: crate::wire::ErrorMsg) -> CommError {
+    let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(from);
+    CommError::Remote { from, failed, message: e.message }
+}
+
+impl RingLink for TcpRing {
+    fn pass(&mut self, pos0: usize, round: usize, x: &mut [f32]) -> Result<(), CollectiveError> {
+        let t = Instant::now();
+        let n_tokens = x.len() / self.n_embd.max(1);
+        let base = self.base_timeout;
+        let mut inner = lock(&self.inner);
+        let Inner { peers, counters } = &mut *inner;
+        let n_peers = peers.len();
+        let Some(first) = peers.first_mut() else { return Ok(()) };
+        let hop = Message::Hop { pos0: pos0 as u64, round: round as u32, x: x.to_vec() };
+        let sent = first.send(&hop)? as u64;
+        let last = &mut peers[n_peers - 1];
+        // The hop crosses every worker: allow each its step timeout for this batch.
+        let wait = base.map(|b| pass_timeout(b, n_tokens).mul_f64(n_peers as f64)).unwrap_or(last.timeout());
+        let (msg, got) = last.recv_within(wait)?;
+        match msg {
+            Message::Hop { pos0: p, round: r, x: y } if p == pos0 as u64 && r == round as u32 && y.len() == x.len() => x.copy_from_slice(&y),
+            Message::Hop { pos0: p, round: r, x: y } => {
+                return Err(Box::new(CommError::Protocol {
+                    node: last.node(),
+                    addr: last.addr().to_string(),
+                    why: format!("expected the hop of round {round} at {pos0} ({} values), got round {r} at {p} ({} values)", x.len(), y.len()),
+                }))
+            }
+            Message::Error(e) => return Err(Box::new(remote(last.node(), e))),
+            other => {
+                return Err(Box::new(CommError::Protocol { node: last.node(), addr: last.addr().to_string(), why: format!("expected Hop, got {}", other.name()) }))
+            }
+        }
+        counters.rounds += 1;
+        counters.ring_secs += t.elapsed().as_secs_f64();
+        counters.bytes_sent += sent;
+        counters.bytes_received += got as u64;
+        Ok(())
+    }
+
+    fn max_elements(&self) -> usize {
+        (crate::wire::DEFAULT_MAX_FRAME - 4096) / 4
+    }
+}
+
+impl Drop for TcpRing {
+    /// Ends the session politely: the Shutdown travels the ring.
+    fn drop(&mut self) {
+        if let Some(first) = lock(&self.inner).peers.first_mut() {
+            let _ = first.send(&Message::Shutdown);
+        }
+    }
+}
+
+/// Where a ring worker sends what it computed.
+enum Out {
+    /// The next worker (node index), over its link.
+    Worker(Peer),
+    /// Back to the coordinator, over the session connection.
+    Coordinator,
+}
+
+/// Serve a ring session on `control` (the coordinator's connection, after the
+/// handshake and `session`): build the context for this worker's windows with
+/// `make_ctx`, make the links, then run every hop through its window.
+pub fn serve_ring(mut control: Peer, me: usize, worker: &WorkerModel, session: RingSession, make_ctx: MakeContext<'_>, timeout: Duration) -> Result<SessionEnd, ClusterError> {
+    let fail = |control: &mut Peer, e: ClusterError| {
+        control.report(Some(me), &format!("node {me}: {e}"));
+        Err(e)
+    };
+    let WorkerModel::File { model, .. } = worker else {
+        return fail(&mut control, ClusterError::Plan("a ring worker needs the model file (start it with -m MODEL, not --model-sha256)".into()));
+    };
+    let n_layer = model.config.n_layer;
+    let rounds: Vec<std::ops::Range<usize>> = session
+        .rounds
+        .iter()
+        .map(|r| usize::try_from(r.start).unwrap_or(usize::MAX)..usize::try_from(r.end).unwrap_or(usize::MAX))
+        .collect();
+    let windows = RingWindows { rounds };
+    if let Err(e) = windows.owned(n_layer) {
+        return fail(&mut control, e.into());
+    }
+    let n_ctx = match usize::try_from(session.n_ctx).ok().filter(|&c| c >= 1 && c <= model.config.n_ctx_train) {
+        Some(c) => c,
+        None => {
+            let why = format!("context size {} is outside 1..={} (the model's trained context)", session.n_ctx, model.config.n_ctx_train);
+            return fail(&mut control, ClusterError::Plan(why));
+        }
+    };
+    let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
+    let mut ctx: Context = match make_ctx(model.clone(), n_ctx, n_batch, crate::cluster::cache_type(session.cache_type), Some(windows.clone())) {
+        Ok(c) => c,
+        Err(e) => return fail(&mut control, e.into()),
+    };
+    // Our predecessor connects to us on a port of the address the coordinator reached.
+    let listener = if session.listen {
+        let ip = control.stream().local_addr().map(|a| a.ip()).unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+        match TcpListener::bind((ip, 0)) {
+            Ok(l) => Some(l),
+            Err(e) => return fail(&mut control, ClusterError::Plan(format!("opening a link port on {ip}: {e}"))),
+        }
+    } else {
+        None
+    };
+    let port = listener.as_ref().and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
+    let weight_bytes: u64 = {
+        let w = &model.weights;
+        (0..n_layer).filter(|&il| windows.owned(n_layer).map(|o| o[il]).unwrap_or(false)).map(|il| w.layers[il].matrices().iter().map(|t| t.size as u64).sum::<u64>()).sum()
+    };
+    control.send(&Message::RingReady { kv_bytes: ctx.kv_bytes() as u64, weight_bytes, link_port: port })?;
+    let (token, next) = match control.recv_within(SETUP_TIMEOUT)?.0 {
+        Message::Link { token, next } if token == session.token => (token, next),
+        Message::Link { .. } => return fail(&mut control, ClusterError::Plan("the link token does not match the session's".into())),
+        Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0 }),
+        other => return fail(&mut control, ClusterError::Plan(format!("expected Link, got {}", other.name()))),
+    };
+    let mut out = match next {
+        Some(addr) => {
+            let r = (|| {
+                let mut p = crate::cluster::dial(&addr, me + 1, timeout)?;
+                p.send(&Message::LinkHello { token, node: me as u64 })?;
+                Ok::<_, ClusterError>(p)
+            })();
+            match r {
+                Ok(p) => Out::Worker(p),
+                Err(e) => return fail(&mut control, ClusterError::Plan(format!("linking to the next device {addr}: {e}"))),
+            }
+        }
+        None => Out::Coordinator,
+    };
+    let mut input = match listener {
+        Some(l) => match accept_link(&l, &token, SETUP_TIMEOUT) {
+            Ok(p) => Some(p),
+            Err(e) => return fail(&mut control, e),
+        },
+        None => None,
+    };
+    control.send(&Message::Linked)?;
+
+    let mut stats = NodeStats::default();
+    loop {
+        let from = input.as_ref().map_or(0, |p| p.node());
+        let got = match input.as_mut() {
+            Some(p) => p.recv_idle(),
+            None => control.recv_idle(),
+        };
+        let mut send = |control: &mut Peer, m: &Message| -> Result<(), CommError> {
+            match &mut out {
+                Out::Worker(p) => p.send(m).map(|_| ()),
+                Out::Coordinator => control.send(m).map(|_| ()),
+            }
+        };
+        let (pos0, round, mut x) = match got {
+            Ok((Message::Hop { pos0, round, x }, _)) => (pos0, round, x),
+            Ok((Message::StatsRequest, _)) => {
+                let io = ctx.source_stats().map_or(0.0, |s| s.wait_secs);
+                control.send(&Message::Stats(NodeStats { io_wait_secs: io, ..stats }))?;
+                if let Out::Worker(p) = &mut out {
+                    p.send(&Message::StatsRequest)?;
+                }
+                continue;
+            }
+            // The end (a coordinator that closes its connection ends the ring too).
+            Ok((Message::Shutdown, _)) | Err(CommError::Closed { node: 0, .. }) => {
+                if let Out::Worker(p) = &mut out {
+                    let _ = p.send(&Message::Shutdown);
+                }
+                return Ok(SessionEnd::Finished { passes: stats.passes });
+            }
+            Ok((Message::Error(err), _)) => {
+                // Pass it on toward the coordinator, then end.
+                let _ = send(&mut control, &Message::Error(err.clone()));
+                return Err(ClusterError::Refused { node: err.failed_node.unwrap_or(from as u64) as usize, message: err.message });
+            }
+            Ok((other, _)) => {
+                let why = format!("node {me}: expected Hop, got {}", other.name());
+                let _ = send(&mut control, &Message::Error(crate::wire::ErrorMsg { failed_node: Some(me as u64), message: why.clone() }));
+                return Err(ClusterError::Plan(why));
+            }
+            Err(err) => {
+                // Our predecessor is gone: tell the coordinator (along the ring) which one.
+                let why = format!("node {me} lost its link from node {from}: {err}");
+                let _ = send(&mut control, &Message::Error(crate::wire::ErrorMsg { failed_node: Some(from as u64), message: why }));
+                return Err(err.into());
+            }
+        };
+        let t = Instant::now();
+        let pos = usize::try_from(pos0).unwrap_or(usize::MAX);
+        let r = ctx.eval_round(pos, round as usize, &mut x);
+        stats.busy_secs += t.elapsed().as_secs_f64();
+        if let Err(err) = r {
+            let why = format!("node {me}: {err}");
+            let _ = send(&mut control, &Message::Error(crate::wire::ErrorMsg { failed_node: Some(me as u64), message: why }));
+            return Err(err.into());
+        }
+        let t = Instant::now();
+        let hop = Message::Hop { pos0, round, x };
+        if let Err(err) = send(&mut control, &hop) {
+            // The next device is gone: say so to the coordinator (it may also hear it along the ring).
+            control.report(err.failed_node(), &format!("node {me} cannot reach the next device: {err}"));
+            return Err(err.into());
+        }
+        stats.comm_secs += t.elapsed().as_secs_f64();
+        stats.busy_secs += t.elapsed().as_secs_f64();
+        stats.passes += (round as usize + 1 == ctx_rounds(&ctx)) as u64;
+    }
+}
+
+fn ctx_rounds(ctx: &Context) -> usize {
+    ctx.ring_windows().map_or(1, |w| w.k())
+}
+
+/// Accept the predecessor's link on `l`: the first connection that presents `token`
+/// within `within` (others are dropped).
+fn accept_link(l: &TcpListener, token: &[u8; 32], within: Duration) -> Result<Peer, ClusterError> {
+    let deadline = Instant::now() + within;
+    l.set_nonblocking(true).map_err(|e| ClusterError::Plan(format!("link listener: {e}")))?;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let Ok(mut p) = Peer::new(s, 0, Duration::from_secs(10)).map(|p| p.with_max_frame(crate::cluster::HANDSHAKE_MAX_FRAME)) else { continue };
+                if let Ok((Message::LinkHello { token: t, node }, _)) = p.recv() {
+                    if &t == token {
+                        let stream: TcpStream = p.into_stream();
+                        let node = usize::try_from(node).unwrap_or(usize::MAX);
+                        return Peer::new(stream, node, Duration::from_secs(10)).map_err(|e| ClusterError::Plan(format!("link from node {node}: {e}")));
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(ClusterError::Plan(format!("the previous device of the ring did not connect within {} s", within.as_secs())));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(ClusterError::Plan(format!("accepting the link: {e}"))),
+        }
+    }
+}
