@@ -62,7 +62,8 @@ impl BudgetArgs {
     fn apply_units(&self, model: &Model, ctx: &mut Context, logits_all: bool, head: bool) -> Result<Option<WindowPlan>> {
         let Some(budget) = self.mem_budget else { return Ok(None) };
         let summary = ModelSummary::from_gguf(&model.file)?;
-        let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
+        let params =
+            PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
         let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
         let ring = ctx.ring_windows().is_some();
         let units = ctx.units(head)?;
@@ -78,8 +79,14 @@ impl BudgetArgs {
                 "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {} + a margin of {} \
                  (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
                  (or lower --ctx-size / --batch-size{q8})",
-                mib(budget), mib(p.kv_cache_bytes), mib(p.scratch_bytes), mib(p.overhead_bytes), mib(min.slot_bytes),
-                mib(min.margin_bytes), mib_up(min.min_budget_bytes), min.min_budget_bytes
+                mib(budget),
+                mib(p.kv_cache_bytes),
+                mib(p.scratch_bytes),
+                mib(p.overhead_bytes),
+                mib(min.slot_bytes),
+                mib(min.margin_bytes),
+                mib_up(min.min_budget_bytes),
+                min.min_budget_bytes
             )
         })?;
         if p.peak_rss_bytes + w.margin_bytes <= budget {
@@ -105,8 +112,18 @@ impl BudgetArgs {
         eprintln!(
             "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
              + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",
-            mib(budget), w.slots, mib(w.slot_bytes), w.n_units, w.pinned, w.n_units - w.pinned, w.slots - w.pinned,
-            mib(p.kv_cache_bytes), mib(p.scratch_bytes), mib(p.overhead_bytes), mib(w.peak_rss_bytes), mib(w.read_bytes_per_token),
+            mib(budget),
+            w.slots,
+            mib(w.slot_bytes),
+            w.n_units,
+            w.pinned,
+            w.n_units - w.pinned,
+            w.slots - w.pinned,
+            mib(p.kv_cache_bytes),
+            mib(p.scratch_bytes),
+            mib(p.overhead_bytes),
+            mib(w.peak_rss_bytes),
+            mib(w.read_bytes_per_token),
             if window.is_direct() { "O_DIRECT" } else { "buffered" },
             if w.slots == 1 { "; one slot: no read-ahead, every layer waits for its read" } else { "" },
         );

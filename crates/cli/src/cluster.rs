@@ -240,7 +240,11 @@ impl ClusterArgs {
 
     /// [`Self::check_unused`] when no worker is named.
     pub fn check_unused_unless_enabled(&self) -> Result<()> {
-        if self.enabled() { Ok(()) } else { self.check_unused() }
+        if self.enabled() {
+            Ok(())
+        } else {
+            self.check_unused()
+        }
     }
 
     /// Without workers, a tensor-parallel flag would be silently ignored: refuse it.
@@ -277,7 +281,11 @@ impl ClusterArgs {
             bail!("{flag} applies to tensor parallelism; a ring passes whole activations in f32 (use --layer-window to weight devices)");
         }
         if !self.layer_window.is_empty() && self.layer_window.len() != n_workers + 1 {
-            bail!("--layer-window has {} values for {} devices (this machine first, then each worker)", self.layer_window.len(), n_workers + 1);
+            bail!(
+                "--layer-window has {} values for {} devices (this machine first, then each worker)",
+                self.layer_window.len(),
+                n_workers + 1
+            );
         }
         Ok(Layout::Ring { windows: (!self.layer_window.is_empty()).then(|| self.layer_window.clone()) })
     }
@@ -366,7 +374,8 @@ pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) ->
     {
         let path = model.file.path();
         let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
-        let group = hearth_parallel::connect(model, sha, opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| explain(e, opts))?;
+        let group =
+            hearth_parallel::connect(model, sha, opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| explain(e, opts))?;
         let c = &model.config;
         eprintln!(
             "tensor parallel over {} nodes (star allreduce, {} wire, {} schedule; {} KV heads, {} FFN rows):",

@@ -220,10 +220,22 @@ impl MemoryReport {
         format!(
             "peak RSS {} (now {} file-backed: weights {} mapped, code; {} anonymous)\n\
              hearth buffers {}: KV cache {} ({}), activations {}, logits {}, quantized activations {}, per-thread {}{}; heap peak {}",
-            mib(p.peak_rss_bytes), mib(p.rss_file_bytes), mib(self.model_file_bytes), mib(p.rss_anon_bytes),
-            mib(b.total() as u64), mib(b.kv_cache_bytes as u64), self.cache_type, mib(b.activations_bytes as u64),
-            mib(b.logits_bytes as u64), mib(b.quantized_activations_bytes as u64), mib(b.per_thread_bytes as u64),
-            if b.weight_shard_bytes > 0 { format!(", weight shard (tensor parallel) {}", mib(b.weight_shard_bytes as u64)) } else { String::new() },
+            mib(p.peak_rss_bytes),
+            mib(p.rss_file_bytes),
+            mib(self.model_file_bytes),
+            mib(p.rss_anon_bytes),
+            mib(b.total() as u64),
+            mib(b.kv_cache_bytes as u64),
+            self.cache_type,
+            mib(b.activations_bytes as u64),
+            mib(b.logits_bytes as u64),
+            mib(b.quantized_activations_bytes as u64),
+            mib(b.per_thread_bytes as u64),
+            if b.weight_shard_bytes > 0 {
+                format!(", weight shard (tensor parallel) {}", mib(b.weight_shard_bytes as u64))
+            } else {
+                String::new()
+            },
             mib(self.heap.heap_peak_bytes),
         )
     }
@@ -263,12 +275,39 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
 /// llama.cpp's `llama_ftype` values with the names `llama-bench` prints
 /// (`general.file_type`: what most of a file's tensors are).
 const FILE_TYPES: &[(u32, &str)] = &[
-    (0, "F32"), (1, "F16"), (2, "Q4_0"), (3, "Q4_1"), (7, "Q8_0"), (8, "Q5_0"), (9, "Q5_1"),
-    (10, "Q2_K"), (11, "Q3_K_S"), (12, "Q3_K_M"), (13, "Q3_K_L"), (14, "Q4_K_S"), (15, "Q4_K_M"),
-    (16, "Q5_K_S"), (17, "Q5_K_M"), (18, "Q6_K"), (19, "IQ2_XXS"), (20, "IQ2_XS"), (21, "Q2_K_S"),
-    (22, "IQ3_XS"), (23, "IQ3_XXS"), (24, "IQ1_S"), (25, "IQ4_NL"), (26, "IQ3_S"), (27, "IQ3_M"),
-    (28, "IQ2_S"), (29, "IQ2_M"), (30, "IQ4_XS"), (31, "IQ1_M"), (32, "BF16"), (36, "TQ1_0"),
-    (37, "TQ2_0"), (38, "MXFP4_MOE"),
+    (0, "F32"),
+    (1, "F16"),
+    (2, "Q4_0"),
+    (3, "Q4_1"),
+    (7, "Q8_0"),
+    (8, "Q5_0"),
+    (9, "Q5_1"),
+    (10, "Q2_K"),
+    (11, "Q3_K_S"),
+    (12, "Q3_K_M"),
+    (13, "Q3_K_L"),
+    (14, "Q4_K_S"),
+    (15, "Q4_K_M"),
+    (16, "Q5_K_S"),
+    (17, "Q5_K_M"),
+    (18, "Q6_K"),
+    (19, "IQ2_XXS"),
+    (20, "IQ2_XS"),
+    (21, "Q2_K_S"),
+    (22, "IQ3_XS"),
+    (23, "IQ3_XXS"),
+    (24, "IQ1_S"),
+    (25, "IQ4_NL"),
+    (26, "IQ3_S"),
+    (27, "IQ3_M"),
+    (28, "IQ2_S"),
+    (29, "IQ2_M"),
+    (30, "IQ4_XS"),
+    (31, "IQ1_M"),
+    (32, "BF16"),
+    (36, "TQ1_0"),
+    (37, "TQ2_0"),
+    (38, "MXFP4_MOE"),
 ];
 
 /// The name of a `general.file_type` value, e.g. 3 → `Q4_1`.
@@ -281,18 +320,35 @@ pub fn file_type_name(ftype: u32) -> String {
 pub fn file_type_of(ty: hearth_quant::GgmlType) -> Option<u32> {
     use hearth_quant::GgmlType::*;
     Some(match ty {
-        F32 => 0, F16 => 1, Q4_0 => 2, Q4_1 => 3, Q8_0 => 7, Q5_0 => 8, Q5_1 => 9, Q2_K => 10,
-        Q3_K => 11, Q4_K => 14, Q5_K => 16, Q6_K => 18, IQ4_NL => 25, IQ4_XS => 30, BF16 => 32,
-        TQ1_0 => 36, TQ2_0 => 37,
+        F32 => 0,
+        F16 => 1,
+        Q4_0 => 2,
+        Q4_1 => 3,
+        Q8_0 => 7,
+        Q5_0 => 8,
+        Q5_1 => 9,
+        Q2_K => 10,
+        Q3_K => 11,
+        Q4_K => 14,
+        Q5_K => 16,
+        Q6_K => 18,
+        IQ4_NL => 25,
+        IQ4_XS => 30,
+        BF16 => 32,
+        TQ1_0 => 36,
+        TQ2_0 => 37,
         _ => return None,
     })
 }
 
 /// Parameter count as llama.cpp prints it: `134.52 M`, `6.74 B`.
 pub fn params_label(n: u64) -> String {
-    if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
+    if n >= 1_000_000_000 {
+        format!("{:.2} B", n as f64 / 1e9)
+    } else {
+        format!("{:.2} M", n as f64 / 1e6)
+    }
 }
-
 
 /// `--threads`, else the number of physical cores.
 pub fn threads_or_default(threads: Option<u16>) -> usize {

@@ -74,13 +74,15 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Op
     if per_round == 0 || !n_layer.is_multiple_of(per_round) {
         bail!("--layer-window {windows:?} covers {per_round} layers per round; the model's {n_layer} layers must be a multiple of that");
     }
-    let group = pending.open(model, &windows, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| crate::cluster::explain(e, opts))?;
+    let group =
+        pending.open(model, &windows, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| crate::cluster::explain(e, opts))?;
     let k = n_layer / per_round;
     let pred = |i: usize| assignment.as_ref().map(|a| a.per_device[i].clone());
     let mut devices = vec![RingDevice { name: "this machine".into(), window: windows[0], predicted: pred(0) }];
     devices.extend(group.workers.iter().map(|w| RingDevice { name: w.addr.clone(), window: w.window, predicted: pred(w.node) }));
     eprintln!("pipelined ring over {} devices: k = {k} rounds of {per_round} layers (activations pass in f32):", devices.len());
-    let layers = |rounds: &[std::ops::Range<usize>]| rounds.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ");
+    let layers =
+        |rounds: &[std::ops::Range<usize>]| rounds.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ");
     eprintln!("  device 0 (this machine): {} layers per round, layers {}", windows[0], layers(&group.windows.rounds));
     for (p, w) in group.workers.iter().enumerate() {
         let rounds = hearth_model::RingWindows::from_assignment(n_layer, &windows, w.node)?.rounds;
@@ -114,7 +116,13 @@ fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Op
     let kv_row = ctx.cache_type().row_bytes(model.config.kv_dim()) as u64;
     let cost = crate::cmd::plan_ring::model_cost(&summary, ctx.n_ctx(), kv_row);
     // What a device needs besides weights and KV: scratch, runtime, the window's margin.
-    let params = PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all: false };
+    let params = PlanParams {
+        n_ctx: ctx.n_ctx(),
+        n_batch: ctx.n_batch(),
+        n_threads: ctx.n_threads(),
+        cache_type: ctx.cache_type(),
+        logits_all: false,
+    };
     let p = plan(&summary, params, 0, DEFAULT_MEMBW_GBPS);
     let usable = |b: u64| b.saturating_sub(p.scratch_bytes + p.overhead_bytes + hearth_memory::plan::WINDOW_MARGIN_BASE + b / 32);
     let me = crate::cmd::profile::for_ring(model.file.path(), ctx.n_threads())?;
@@ -129,7 +137,11 @@ fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Op
         profile.name = m.addr.clone();
         // Hops between workers are not measured: take the coordinator's round trip to the next device.
         let next_rtt = if i + 1 < pending.members.len() { rtt(i + 1) } else { m.rtt_ms };
-        devices.push(DeviceSpec { profile, budget_bytes: usable(m.profile.budget_bytes), link: link(format!("device {}", i + 2), next_rtt) });
+        devices.push(DeviceSpec {
+            profile,
+            budget_bytes: usable(m.profile.budget_bytes),
+            link: link(format!("device {}", i + 2), next_rtt),
+        });
     }
     Ok(solve(&cost, &devices)?)
 }

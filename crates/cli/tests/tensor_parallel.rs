@@ -3,58 +3,13 @@
 
 mod common;
 
-use common::{assert_clean_error, hearth, model, ok};
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::{addrs, assert_clean_error, cache_dir, hearth, model, ok, tokens, Worker};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PROMPT: &str = "The three primary colors are red, blue and";
-
-/// A `hearth worker` on an ephemeral loopback port, killed when dropped.
-struct Worker {
-    child: Child,
-    addr: String,
-}
-
-fn cache_dir() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("hearth-cache")
-}
-
-impl Worker {
-    /// `hearth worker -m model --listen 127.0.0.1:0 -t 1 extra…`.
-    fn start(model: &Path, extra: &[&str]) -> Worker {
-        Self::spawn(&[&["--listen", "127.0.0.1:0", "-m", model.to_str().unwrap()], extra].concat(), Stdio::null())
-    }
-
-    /// `hearth worker -t 1 args…`, once it has printed where it listens.
-    fn spawn(args: &[&str], stderr: Stdio) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(["worker", "-t", "1"])
-            .args(args)
-            .env("HEARTH_CACHE_DIR", cache_dir())
-            .env_remove("HEARTH_CLUSTER_KEY")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .strip_prefix("hearth worker listening on ")
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Worker { child, addr }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn generate(extra: &[&str]) -> std::process::Output {
     let m = model();
@@ -67,14 +22,6 @@ fn generate(extra: &[&str]) -> std::process::Output {
         .env_remove("HEARTH_CLUSTER_KEY")
         .output()
         .unwrap()
-}
-
-fn tokens(v: &serde_json::Value) -> Vec<u64> {
-    v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
-}
-
-fn addrs(ws: &[&Worker]) -> String {
-    ws.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",")
 }
 
 #[test]
@@ -301,7 +248,8 @@ fn a_worker_without_the_model_file_gets_its_shard_once() {
     let sha = model_sha(&m);
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shard-cache-test");
     let _ = std::fs::remove_dir_all(&cache);
-    let start = || Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], Stdio::null());
+    let start =
+        || Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], Stdio::null());
     let single = tokens(&ok(generate(&[])));
     let w = start();
     let run = |w: &Worker| {

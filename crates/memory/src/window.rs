@@ -81,7 +81,11 @@ pub fn slot_bytes(units: &[Range<usize>]) -> usize {
 /// Units kept resident for good out of `n_units` with `slots` slots: all when they fit,
 /// else all but a 2-slot streaming ring (none with fewer than 3 slots).
 pub fn pinned_units(n_units: usize, slots: usize) -> usize {
-    if slots >= n_units { n_units } else { slots.saturating_sub(2) }
+    if slots >= n_units {
+        n_units
+    } else {
+        slots.saturating_sub(2)
+    }
 }
 
 /// A zeroed, page-aligned heap buffer written by the loader and read by the forward pass;
@@ -202,7 +206,9 @@ impl Window {
         let size = slot_bytes(&units);
         let slots = (0..n_slots).map(|_| SlotBuf::new(size)).collect::<Result<Vec<_>, _>>().map_err(err)?;
         let reader = match mode {
-            ReadMode::Direct => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok().filter(direct_reads_work),
+            ReadMode::Direct => {
+                std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok().filter(direct_reads_work)
+            }
             ReadMode::Buffered => None,
         };
         let direct = reader.is_some();
@@ -210,13 +216,7 @@ impl Window {
             Some(f) => f,
             None => File::open(path).map_err(|e| err(e.to_string()))?,
         };
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State { direct, ..State::default() }),
-            cv: Condvar::new(),
-            slots,
-            spans,
-            pinned,
-        });
+        let shared = Arc::new(Shared { state: Mutex::new(State { direct, ..State::default() }), cv: Condvar::new(), slots, spans, pinned });
         let (sh, p) = (Arc::clone(&shared), path.to_path_buf());
         let loader = std::thread::Builder::new()
             .name("hearth-window".into())
@@ -409,7 +409,11 @@ impl LayerSource for Window {
 
     fn read_at(&mut self, offset: u64, dst: &mut [u8]) -> Result<(), ModelError> {
         self.file.read_exact_at(dst, offset).map_err(|e| {
-            ModelError::Weights(format!("{}: reading {} bytes at {offset}: {e} (truncated since it was opened?)", self.path.display(), dst.len()))
+            ModelError::Weights(format!(
+                "{}: reading {} bytes at {offset}: {e} (truncated since it was opened?)",
+                self.path.display(),
+                dst.len()
+            ))
         })
     }
 

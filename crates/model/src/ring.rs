@@ -42,11 +42,6 @@ impl RingWindows {
         Ok(Self { rounds })
     }
 
-    /// Every layer, in one round (a single device).
-    pub fn whole(n_layer: usize) -> Self {
-        Self { rounds: vec![0..n_layer] }
-    }
-
     /// Rounds per token (`k`).
     pub fn k(&self) -> usize {
         self.rounds.len()
@@ -115,6 +110,6 @@ mod tests {
         assert!(RingWindows::from_assignment(12, &[0, 0], 0).is_err());
         assert!(RingWindows::from_assignment(12, &[6, 6], 2).is_err());
         assert!(RingWindows { rounds: vec![0..3, 2..4] }.owned(4).is_err());
-        assert!(RingWindows { rounds: vec![0..5] }.owned(4).is_err());
+        assert!(RingWindows { rounds: vec![0..2, 2..5] }.owned(4).is_err());
     }
 }

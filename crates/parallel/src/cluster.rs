@@ -211,7 +211,11 @@ impl GroupHandle {
             match p.recv()?.0 {
                 Message::Stats(s) => out.push(s),
                 other => {
-                    return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why: format!("expected Stats, got {}", other.name()) })
+                    return Err(CommError::Protocol {
+                        node: p.node(),
+                        addr: p.addr().to_string(),
+                        why: format!("expected Stats, got {}", other.name()),
+                    })
                 }
             }
         }
@@ -555,7 +559,12 @@ pub fn serve_session(
             Ok((Message::Step { pos0, x }, _)) => (pos0, x),
             Ok((Message::StatsRequest, _)) => {
                 let c = lock(&counters).clone();
-                let reply = NodeStats { comm_secs: c.total.seconds, bytes_sent: c.total.bytes_sent, bytes_received: c.total.bytes_received, ..stats };
+                let reply = NodeStats {
+                    comm_secs: c.total.seconds,
+                    bytes_sent: c.total.bytes_sent,
+                    bytes_received: c.total.bytes_received,
+                    ..stats
+                };
                 lock(&star).peers_mut()[0].send(&Message::Stats(reply))?;
                 continue;
             }

@@ -159,9 +159,17 @@ impl PendingRing {
                 let _ = m.peer.send(&Message::Shutdown);
                 continue;
             }
-            let rounds = RingWindows::from_assignment(n_layer, windows, node)?.rounds.iter().map(|r| r.start as u64..r.end as u64).collect();
+            let rounds =
+                RingWindows::from_assignment(n_layer, windows, node)?.rounds.iter().map(|r| r.start as u64..r.end as u64).collect();
             let listen = !ring.is_empty();
-            let s = RingSession { n_ctx: n_ctx as u64, n_batch: n_batch as u64, cache_type: crate::cluster::cache_byte(cache), listen, token, rounds };
+            let s = RingSession {
+                n_ctx: n_ctx as u64,
+                n_batch: n_batch as u64,
+                cache_type: crate::cluster::cache_byte(cache),
+                listen,
+                token,
+                rounds,
+            };
             m.peer.send(&Message::RingSession(s))?;
             match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
                 Message::RingReady { kv_bytes, weight_bytes, link_port } => {
@@ -184,7 +192,9 @@ impl PendingRing {
             match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
                 Message::Linked => {}
                 Message::Error(e) => return Err(ClusterError::Refused { node: w.node, message: e.message }),
-                other => return Err(ClusterError::Refused { node: w.node, message: format!("answered {} instead of Linked", other.name()) }),
+                other => {
+                    return Err(ClusterError::Refused { node: w.node, message: format!("answered {} instead of Linked", other.name()) })
+                }
             }
         }
         let workers = ring.iter().map(|(_, w, _)| w.clone()).collect();
@@ -259,7 +269,13 @@ impl RingHandle {
             match p.recv()?.0 {
                 Message::Stats(s) => out.push(s),
                 Message::Error(e) => return Err(remote(p.node(), e)),
-                other => return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why: format!("expected Stats, got {}", other.name()) }),
+                other => {
+                    return Err(CommError::Protocol {
+                        node: p.node(),
+                        addr: p.addr().to_string(),
+                        why: format!("expected Stats, got {}", other.name()),
+                    })
+                }
             }
         }
         Ok(out)
@@ -287,17 +303,36 @@ impl RingLink for TcpRing {
         let wait = base.map(|b| pass_timeout(b, n_tokens).mul_f64(n_peers as f64)).unwrap_or(last.timeout());
         let (msg, got) = last.recv_within(wait)?;
         match msg {
-            Message::Hop { pos0: p, round: r, x: y } if p == pos0 as u64 && r == round as u32 && y.len() == x.len() => x.copy_from_slice(&y),
+            Message::Hop { pos0: p, round: r, x: y } if p == pos0 as u64 && r == round as u32 && y.len() == x.len() => {
+                x.copy_from_slice(&y)
+            }
             Message::Hop { pos0: p, round: r, x: y } => {
                 return Err(Box::new(CommError::Protocol {
                     node: last.node(),
                     addr: last.addr().to_string(),
-                    why: format!("expected the hop of round {round} at {pos0} ({} values), got round {r} at {p} ({} values)", x.len(), y.len()),
+                    why: format!(
+                        "expected the hop of round {round} at {pos0} ({} values), got round {r} at {p} ({} values)",
+                        x.len(),
+                        y.len()
+                    ),
                 }))
             }
-            Message::Error(e) => return Err(Box::new(remote(last.node(), e))),
+            Message::Error(e) => {
+                // Name the failed device by the address we know it by.
+                let mut err = remote(last.node(), e);
+                if let CommError::Remote { failed, message, .. } = &mut err {
+                    if let Some(p) = peers.iter().find(|p| p.node() == *failed) {
+                        *message = format!("{message} [node {failed} is {}]", p.addr());
+                    }
+                }
+                return Err(Box::new(err));
+            }
             other => {
-                return Err(Box::new(CommError::Protocol { node: last.node(), addr: last.addr().to_string(), why: format!("expected Hop, got {}", other.name()) }))
+                return Err(Box::new(CommError::Protocol {
+                    node: last.node(),
+                    addr: last.addr().to_string(),
+                    why: format!("expected Hop, got {}", other.name()),
+                }))
             }
         }
         counters.rounds += 1;
@@ -332,13 +367,23 @@ enum Out {
 /// Serve a ring session on `control` (the coordinator's connection, after the
 /// handshake and `session`): build the context for this worker's windows with
 /// `make_ctx`, make the links, then run every hop through its window.
-pub fn serve_ring(mut control: Peer, me: usize, worker: &WorkerModel, session: RingSession, make_ctx: MakeContext<'_>, timeout: Duration) -> Result<SessionEnd, ClusterError> {
+pub fn serve_ring(
+    mut control: Peer,
+    me: usize,
+    worker: &WorkerModel,
+    session: RingSession,
+    make_ctx: MakeContext<'_>,
+    timeout: Duration,
+) -> Result<SessionEnd, ClusterError> {
     let fail = |control: &mut Peer, e: ClusterError| {
         control.report(Some(me), &format!("node {me}: {e}"));
         Err(e)
     };
     let WorkerModel::File { model, .. } = worker else {
-        return fail(&mut control, ClusterError::Plan("a ring worker needs the model file (start it with -m MODEL, not --model-sha256)".into()));
+        return fail(
+            &mut control,
+            ClusterError::Plan("a ring worker needs the model file (start it with -m MODEL, not --model-sha256)".into()),
+        );
     };
     let n_layer = model.config.n_layer;
     let rounds: Vec<std::ops::Range<usize>> = session
@@ -358,10 +403,11 @@ pub fn serve_ring(mut control: Peer, me: usize, worker: &WorkerModel, session: R
         }
     };
     let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
-    let mut ctx: Context = match make_ctx(model.clone(), n_ctx, n_batch, crate::cluster::cache_type(session.cache_type), Some(windows.clone())) {
-        Ok(c) => c,
-        Err(e) => return fail(&mut control, e.into()),
-    };
+    let mut ctx: Context =
+        match make_ctx(model.clone(), n_ctx, n_batch, crate::cluster::cache_type(session.cache_type), Some(windows.clone())) {
+            Ok(c) => c,
+            Err(e) => return fail(&mut control, e.into()),
+        };
     // Our predecessor connects to us on a port of the address the coordinator reached.
     let listener = if session.listen {
         let ip = control.stream().local_addr().map(|a| a.ip()).unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
@@ -375,7 +421,10 @@ pub fn serve_ring(mut control: Peer, me: usize, worker: &WorkerModel, session: R
     let port = listener.as_ref().and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
     let weight_bytes: u64 = {
         let w = &model.weights;
-        (0..n_layer).filter(|&il| windows.owned(n_layer).map(|o| o[il]).unwrap_or(false)).map(|il| w.layers[il].matrices().iter().map(|t| t.size as u64).sum::<u64>()).sum()
+        (0..n_layer)
+            .filter(|&il| windows.owned(n_layer).map(|o| o[il]).unwrap_or(false))
+            .map(|il| w.layers[il].matrices().iter().map(|t| t.size as u64).sum::<u64>())
+            .sum()
     };
     control.send(&Message::RingReady { kv_bytes: ctx.kv_bytes() as u64, weight_bytes, link_port: port })?;
     let (token, next) = match control.recv_within(SETUP_TIMEOUT)?.0 {
@@ -489,18 +538,25 @@ fn accept_link(l: &TcpListener, token: &[u8; 32], within: Duration) -> Result<Pe
         match l.accept() {
             Ok((s, _)) => {
                 let _ = s.set_nonblocking(false);
-                let Ok(mut p) = Peer::new(s, 0, Duration::from_secs(10)).map(|p| p.with_max_frame(crate::cluster::HANDSHAKE_MAX_FRAME)) else { continue };
+                let Ok(mut p) = Peer::new(s, 0, Duration::from_secs(10)).map(|p| p.with_max_frame(crate::cluster::HANDSHAKE_MAX_FRAME))
+                else {
+                    continue;
+                };
                 if let Ok((Message::LinkHello { token: t, node }, _)) = p.recv() {
                     if &t == token {
                         let stream: TcpStream = p.into_stream();
                         let node = usize::try_from(node).unwrap_or(usize::MAX);
-                        return Peer::new(stream, node, Duration::from_secs(10)).map_err(|e| ClusterError::Plan(format!("link from node {node}: {e}")));
+                        return Peer::new(stream, node, Duration::from_secs(10))
+                            .map_err(|e| ClusterError::Plan(format!("link from node {node}: {e}")));
                     }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() > deadline {
-                    return Err(ClusterError::Plan(format!("the previous device of the ring did not connect within {} s", within.as_secs())));
+                    return Err(ClusterError::Plan(format!(
+                        "the previous device of the ring did not connect within {} s",
+                        within.as_secs()
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }

@@ -1041,10 +1041,24 @@ mod tests {
             Message::ShardData(vec![1, 2, 3, 4]),
             Message::ShardEnd { total: 4, sha256: [5; 32] },
             Message::StatsRequest,
-            Message::Stats(NodeStats { passes: 3, busy_secs: 0.5, comm_secs: 0.25, bytes_sent: 10, bytes_received: 20, io_wait_secs: 0.125 }),
+            Message::Stats(NodeStats {
+                passes: 3,
+                busy_secs: 0.5,
+                comm_secs: 0.25,
+                bytes_sent: 10,
+                bytes_received: 20,
+                io_wait_secs: 0.125,
+            }),
             Message::ProfileRequest,
             Message::Profile(b"{}".to_vec()),
-            Message::RingSession(RingSession { n_ctx: 512, n_batch: 64, cache_type: 1, listen: true, token: [6; 32], rounds: vec![2..4, 12..14] }),
+            Message::RingSession(RingSession {
+                n_ctx: 512,
+                n_batch: 64,
+                cache_type: 1,
+                listen: true,
+                token: [6; 32],
+                rounds: vec![2..4, 12..14],
+            }),
             Message::RingReady { kv_bytes: 1 << 20, weight_bytes: 3 << 20, link_port: 4242 },
             Message::Link { token: [6; 32], next: Some("10.0.0.2:7070".into()) },
             Message::Link { token: [6; 32], next: None },
@@ -1077,7 +1091,35 @@ mod tests {
         // address), Link (none), LinkHello, Linked, Hop (2 × f32)
         assert_eq!(
             sizes,
-            vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45, 5, 53, 5, 7, 63 + 32, 23, 37 + 13, 37, 45, 5, 25 + 8]
+            vec![
+                142,
+                49,
+                37,
+                69,
+                37,
+                34 + 12,
+                34 + 68,
+                14 + 28,
+                14,
+                5,
+                39,
+                21,
+                21 + 12,
+                5,
+                5 + 4,
+                45,
+                5,
+                53,
+                5,
+                7,
+                63 + 32,
+                23,
+                37 + 13,
+                37,
+                45,
+                5,
+                25 + 8
+            ]
         );
     }
 
@@ -1236,7 +1278,11 @@ mod tests {
             (arr(), prop::option::of("[a-z0-9.:]{1,30}")).prop_map(|(token, next)| Message::Link { token, next }),
             (arr(), any::<u64>()).prop_map(|(token, node)| Message::LinkHello { token, node }),
             Just(Message::Linked),
-            (any::<u64>(), any::<u32>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(|(pos0, round, x)| Message::Hop { pos0, round, x }),
+            (any::<u64>(), any::<u32>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(|(pos0, round, x)| Message::Hop {
+                pos0,
+                round,
+                x
+            }),
         ]
     }
 

@@ -144,6 +144,12 @@ pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, json:
             if p.streaming { "streamed, next window prefetched" } else { "resident" }
         );
     }
-    o += &format!("\nk = {} rounds, predicted TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n", a.k, a.predicted_ms_per_token, 1e3 / a.predicted_ms_per_token, a.explanation);
+    o += &format!(
+        "\nk = {} rounds, predicted TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n",
+        a.k,
+        a.predicted_ms_per_token,
+        1e3 / a.predicted_ms_per_token,
+        a.explanation
+    );
     Ok(o)
 }

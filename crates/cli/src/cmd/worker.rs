@@ -7,10 +7,10 @@ use anyhow::{Context as _, Result};
 use hearth_model::{Context, Model, RingWindows};
 use hearth_parallel::profile::DeviceProfile;
 use hearth_parallel::ring::WorkerProfile;
-use std::sync::OnceLock;
 use hearth_parallel::wire::{write_frame, ErrorMsg};
 use hearth_parallel::{Message, WorkerModel};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 /// Connections allowed in their handshake at once.
 const MAX_PENDING: usize = 16;
@@ -74,14 +74,24 @@ fn parse_sha(hex: &str) -> Result<[u8; 32]> {
 
 /// What this worker tells a ring coordinator: its profile (measured on first use, see
 /// `hearth profile`), threads and memory budget.
-fn ring_profile(profiled: &OnceLock<Option<DeviceProfile>>, model: Option<&std::path::Path>, threads: usize, budget: Option<u64>) -> WorkerProfile {
+fn ring_profile(
+    profiled: &OnceLock<Option<DeviceProfile>>,
+    model: Option<&std::path::Path>,
+    threads: usize,
+    budget: Option<u64>,
+) -> WorkerProfile {
     let profile = profiled.get_or_init(|| {
         let model = model?;
         eprintln!("measuring this device for the ring's layer solver (hearth profile --quick; cached for next time)");
         crate::cmd::profile::for_ring(model, threads).map_err(|e| eprintln!("could not profile this device: {e:#}")).ok()
     });
     let available = hearth_memory::available_bytes().unwrap_or(0);
-    WorkerProfile { profile: profile.clone(), threads, budget_bytes: budget.unwrap_or(available), can_stream: budget.is_some() && model.is_some() }
+    WorkerProfile {
+        profile: profile.clone(),
+        threads,
+        budget_bytes: budget.unwrap_or(available),
+        can_stream: budget.is_some() && model.is_some(),
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {

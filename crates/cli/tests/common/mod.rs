@@ -1,8 +1,9 @@
 //! Helpers shared by the CLI integration tests.
 #![allow(dead_code)] // each test file uses a subset
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The default model (fetched by scripts/fetch-models.sh, as README's test command does).
 pub fn model() -> PathBuf {
@@ -31,4 +32,61 @@ pub fn assert_clean_error(out: &Output, want: &str) {
     assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
     assert!(err.starts_with("error:"), "{err}");
     assert!(err.to_lowercase().contains(&want.to_lowercase()), "expected {want:?} in {err}");
+}
+
+/// A `hearth worker` on an ephemeral loopback port, killed when dropped.
+pub struct Worker {
+    pub child: Child,
+    pub addr: String,
+}
+
+pub fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("hearth-cache")
+}
+
+impl Worker {
+    /// `hearth worker -m model --listen 127.0.0.1:0 -t 1 extra…`.
+    pub fn start(model: &Path, extra: &[&str]) -> Worker {
+        Self::spawn(&[&["--listen", "127.0.0.1:0", "-m", model.to_str().unwrap()], extra].concat(), Stdio::null())
+    }
+
+    /// `hearth worker -t 1 args…` (`-t 1` unless `args` has a `-t`), once it has printed where it listens.
+    pub fn spawn(args: &[&str], stderr: Stdio) -> Worker {
+        let threads: &[&str] = if args.contains(&"-t") { &[] } else { &["-t", "1"] };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .arg("worker")
+            .args(threads)
+            .args(args)
+            .env("HEARTH_CACHE_DIR", cache_dir())
+            .env_remove("HEARTH_CLUSTER_KEY")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .strip_prefix("hearth worker listening on ")
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Worker { child, addr }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `completion_tokens` of a `generate --json` output.
+pub fn tokens(v: &serde_json::Value) -> Vec<u64> {
+    v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+/// `--workers` for these workers.
+pub fn addrs(ws: &[&Worker]) -> String {
+    ws.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",")
 }

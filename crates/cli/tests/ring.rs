@@ -1,0 +1,135 @@
+//! Pipelined-ring parallelism across processes on loopback (issue #7): `hearth worker`
+//! daemons of unequal thread counts and memory budgets, and `hearth generate --parallel
+//! ring` with explicit windows (k = 1 to 6 rounds) or the layer solver's. Every device
+//! runs whole layers on f32 activations, so greedy tokens must be exactly one machine's.
+
+mod common;
+
+use common::{addrs, assert_clean_error, cache_dir, model, ok, tokens, Worker};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PROMPT: &str = "The three primary colors are red, blue and";
+
+fn generate(extra: &[&str]) -> std::process::Output {
+    let m = model();
+    let mut args =
+        vec!["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "20", "--temperature", "0", "-t", "1", "-c", "256", "--json"];
+    args.extend_from_slice(extra);
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(&args)
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_MODEL")
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn ring_tokens_match_single_node_for_several_windows_and_rounds() {
+    let m = model();
+    let single = tokens(&ok(generate(&[])));
+    assert_eq!(single.len(), 20);
+    let w_a = Worker::start(&m, &[]);
+    let w_b = Worker::start(&m, &["-t", "2"]);
+    // 56 MiB: less than its layers (12 of 2.1 MiB) + KV + scratch + runtime, so it streams.
+    let w_c = Worker::start(&m, &["--mem-budget", "56MiB"]);
+    // SmolLM2 has 30 layers: (windows, workers, k)
+    let cases: Vec<(&str, String, u64)> = vec![
+        ("15,15", addrs(&[&w_a]), 1),
+        ("2,4,4", addrs(&[&w_a, &w_b]), 3),
+        ("1,1,2,1", addrs(&[&w_a, &w_b, &w_c]), 6),
+        // the coordinator only embeds and samples; the worker under a budget takes 12 layers
+        ("0,5,5,5", addrs(&[&w_a, &w_b, &w_c]), 2),
+        // a worker given no layers leaves the ring
+        ("3,0,7", addrs(&[&w_a, &w_b]), 3),
+    ];
+    for (windows, workers, k) in cases {
+        let out = generate(&["--workers", &workers, "--parallel", "ring", "--layer-window", windows]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let v = ok(out);
+        assert_eq!(tokens(&v), single, "--layer-window {windows}: {err}");
+        let ring = &v["ring"];
+        assert_eq!(ring["k"], k, "{ring}");
+        let in_ring = windows.split(',').enumerate().filter(|&(i, w)| i == 0 || w != "0").count();
+        assert_eq!(ring["devices"].as_array().unwrap().len(), in_ring, "{ring}");
+        assert!(v["tensor_parallel"].is_null());
+        if windows == "0,5,5,5" {
+            // the budgeted worker streamed its layers: it waited for its disk reads
+            let c = &ring["devices"][3];
+            assert!(c["disk_wait_ms"].as_f64().unwrap() > 0.0, "{ring}: {err}");
+        }
+        if windows == "3,0,7" {
+            assert!(err.contains("left out (given no layers)"), "{err}");
+        }
+    }
+    // The solver's choice (each worker profiles itself on first request): same tokens,
+    // and a prediction to compare with.
+    let out = generate(&["--workers", &addrs(&[&w_a, &w_b, &w_c]), "--parallel", "ring"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = ok(out);
+    assert_eq!(tokens(&v), single, "{err}");
+    assert!(err.contains("solver: predicted TPOT"), "{err}");
+    assert!(v["ring"]["predicted_tpot_ms"].as_f64().unwrap() > 0.0, "{}", v["ring"]);
+}
+
+#[test]
+fn bad_ring_flags_are_clear_errors() {
+    let m = model();
+    let w = Worker::start(&m, &[]);
+    assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "4,4"]), "multiple of");
+    assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "4,4,4"]), "3 values for 2 devices");
+    assert_clean_error(&generate(&["--workers", &w.addr, "--layer-window", "15,15"]), "--parallel ring");
+    assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--tp-schedule", "gather"]), "tensor parallelism");
+    assert_clean_error(&generate(&["--parallel", "ring"]), "--workers");
+    // the worker is still fine
+    let single = tokens(&ok(generate(&[])));
+    assert_eq!(tokens(&ok(generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "10,20"]))), single);
+}
+
+#[test]
+fn a_killed_ring_worker_fails_the_request_within_5_s_naming_it_and_the_next_request_replans() {
+    let m = model();
+    let w1 = Worker::start(&m, &[]);
+    let mut w2 = Worker::start(&m, &[]);
+    let w3 = Worker::start(&m, &[]);
+    let workers = addrs(&[&w1, &w2, &w3]);
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "1500", "--ignore-eos", "--temperature", "0", "-t", "1"])
+        .args(["--workers", &workers, "--parallel", "ring", "--layer-window", "3,3,2,2"])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until tokens stream, then kill node 2 (in the middle of the ring).
+    let mut stdout = coord.stdout.take().unwrap();
+    let mut got = 0;
+    let mut buf = [0u8; 256];
+    while got < 40 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the coordinator ended before the kill");
+        got += n;
+    }
+    w2.child.kill().unwrap();
+    let killed = Instant::now();
+    std::thread::spawn(move || while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
+    let status = loop {
+        if let Some(s) = coord.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(10), "the coordinator hangs after a worker died");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = killed.elapsed();
+    let mut err = String::new();
+    coord.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(err.contains("node 2") && err.contains(&w2.addr), "the error must name node 2 ({}): {err}", w2.addr);
+    assert!(!err.contains("panicked"), "{err}");
+    // The next request over the remaining workers is planned anew and gives one machine's tokens.
+    let single = tokens(&ok(generate(&[])));
+    assert_eq!(tokens(&ok(generate(&["--workers", &addrs(&[&w1, &w3]), "--parallel", "ring"]))), single);
+}
