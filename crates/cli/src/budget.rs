@@ -24,6 +24,10 @@ pub struct BudgetArgs {
     /// buffered (through it)
     #[arg(long, value_enum, default_value_t = WindowIo::Direct, requires = "mem_budget")]
     pub window_io: WindowIo,
+    /// Read each streamed layer only when the forward pass needs it, never ahead (a
+    /// baseline for measuring what prefetching saves)
+    #[arg(long, requires = "mem_budget")]
+    pub no_prefetch: bool,
 }
 
 /// `--window-io` values.
@@ -108,7 +112,7 @@ impl BudgetArgs {
         // Drop the mapping's pages (header, norms) before the window's slots fill up, so the
         // two never count together in the peak.
         model.file.release_pages();
-        let window = Window::open_with(model.file.path(), units, w.slots, w.pinned, mode)?;
+        let window = Window::open_full(model.file.path(), units, w.slots, w.pinned, mode, !self.no_prefetch)?;
         eprintln!(
             "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
              + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",

@@ -131,6 +131,9 @@ struct State {
     loaded: u64,
     /// Streamed sequence numbers `< released` are finished with.
     released: u64,
+    /// Streamed sequence numbers `< requested` have been asked for by the forward pass
+    /// (bounds the loader without prefetch).
+    requested: u64,
     error: Option<String>,
     stop: bool,
     bytes_read: u64,
@@ -146,6 +149,8 @@ struct Shared {
     spans: Vec<Span>,
     /// Units `0..pinned` are read once and kept, in slots `0..pinned`.
     pinned: usize,
+    /// Without prefetch the loader reads a streamed unit only once it is asked for.
+    prefetch: bool,
 }
 
 impl Shared {
@@ -189,6 +194,20 @@ impl Window {
     /// streaming ring, so while the token is on the other devices the loader fills every
     /// slot its last window freed with the next window's layers (prima.cpp's prefetch).
     pub fn open_with(path: &Path, units: Vec<Range<usize>>, slots: usize, pinned: usize, mode: ReadMode) -> Result<Self, ModelError> {
+        Self::open_full(path, units, slots, pinned, mode, true)
+    }
+
+    /// [`Self::open_with`], with `prefetch` off: the loader reads each streamed unit only
+    /// when the forward pass asks for it, so no read overlaps compute or idle time (the
+    /// baseline that shows what prefetching buys).
+    pub fn open_full(
+        path: &Path,
+        units: Vec<Range<usize>>,
+        slots: usize,
+        pinned: usize,
+        mode: ReadMode,
+        prefetch: bool,
+    ) -> Result<Self, ModelError> {
         let err = |what: String| ModelError::Weights(format!("{}: {what}", path.display()));
         if units.is_empty() || slots == 0 {
             return Err(err("a window needs at least one unit and one slot".into()));
@@ -216,7 +235,14 @@ impl Window {
             Some(f) => f,
             None => File::open(path).map_err(|e| err(e.to_string()))?,
         };
-        let shared = Arc::new(Shared { state: Mutex::new(State { direct, ..State::default() }), cv: Condvar::new(), slots, spans, pinned });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { direct, ..State::default() }),
+            cv: Condvar::new(),
+            slots,
+            spans,
+            pinned,
+            prefetch,
+        });
         let (sh, p) = (Arc::clone(&shared), path.to_path_buf());
         let loader = std::thread::Builder::new()
             .name("hearth-window".into())
@@ -273,7 +299,7 @@ fn load_loop(sh: &Shared, mut reader: File, path: &Path) {
     loop {
         {
             let mut st = sh.lock();
-            while !st.stop && seq >= st.released + sh.ring() {
+            while !st.stop && (seq >= st.released + sh.ring() || (!sh.prefetch && seq >= st.requested)) {
                 st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
             if st.stop {
@@ -382,6 +408,10 @@ impl LayerSource for Window {
         let t0 = Instant::now();
         {
             let mut st = sh.lock();
+            if u >= sh.pinned && st.requested <= seq {
+                st.requested = seq + 1;
+                sh.cv.notify_all();
+            }
             while !ready(&st) && st.error.is_none() {
                 st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 fn model_path() -> PathBuf {
-    let p = std::env::var("HEARTH_MODEL").map(PathBuf::from).unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let p = std::env::var("HEARTH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
     p
 }
@@ -84,4 +84,27 @@ fn a_file_truncated_mid_run_is_an_error() {
     assert!(ctx.eval(&[42], Logits::Last).is_err());
     drop(ctx);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn without_prefetch_nothing_is_read_ahead_and_logits_still_match() {
+    let path = model_path();
+    let model = Arc::new(Model::load(&path).unwrap());
+    let prompt = model.tokenizer.encode("The capital of France is", true, true);
+    let want = run(&mut Context::new(model.clone(), 64, 64, 1).unwrap(), &prompt, 2).unwrap();
+    let units = unit_ranges(&model.weights).unwrap();
+    for prefetch in [true, false] {
+        // No unit pinned, 4 slots streaming (a ring device's window).
+        let w = Window::open_full(&path, units.clone(), 4, 0, ReadMode::Buffered, prefetch).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let loaded = hearth_model::LayerSource::stats(&w).units_loaded;
+        if prefetch {
+            assert_eq!(loaded, 4, "the loader fills every slot ahead");
+        } else {
+            assert_eq!(loaded, 0, "nothing read before it is asked for");
+        }
+        let mut ctx = Context::new(model.clone(), 64, 64, 1).unwrap();
+        ctx.set_source(Box::new(w));
+        assert!(run(&mut ctx, &prompt, 2).unwrap() == want, "prefetch {prefetch}: logits differ");
+    }
 }
