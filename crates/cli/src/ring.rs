@@ -9,7 +9,7 @@ use hearth_memory::plan::{plan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS};
 use hearth_model::{Context, Model};
 use hearth_parallel::profile::LinkProfile;
 use hearth_parallel::ring::{PendingRing, RingHandle};
-use hearth_parallel::solver::{solve, Assignment, DevicePrediction, DeviceSpec};
+use hearth_parallel::solver::{solve, Assignment, DevicePrediction, DeviceSpec, ModelCost};
 use hearth_parallel::{ClusterOptions, CommCounters, CommStats, Layout, NodeStats};
 
 /// Link bandwidth assumed where none is measured, Mbit/s (activations are a few KiB per
@@ -112,10 +112,6 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Op
 
 /// The solver's windows over this machine and the gathered workers.
 fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Option<u64>) -> Result<Assignment> {
-    let summary = ModelSummary::from_gguf(&model.file)?;
-    let kv_row = ctx.cache_type().row_bytes(model.config.kv_dim()) as u64;
-    let cost = crate::cmd::plan_ring::model_cost(&summary, ctx.n_ctx(), kv_row);
-    // What a device needs besides weights and KV: scratch, runtime, the window's margin.
     let params = PlanParams {
         n_ctx: ctx.n_ctx(),
         n_batch: ctx.n_batch(),
@@ -123,9 +119,23 @@ fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Op
         cache_type: ctx.cache_type(),
         logits_all: false,
     };
+    let (cost, devices) = devices(model, params, pending, budget)?;
+    Ok(solve(&cost, &devices)?)
+}
+
+/// What the solver needs: the model's cost and every device (this machine, with
+/// `budget` or its available RAM, then the gathered workers) with its profile, usable
+/// memory (its budget less scratch, runtime and the window's margin, as the memory plan
+/// for `params` counts them) and link (the coordinator's measured round trip to the
+/// next device; links between workers are not measured).
+pub fn devices(model: &Model, params: PlanParams, pending: &PendingRing, budget: Option<u64>) -> Result<(ModelCost, Vec<DeviceSpec>)> {
+    let summary = ModelSummary::from_gguf(&model.file)?;
+    let kv_row = params.cache_type.row_bytes(model.config.kv_dim()) as u64;
+    let cost = crate::cmd::plan_ring::model_cost(&summary, params.n_ctx, kv_row);
+    let threads = params.n_threads;
     let p = plan(&summary, params, 0, DEFAULT_MEMBW_GBPS);
     let usable = |b: u64| b.saturating_sub(p.scratch_bytes + p.overhead_bytes + hearth_memory::plan::WINDOW_MARGIN_BASE + b / 32);
-    let me = crate::cmd::profile::for_ring(model.file.path(), ctx.n_threads())?;
+    let me = crate::cmd::profile::for_ring(model.file.path(), threads)?;
     let rtt = |i: usize| pending.members.get(i).map_or(0.0, |m| m.rtt_ms);
     let link = |peer: String, rtt_ms: f64| LinkProfile { peer, rtt_ms, mbit: ASSUMED_MBIT };
     let mine = budget.unwrap_or(me.ram_available_bytes);
@@ -143,7 +153,7 @@ fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Op
             link: link(format!("device {}", i + 2), next_rtt),
         });
     }
-    Ok(solve(&cost, &devices)?)
+    Ok((cost, devices))
 }
 
 /// Per device over decode, between two [`ClusterRun::all_stats`] snapshots of `secs`

@@ -321,6 +321,9 @@ impl Peer {
 
     /// Send one message; returns the frame's bytes.
     pub fn send(&mut self, msg: &Message) -> Result<usize, CommError> {
+        if let Some(d) = emulated_delay() {
+            std::thread::sleep(d);
+        }
         self.scratch.clear();
         msg.encode_into(&mut self.scratch);
         let r = self.stream.write_all(&self.scratch).and_then(|_| self.stream.flush());
@@ -410,6 +413,17 @@ impl Peer {
         }
         Ok(p)
     }
+}
+
+/// `HEARTH_EMU_LINK_DELAY_MS`: a one-way delay added before every message this process
+/// sends, to emulate a home network's latency on loopback in benchmarks
+/// (bench/ring-cluster.py; `netem` is not available here). Unset: none.
+fn emulated_delay() -> Option<Duration> {
+    static D: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        let ms: f64 = std::env::var("HEARTH_EMU_LINK_DELAY_MS").ok()?.parse().ok()?;
+        (ms > 0.0 && ms.is_finite()).then(|| Duration::from_secs_f64(ms / 1e3))
+    })
 }
 
 /// Remember the first failure; refuse every later call.

@@ -297,7 +297,7 @@ impl RingLink for TcpRing {
         let n_peers = peers.len();
         let Some(first) = peers.first_mut() else { return Ok(()) };
         let hop = Message::Hop { pos0: pos0 as u64, round: round as u32, x: x.to_vec() };
-        let sent = send_hop(first, &hop)? as u64;
+        let sent = first.send(&hop)? as u64;
         let last = &mut peers[n_peers - 1];
         // The hop crosses every worker: allow each its step timeout for this batch.
         let wait = base.map(|b| pass_timeout(b, n_tokens).mul_f64(n_peers as f64)).unwrap_or(last.timeout());
@@ -354,25 +354,6 @@ impl Drop for TcpRing {
             let _ = first.send(&Message::Shutdown);
         }
     }
-}
-
-/// `HEARTH_EMU_HOP_DELAY_MS`: a one-way delay added before every hop this process sends,
-/// to emulate a home network's latency on loopback (bench/ring-cluster.sh; `netem` is not
-/// available here). Unset: none.
-fn emulated_hop_delay() -> Option<Duration> {
-    static D: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *D.get_or_init(|| {
-        let ms: f64 = std::env::var("HEARTH_EMU_HOP_DELAY_MS").ok()?.parse().ok()?;
-        (ms > 0.0 && ms.is_finite()).then(|| Duration::from_secs_f64(ms / 1e3))
-    })
-}
-
-/// Send a hop, after the emulated delay if one is set.
-fn send_hop(p: &mut Peer, m: &Message) -> Result<usize, CommError> {
-    if let Some(d) = emulated_hop_delay() {
-        std::thread::sleep(d);
-    }
-    p.send(m)
 }
 
 /// Where a ring worker sends what it computed.
@@ -487,7 +468,7 @@ pub fn serve_ring(
                 Out::Worker(p) => p,
                 Out::Coordinator => control,
             };
-            if matches!(m, Message::Hop { .. }) { send_hop(p, m) } else { p.send(m) }.map(|_| ())
+            p.send(m).map(|_| ())
         };
         let (pos0, round, mut x) = match got {
             Ok((Message::Hop { pos0, round, x }, _)) => (pos0, round, x),

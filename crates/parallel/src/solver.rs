@@ -292,6 +292,37 @@ pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[u
     Some((total, out))
 }
 
+/// Predicted prefill time of an `n_prompt`-token prompt (TTFT) for the plan `(k,
+/// windows)`, ms, and each device's part: its windows at the larger of its byte-bound
+/// and FLOP-bound time for the batch (`n_prompt · layer_flops / prefill GFLOP/s`), the
+/// output head for one token on device 0, its disk time as for a decoded token, and
+/// `k` hops of `n_prompt` activations. `None` when [`predict`] is.
+pub fn predict_prefill(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[usize], n_prompt: usize) -> Option<(f64, Vec<f64>)> {
+    let (_, decode) = predict(model, devices, k, windows)?;
+    let ring_size = windows.iter().enumerate().filter(|&(i, &w)| i == 0 || w > 0).count();
+    let mut per = vec![0.0; devices.len()];
+    for (i, d) in devices.iter().enumerate() {
+        if i != 0 && windows[i] == 0 {
+            continue;
+        }
+        let (gbps, gflops) = match d.profile.rate(&model.weight_type) {
+            Some(r) if r.decode_gbps > 0.0 => (r.decode_gbps, r.prefill_gflops),
+            _ => (d.profile.mem_read_gbps, 0.0),
+        };
+        let bytes_ms = model.layer_bytes as f64 / (gbps * 1e6);
+        let flops_ms = if gflops > 0.0 { model.layer_flops * n_prompt as f64 / (gflops * 1e6) } else { bytes_ms * n_prompt as f64 };
+        let head = if i == 0 { head_ms(model, &d.profile)? } else { 0.0 };
+        let hop = if ring_size > 1 {
+            let bytes = model.act_bytes as f64 * n_prompt as f64;
+            d.link.rtt_ms.max(0.0) / 2.0 + bytes * 8.0 / (d.link.mbit.max(1e-9) * 1e3)
+        } else {
+            0.0
+        };
+        per[i] = (k * windows[i]) as f64 * bytes_ms.max(flops_ms) + head + decode[i].disk_ms + k as f64 * hop;
+    }
+    Some((per.iter().sum(), per))
+}
+
 /// The best `w` for rounds `k` over the ring `ring` (device indices, 0 first), by ILP.
 /// `None` when infeasible.
 fn solve_fixed(model: &ModelCost, devices: &[DeviceSpec], k: usize, ring: &[usize]) -> Option<Vec<usize>> {

@@ -51,6 +51,14 @@ pub struct Args {
     /// next device; prints each device's layers and predicted TPOT
     #[arg(long, value_name = "PATH")]
     pub ring: Option<PathBuf>,
+    /// Prompt tokens for the ring plan's predicted TTFT
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub n_prompt: u32,
+    /// Plan a pipelined ring over running workers instead (`--workers`/`--cluster`): asks
+    /// each for its profile and memory budget, measures the round trip to it, and prints
+    /// the solver's assignment with predicted TTFT and TPOT per device (runs nothing)
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
     /// Print one JSON object
     #[arg(long)]
     pub json: bool,
@@ -116,8 +124,20 @@ pub fn run(a: Args) -> Result<()> {
     cache_type.check(summary.shape.head_dim).map_err(anyhow::Error::msg)?;
     if let Some(ring) = &a.ring {
         let row = cache_type.row_bytes(summary.shape.kv_dim()) as u64;
-        return print_out(&super::plan_ring::run(ring, &summary, n_ctx, row, a.json)?);
+        return print_out(&super::plan_ring::run(ring, &summary, n_ctx, row, a.n_prompt as usize, a.json)?);
     }
+    if a.cluster.enabled() {
+        let path = file.as_ref().context("--workers/--cluster plan a real model file: give -m, not --shape")?;
+        let model = hearth_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+        let opts = a.cluster.options()?;
+        let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
+        let pending = hearth_parallel::ring::gather(&model, sha, &opts.workers, opts.key.as_ref(), opts.timeout, true)
+            .map_err(|e| crate::cluster::explain(e, &opts))?;
+        let params = PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false };
+        let (cost, devices) = crate::ring::devices(&model, params, &pending, a.mem_budget)?;
+        return print_out(&super::plan_ring::report(&devices, &cost, a.n_prompt as usize, a.json)?);
+    }
+    a.cluster.check_unused()?;
     let available = hearth_memory::available_bytes().unwrap_or(0);
     let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false }, available, membw);
     let window = match a.mem_budget {

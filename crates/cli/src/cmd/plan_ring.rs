@@ -101,40 +101,53 @@ pub fn model_cost(m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64) -> ModelCos
     }
 }
 
-/// Solve and print (or return as JSON) the assignment.
-pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, json: bool) -> Result<String> {
+/// Solve for the devices of a ring file and print (or return as JSON) the assignment.
+pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, n_prompt: usize, json: bool) -> Result<String> {
     let devices = read_devices(ring)?;
-    let cost = model_cost(m, n_ctx, kv_row_bytes);
-    let a = solve(&cost, &devices)?;
+    report(&devices, &model_cost(m, n_ctx, kv_row_bytes), n_prompt, json)
+}
+
+/// Solve for `devices` and print (or return as JSON) the assignment, with the predicted
+/// TTFT of an `n_prompt`-token prompt and TPOT, per device and in total.
+pub fn report(devices: &[DeviceSpec], cost: &ModelCost, n_prompt: usize, json: bool) -> Result<String> {
+    let a = solve(cost, devices)?;
+    let (ttft, ttft_per) = hearth_parallel::solver::predict_prefill(cost, devices, a.k, &a.windows, n_prompt)
+        .ok_or_else(|| anyhow::anyhow!("the solver's plan has no prefill prediction"))?;
     if json {
         let per: Vec<_> = a
             .per_device
             .iter()
-            .zip(&devices)
+            .zip(devices)
             .zip(&a.windows)
-            .map(|((p, d), w)| {
+            .zip(&ttft_per)
+            .map(|(((p, d), w), t)| {
                 serde_json::json!({
-                    "name": d.profile.name, "window_layers": w, "layers": w * a.k,
+                    "name": d.profile.name, "window_layers": w, "layers": w * a.k, "ttft_ms": t,
                     "compute_ms": p.compute_ms, "disk_ms": p.disk_ms, "network_ms": p.network_ms, "resident_bytes": p.resident_bytes,
                     "streaming": p.streaming,
                 })
             })
             .collect();
         let v = serde_json::json!({"k": a.k, "windows": a.windows, "predicted_ms_per_token": a.predicted_ms_per_token,
+            "n_prompt": n_prompt, "predicted_ttft_ms": ttft,
             "devices": per, "explanation": a.explanation});
         return Ok(format!("{v}\n"));
     }
     let mut o = format!(
-        "ring plan for {} layers of {:.1} MiB ({}), n_ctx {n_ctx}, over {} devices:\n",
+        "ring plan for {} layers of {:.1} MiB ({}), n_ctx {}, over {} devices:\n",
         cost.n_layer,
         cost.layer_bytes as f64 / (1 << 20) as f64,
         cost.weight_type,
+        cost.n_ctx,
         devices.len()
     );
-    o += "| device | layers per round | layers | compute ms/token | disk ms/token | network ms/token | resident MiB | weights |\n|---|---:|---:|---:|---:|---:|---:|---|\n";
-    for ((p, d), w) in a.per_device.iter().zip(&devices).zip(&a.windows) {
+    o += &format!(
+        "| device | layers per round | layers | TTFT ms ({n_prompt} tokens) | compute ms/token | disk ms/token | network ms/token | resident MiB | weights |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    );
+    for (((p, d), w), t) in a.per_device.iter().zip(devices).zip(&a.windows).zip(&ttft_per) {
         o += &format!(
-            "| {} | {w} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} |\n",
+            "| {} | {w} | {} | {t:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {} |\n",
             d.profile.name,
             w * a.k,
             p.compute_ms,
@@ -145,7 +158,7 @@ pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, json:
         );
     }
     o += &format!(
-        "\nk = {} rounds, predicted TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n",
+        "\nk = {} rounds, predicted TTFT {ttft:.0} ms for {n_prompt} prompt tokens, TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n",
         a.k,
         a.predicted_ms_per_token,
         1e3 / a.predicted_ms_per_token,
