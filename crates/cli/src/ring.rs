@@ -12,8 +12,7 @@ use hearth_parallel::ring::{PendingRing, RingHandle};
 use hearth_parallel::solver::{solve, Assignment, DevicePrediction, DeviceSpec, ModelCost};
 use hearth_parallel::{ClusterOptions, CommCounters, CommStats, Layout, NodeStats};
 
-/// Link bandwidth assumed where none is measured, Mbit/s (activations are a few KiB per
-/// token, so latency dominates a hop).
+/// Link bandwidth assumed where none was measured, Mbit/s.
 const ASSUMED_MBIT: f64 = 1000.0;
 
 /// One device of a running ring.
@@ -136,22 +135,22 @@ pub fn devices(model: &Model, params: PlanParams, pending: &PendingRing, budget:
     let p = plan(&summary, params, 0, DEFAULT_MEMBW_GBPS);
     let usable = |b: u64| b.saturating_sub(p.scratch_bytes + p.overhead_bytes + hearth_memory::plan::WINDOW_MARGIN_BASE + b / 32);
     let me = crate::cmd::profile::for_ring(model.file.path(), threads)?;
-    let rtt = |i: usize| pending.members.get(i).map_or(0.0, |m| m.rtt_ms);
-    let link = |peer: String, rtt_ms: f64| LinkProfile { peer, rtt_ms, mbit: ASSUMED_MBIT };
+    // The coordinator's measured link to worker i (bandwidth assumed where unmeasured).
+    let link = |peer: String, i: usize| {
+        let m = pending.members.get(i);
+        let mbit = m.map_or(0.0, |m| m.mbit);
+        LinkProfile { peer, rtt_ms: m.map_or(0.0, |m| m.rtt_ms), mbit: if mbit > 0.0 { mbit } else { ASSUMED_MBIT } }
+    };
     let mine = budget.unwrap_or(me.ram_available_bytes);
-    let mut devices = vec![DeviceSpec { profile: me, budget_bytes: usable(mine), link: link("device 1".into(), rtt(0)) }];
+    let mut devices = vec![DeviceSpec { profile: me, budget_bytes: usable(mine), link: link("device 1".into(), 0) }];
     for (i, m) in pending.members.iter().enumerate() {
         let Some(mut profile) = m.profile.profile.clone() else {
             bail!("worker {} has no device profile (it could not measure one): give the windows with --layer-window", m.addr);
         };
         profile.name = m.addr.clone();
-        // Hops between workers are not measured: take the coordinator's round trip to the next device.
-        let next_rtt = if i + 1 < pending.members.len() { rtt(i + 1) } else { m.rtt_ms };
-        devices.push(DeviceSpec {
-            profile,
-            budget_bytes: usable(m.profile.budget_bytes),
-            link: link(format!("device {}", i + 2), next_rtt),
-        });
+        // Links between workers are not measured: take the coordinator's link to the next device.
+        let next = if i + 1 < pending.members.len() { i + 1 } else { i };
+        devices.push(DeviceSpec { profile, budget_bytes: usable(m.profile.budget_bytes), link: link(format!("device {}", i + 2), next) });
     }
     Ok((cost, devices))
 }

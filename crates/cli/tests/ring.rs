@@ -133,3 +133,37 @@ fn a_killed_ring_worker_fails_the_request_within_5_s_naming_it_and_the_next_requ
     let single = tokens(&ok(generate(&[])));
     assert_eq!(tokens(&ok(generate(&["--workers", &addrs(&[&w1, &w3]), "--parallel", "ring"]))), single);
 }
+
+#[test]
+fn plan_and_profile_measure_running_workers() {
+    let m = model();
+    let w1 = Worker::start(&m, &[]);
+    let w2 = Worker::start(&m, &["--mem-budget", "200MiB"]);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(args)
+            .env("HEARTH_CACHE_DIR", cache_dir())
+            .env_remove("HEARTH_MODEL")
+            .env_remove("HEARTH_CLUSTER_KEY")
+            .output()
+            .unwrap()
+    };
+    let ms = m.to_str().unwrap();
+    // The solver's ring over the running workers, without running it.
+    let v = ok(run(&["plan", "-m", ms, "-c", "256", "-t", "1", "-p", "32", "--workers", &addrs(&[&w1, &w2]), "--json"]));
+    let windows: Vec<u64> = v["windows"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).collect();
+    assert_eq!(windows.len(), 3, "{v}");
+    assert_eq!(30 % windows.iter().sum::<u64>(), 0, "{v}");
+    assert!(v["predicted_ms_per_token"].as_f64().unwrap() > 0.0 && v["predicted_ttft_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["devices"].as_array().unwrap().len(), 3, "{v}");
+    // The links to both workers: round trip and throughput.
+    let p = ok(run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--json", "--peer", &addrs(&[&w1, &w2])]));
+    let links = p["links"].as_array().unwrap();
+    assert_eq!(links.len(), 2, "{p}");
+    for (l, w) in links.iter().zip([&w1, &w2]) {
+        assert_eq!(l["peer"], w.addr.as_str());
+        assert!(l["rtt_ms"].as_f64().unwrap() > 0.0 && l["mbit"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    // A worker that is not there: a clear error.
+    assert_clean_error(&run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--peer", "127.0.0.1:9"]), "cannot connect");
+}

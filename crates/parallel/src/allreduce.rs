@@ -170,7 +170,11 @@ pub enum CommError {
 
 /// `1.5 s`, `100 ms`.
 fn secs(d: Duration) -> String {
-    if d >= Duration::from_secs(1) { format!("{:.1} s", d.as_secs_f64()) } else { format!("{} ms", d.as_millis()) }
+    if d >= Duration::from_secs(1) {
+        format!("{:.1} s", d.as_secs_f64())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
 }
 
 impl CommError {
@@ -386,14 +390,7 @@ impl Peer {
     }
 
     /// Check that `msg` is the expected piece of allreduce `seq`.
-    fn expect_partial(
-        &self,
-        msg: Message,
-        seq: u64,
-        step: u32,
-        range: &Range<usize>,
-        wire: WireType,
-    ) -> Result<Partial, CommError> {
+    fn expect_partial(&self, msg: Message, seq: u64, step: u32, range: &Range<usize>, wire: WireType) -> Result<Partial, CommError> {
         let p = match msg {
             Message::Partial(p) => p,
             Message::Error(e) => {
@@ -464,11 +461,7 @@ impl Star {
         workers.sort_by_key(|p| p.node);
         for (i, p) in workers.iter().enumerate() {
             if p.node != i + 1 {
-                return Err(CommError::Setup(format!(
-                    "star master needs workers numbered 1..={}, found node {}",
-                    workers.len(),
-                    p.node
-                )));
+                return Err(CommError::Setup(format!("star master needs workers numbered 1..={}, found node {}", workers.len(), p.node)));
             }
         }
         let n_nodes = workers.len() + 1;
@@ -520,11 +513,7 @@ impl Star {
                         workers[i].expect_partial(m, seq, 0, &all, wire)
                     });
                     let added = r.and_then(|p| {
-                        p.add_into(buf).map_err(|source| CommError::Wire {
-                            node: workers[i].node,
-                            addr: workers[i].addr.clone(),
-                            source,
-                        })
+                        p.add_into(buf).map_err(|source| CommError::Wire { node: workers[i].node, addr: workers[i].addr.clone(), source })
                     });
                     if let Err(e) = added {
                         // Tell every worker who failed (the culprit too, if it still

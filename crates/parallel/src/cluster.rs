@@ -495,6 +495,9 @@ pub fn serve_session(
     let session = loop {
         match peer.recv_within(SETUP_TIMEOUT)?.0 {
             Message::Session(s) => break s,
+            Message::Ping(b) => {
+                peer.send(&Message::Pong(b.len() as u64))?;
+            }
             Message::ProfileRequest => {
                 let json = serde_json::to_vec(&profile()).map_err(|e| ClusterError::Plan(format!("encoding the profile: {e}")))?;
                 peer.send(&Message::Profile(json))?;

@@ -59,8 +59,10 @@ pub struct RingMember {
     pub addr: String,
     /// What it reported (default when profiles were not asked for).
     pub profile: WorkerProfile,
-    /// Median round trip of a small request to it, ms (0 when not measured).
+    /// Median round trip of a small message to it, ms (0 when not measured).
     pub rtt_ms: f64,
+    /// Throughput of a burst of 60 KiB messages to it, Mbit/s (0 when not measured).
+    pub mbit: f64,
     peer: Peer,
 }
 
@@ -93,10 +95,11 @@ pub fn gather(
         let mut peer = crate::cluster::dial(addr, node, timeout)?;
         let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: WireType::F32, shard: whole_shard(model, node, n) };
         coordinator_handshake(&mut peer, &hello, key)?;
-        let (mut profile, mut rtts) = (WorkerProfile::default(), Vec::new());
-        // The first request may wait for a measurement; the next three time the link.
-        for i in 0..if profiles { 4 } else { 0 } {
-            let t = Instant::now();
+        let mut profile = WorkerProfile::default();
+        let (mut rtt_ms, mut mbit) = (0.0, 0.0);
+        if profiles {
+            (rtt_ms, mbit) = measure_link(&mut peer)?;
+            // A worker without a cached profile measures one now.
             peer.send(&Message::ProfileRequest)?;
             profile = match peer.recv_within(SETUP_TIMEOUT)?.0 {
                 Message::Profile(json) => serde_json::from_slice(&json)
@@ -104,15 +107,66 @@ pub fn gather(
                 Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
                 other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Profile", other.name()) }),
             };
-            if i > 0 {
-                rtts.push(t.elapsed().as_secs_f64() * 1e3);
-            }
         }
-        rtts.sort_by(f64::total_cmp);
-        let rtt_ms = rtts.get(rtts.len() / 2).copied().unwrap_or(0.0);
-        members.push(RingMember { addr: addr.clone(), profile, rtt_ms, peer });
+        members.push(RingMember { addr: addr.clone(), profile, rtt_ms, mbit, peer });
     }
     Ok(PendingRing { members })
+}
+
+/// Round trip (median of 5 small pings, ms) and throughput (16 pipelined 60 KiB pings,
+/// Mbit/s) of the link to a worker that has passed the handshake.
+pub fn measure_link(peer: &mut Peer) -> Result<(f64, f64), ClusterError> {
+    let pong = |peer: &mut Peer, want: u64| -> Result<(), ClusterError> {
+        match peer.recv()?.0 {
+            Message::Pong(n) if n == want => Ok(()),
+            other => Err(ClusterError::Refused { node: peer.node(), message: format!("answered {} to a ping", other.name()) }),
+        }
+    };
+    let mut rtts = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        peer.send(&Message::Ping(vec![0; 8]))?;
+        pong(peer, 8)?;
+        rtts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    rtts.sort_by(f64::total_cmp);
+    const N: usize = 16;
+    const BYTES: usize = 60 << 10;
+    let t = Instant::now();
+    for _ in 0..N {
+        peer.send(&Message::Ping(vec![0; BYTES]))?;
+    }
+    for _ in 0..N {
+        pong(peer, BYTES as u64)?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok((rtts[rtts.len() / 2], (N * BYTES * 8) as f64 / 1e6 / secs.max(1e-9)))
+}
+
+/// Measure the link to each worker of `addrs` serving `model` (SHA-256 `sha256`): round
+/// trip and throughput ([`measure_link`]), after the handshake; each is then left.
+pub fn probe_links(
+    model: &Model,
+    sha256: [u8; 32],
+    addrs: &[String],
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+) -> Result<Vec<crate::profile::LinkProfile>, ClusterError> {
+    let mut out = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut peer = crate::cluster::dial(addr, i + 1, timeout)?;
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            model_sha256: sha256,
+            wire: WireType::F32,
+            shard: whole_shard(model, i + 1, addrs.len() + 1),
+        };
+        coordinator_handshake(&mut peer, &hello, key)?;
+        let (rtt_ms, mbit) = measure_link(&mut peer)?;
+        let _ = peer.send(&Message::Shutdown);
+        out.push(crate::profile::LinkProfile { peer: addr.clone(), rtt_ms, mbit });
+    }
+    Ok(out)
 }
 
 /// One worker of a running ring, as it reported at setup.

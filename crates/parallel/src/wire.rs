@@ -37,6 +37,8 @@
 //! | 22 | [`Message::LinkHello`] | 32-byte link token, u64 node of the sender |
 //! | 23 | [`Message::Linked`] | empty |
 //! | 24 | [`Message::Hop`] | u64 first position, u32 round, u64 element count, f32 × count (`[n_tokens, n_embd]` activations) |
+//! | 25 | [`Message::Ping`] | any bytes (the rest of the frame) |
+//! | 26 | [`Message::Pong`] | u64 bytes of the ping answered |
 //!
 //! Decoding never panics: a wrong length, an unknown type or a truncated payload is a
 //! [`WireError`], and the connection it came on should be closed.
@@ -452,6 +454,11 @@ pub enum Message {
         /// Activations `[n_tokens, n_embd]`, row-major.
         x: Vec<f32>,
     },
+    /// Coordinator → worker before a session: answer with [`Message::Pong`] (link
+    /// round trip and throughput measurements).
+    Ping(Vec<u8>),
+    /// Worker → coordinator: a ping of this many bytes arrived.
+    Pong(u64),
 }
 
 /// A pipelined-ring session, sent once after the handshake instead of [`Session`].
@@ -542,6 +549,8 @@ const T_LINK: u8 = 21;
 const T_LINK_HELLO: u8 = 22;
 const T_LINKED: u8 = 23;
 const T_HOP: u8 = 24;
+const T_PING: u8 = 25;
+const T_PONG: u8 = 26;
 
 /// Reads fields from a payload, each read checked.
 struct Fields<'a> {
@@ -639,6 +648,8 @@ impl Message {
             Message::LinkHello { .. } => T_LINK_HELLO,
             Message::Linked => T_LINKED,
             Message::Hop { .. } => T_HOP,
+            Message::Ping(_) => T_PING,
+            Message::Pong(_) => T_PONG,
         }
     }
 
@@ -669,6 +680,8 @@ impl Message {
             Message::LinkHello { .. } => "LinkHello",
             Message::Linked => "Linked",
             Message::Hop { .. } => "Hop",
+            Message::Ping(_) => "Ping",
+            Message::Pong(_) => "Pong",
         }
     }
 
@@ -746,7 +759,8 @@ impl Message {
                 put_f32s(out, x);
             }
             Message::ProfileRequest | Message::Linked => {}
-            Message::Profile(b) => out.extend_from_slice(b),
+            Message::Profile(b) | Message::Ping(b) => out.extend_from_slice(b),
+            Message::Pong(n) => out.extend_from_slice(&n.to_le_bytes()),
             Message::RingSession(r) => {
                 out.extend_from_slice(&r.n_ctx.to_le_bytes());
                 out.extend_from_slice(&r.n_batch.to_le_bytes());
@@ -834,6 +848,8 @@ impl Message {
             T_LINK_HELLO => "LinkHello",
             T_LINKED => "Linked",
             T_HOP => "Hop",
+            T_PING => "Ping",
+            T_PONG => "Pong",
             _ => return Err(WireError::UnknownType(ty)),
         };
         let mut f = Fields { buf: payload, what };
@@ -907,6 +923,8 @@ impl Message {
             T_HOP => Message::Hop { pos0: f.u64()?, round: f.u32()?, x: f.f32s()? },
             T_PROFILE_REQUEST => Message::ProfileRequest,
             T_PROFILE => Message::Profile(f.rest().to_vec()),
+            T_PING => Message::Ping(f.rest().to_vec()),
+            T_PONG => Message::Pong(f.u64()?),
             T_LINKED => Message::Linked,
             T_RING_SESSION => {
                 let (n_ctx, n_batch, cache_type, listen) = (f.u64()?, f.u64()?, f.u8()?, f.u8()?);
@@ -1065,6 +1083,8 @@ mod tests {
             Message::LinkHello { token: [6; 32], node: 2 },
             Message::Linked,
             Message::Hop { pos0: 3, round: 1, x: vec![0.5, -1.0] },
+            Message::Ping(vec![0; 3]),
+            Message::Pong(3),
         ]
     }
 
@@ -1088,39 +1108,11 @@ mod tests {
         // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
         // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd, StatsRequest, Stats,
         // ProfileRequest, Profile (2 bytes), RingSession (2 rounds), RingReady, Link (13-byte
-        // address), Link (none), LinkHello, Linked, Hop (2 × f32)
-        assert_eq!(
-            sizes,
-            vec![
-                142,
-                49,
-                37,
-                69,
-                37,
-                34 + 12,
-                34 + 68,
-                14 + 28,
-                14,
-                5,
-                39,
-                21,
-                21 + 12,
-                5,
-                5 + 4,
-                45,
-                5,
-                53,
-                5,
-                7,
-                63 + 32,
-                23,
-                37 + 13,
-                37,
-                45,
-                5,
-                25 + 8
-            ]
-        );
+        // address), Link (none), LinkHello, Linked, Hop (2 × f32), Ping (3 bytes), Pong
+        #[rustfmt::skip]
+        let want = vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45, 5, 53,
+                        5, 7, 63 + 32, 23, 37 + 13, 37, 45, 5, 25 + 8, 8, 13];
+        assert_eq!(sizes, want);
     }
 
     #[test]
@@ -1283,6 +1275,8 @@ mod tests {
                 round,
                 x
             }),
+            prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::Ping),
+            any::<u64>().prop_map(Message::Pong),
         ]
     }
 
@@ -1309,7 +1303,7 @@ mod tests {
             let _ = decode_frame(&bytes, 4096);
             let _ = read_frame(&mut &bytes[..], 4096);
             if let Some((&ty, payload)) = bytes.split_first() {
-                let _ = Message::decode(ty % 26, payload);
+                let _ = Message::decode(ty % 28, payload);
             }
         }
 

@@ -93,8 +93,7 @@ pub fn run(a: Args) -> Result<()> {
             let ty = GgmlType::from_name(ty_name).with_context(|| format!("unknown --type {ty_name:?}"))?;
             let out_name = a.output_type.as_deref().unwrap_or(ty_name);
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
-            let m = ModelSummary::from_shape(shape, ty, out)
-                .with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
+            let m = ModelSummary::from_shape(shape, ty, out).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, 4096, format!("shape {s} {ty}"))
         }
         None => {
@@ -117,7 +116,11 @@ pub fn run(a: Args) -> Result<()> {
         Some(g) => bail!("--membw {g:e} must be a bandwidth in GB/s, above 0 and at most 100000"),
         None => {
             let g = super::bench::membw::measure(threads, 256 << 20, 3);
-            if g > 0.0 { (g, "measured") } else { (DEFAULT_MEMBW_GBPS, "default") }
+            if g > 0.0 {
+                (g, "measured")
+            } else {
+                (DEFAULT_MEMBW_GBPS, "default")
+            }
         }
     };
     let cache_type: hearth_model::CacheType = a.cache_type.into();
@@ -139,7 +142,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     a.cluster.check_unused()?;
     let available = hearth_memory::available_bytes().unwrap_or(0);
-    let p = plan(&summary, PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false }, available, membw);
+    let p = plan(
+        &summary,
+        PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false },
+        available,
+        membw,
+    );
     let window = match a.mem_budget {
         None => None,
         Some(budget) => {
@@ -147,7 +155,8 @@ pub fn run(a: Args) -> Result<()> {
                 (Some(g), _) if g > 0.0 && g <= 1e4 => (g, "--disk-bw"),
                 (Some(g), _) => bail!("--disk-bw {g:e} must be a bandwidth in GB/s, above 0 and at most 10000"),
                 (None, Some(f)) => {
-                    let g = hearth_memory::window::measure_read_gbps(f, 1 << 30).with_context(|| format!("measuring the read bandwidth of {}", f.display()))?;
+                    let g = hearth_memory::window::measure_read_gbps(f, 1 << 30)
+                        .with_context(|| format!("measuring the read bandwidth of {}", f.display()))?;
                     (g, "measured on the file")
                 }
                 (None, None) => (DEFAULT_DISK_GBPS, "assumed"),
@@ -170,13 +179,21 @@ pub fn run(a: Args) -> Result<()> {
     }
     let s = &p.shape;
     let mut o = format!("plan for {what}: n_ctx {n_ctx}, n_batch {}, {threads} threads\n\n", p.n_batch);
-    o += &format!("  weights     {:>12}  ({} bytes; {})\n", gb(p.weights_bytes), p.weights_bytes,
-        p.weights_by_type.iter().map(|(t, b)| format!("{t} {}", gb(*b))).collect::<Vec<_>>().join(", "));
+    o += &format!(
+        "  weights     {:>12}  ({} bytes; {})\n",
+        gb(p.weights_bytes),
+        p.weights_bytes,
+        p.weights_by_type.iter().map(|(t, b)| format!("{t} {}", gb(*b))).collect::<Vec<_>>().join(", ")
+    );
     let untouched = p.file_bytes - p.file_resident_bytes;
     o += &match untouched {
         0 => format!("  file pages  {:>12}  mapped GGUF (whole file after a decode)\n", gb(p.file_resident_bytes)),
-        u => format!("  file pages  {:>12}  mapped GGUF {} less {} of token_embd rows never read (≤ {n_ctx} rows · 64 KiB fault-around)\n",
-            gb(p.file_resident_bytes), gb(p.file_bytes), gb(u)),
+        u => format!(
+            "  file pages  {:>12}  mapped GGUF {} less {} of token_embd rows never read (≤ {n_ctx} rows · 64 KiB fault-around)\n",
+            gb(p.file_resident_bytes),
+            gb(p.file_bytes),
+            gb(u)
+        ),
     };
     let per_row = match cache_type {
         hearth_model::CacheType::F32 => format!("{} kv_dim · 4 bytes", s.kv_dim()),
@@ -186,7 +203,11 @@ pub fn run(a: Args) -> Result<()> {
     o += &format!("  KV cache    {:>12}  2 · {} layers · {n_ctx} ctx · {per_row} ({cache_type})\n", gb(p.kv_cache_bytes), s.n_layer);
     o += &format!("  scratch     {:>12}  4 · {} batch · (2·{} + 2·{} + 2·{} + 2·{}) + 4 · {} logits + quantized activations + per-thread accumulators\n",
         gb(p.scratch_bytes), p.n_batch, s.n_embd, s.q_dim(), s.kv_dim(), s.n_ff, s.n_vocab);
-    o += &format!("  overhead    {:>12}  {OVERHEAD_BASE} + {OVERHEAD_PER_VOCAB} · {} vocab (measured fit)\n", gb(p.overhead_bytes), s.n_vocab);
+    o += &format!(
+        "  overhead    {:>12}  {OVERHEAD_BASE} + {OVERHEAD_PER_VOCAB} · {} vocab (measured fit)\n",
+        gb(p.overhead_bytes),
+        s.n_vocab
+    );
     o += &format!("  peak RSS    {:>12}  = file pages + KV cache + scratch + overhead\n", gb(p.peak_rss_bytes));
     o += &format!("  available   {:>12}  (MemAvailable, capped by the cgroup limit)\n\n", gb(p.available_bytes));
     if p.fits {
@@ -212,7 +233,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => {}
         Some((Err(min), _)) => {
-            o += &format!(
+            o +=
+                &format!(
                 "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
                 mib(a.mem_budget.unwrap_or(0)), mib(min.min_budget_bytes), mib(min.slot_bytes)
             );
@@ -220,16 +242,28 @@ pub fn run(a: Args) -> Result<()> {
         Some((Ok(w), src)) => {
             o += &format!(
                 "\nwindow for --mem-budget {}: {} slots of {} for {} units: {} kept, {} streamed through {} slots\n",
-                mib(w.budget_bytes), w.slots, mib(w.slot_bytes), w.n_units, w.pinned, w.n_units - w.pinned, w.slots - w.pinned
+                mib(w.budget_bytes),
+                w.slots,
+                mib(w.slot_bytes),
+                w.n_units,
+                w.pinned,
+                w.n_units - w.pinned,
+                w.slots - w.pinned
             );
             o += &format!("  window      {:>12}  {} slots · {}\n", mib(w.window_bytes), w.slots, mib(w.slot_bytes));
-            o += &format!("  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n", mib(w.peak_rss_bytes), mib(w.margin_bytes));
+            o += &format!(
+                "  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n",
+                mib(w.peak_rss_bytes),
+                mib(w.margin_bytes)
+            );
             if w.read_bytes_per_token == 0 {
                 o += "  every unit stays resident: read once, then decode runs at memory speed\n";
             } else {
                 o += &format!(
                     "  token time  {:>10.2} s  = max({} read per token / {:.2} GB/s ({src}), compute at the decode bound)\n",
-                    w.token_secs, gb(w.read_bytes_per_token), w.disk_gbps
+                    w.token_secs,
+                    gb(w.read_bytes_per_token),
+                    w.disk_gbps
                 );
             }
         }

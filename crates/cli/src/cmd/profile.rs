@@ -44,6 +44,13 @@ pub struct Args {
     /// Measure again even if a cached profile matches
     #[arg(long)]
     pub refresh: bool,
+    /// Also measure the round trip and throughput to these `hearth worker`s (serving the
+    /// same model file): comma-separated HOST:PORT; measured on every run, not cached
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',')]
+    pub peer: Vec<String>,
+    /// Shared secret of the workers given with --peer
+    #[arg(long, value_name = "KEY", env = "HEARTH_CLUSTER_KEY", hide_env_values = true)]
+    pub cluster_key: Option<String>,
 }
 
 impl Args {
@@ -89,7 +96,19 @@ impl Sizes {
 pub fn run(a: Args) -> Result<()> {
     let model = resolve_model(a.model.as_ref())?;
     let threads: Vec<usize> = a.threads.iter().map(|&t| t as usize).collect();
-    let (profile, cpu) = device_profile(&model, &threads, &a.types, a.quick, a.refresh)?;
+    // The links first: a peer that is not there fails before the measurements.
+    let links = if a.peer.is_empty() {
+        Vec::new()
+    } else {
+        let key = crate::cluster::read_key(a.cluster_key.as_deref(), None)?;
+        let m = hearth_model::Model::load(&model).with_context(|| format!("loading {}", model.display()))?;
+        let sha = hearth_parallel::model_hash::file_sha256(&model).with_context(|| format!("hashing {}", model.display()))?;
+        let peers: Vec<String> = a.peer.iter().map(|p| p.trim().to_string()).collect();
+        hearth_parallel::ring::probe_links(&m, sha, &peers, key.as_ref(), Duration::from_secs(5))
+            .map_err(|e| anyhow::anyhow!("measuring the links: {e} (is a `hearth worker` with this model running there?)"))?
+    };
+    let (mut profile, cpu) = device_profile(&model, &threads, &a.types, a.quick, a.refresh)?;
+    profile.links = links;
     if a.json {
         print_out(&(serde_json::to_string_pretty(&profile)? + "\n"))
     } else {
@@ -213,6 +232,9 @@ fn table(p: &DeviceProfile, cpu: &str) -> String {
     let _ = writeln!(s, "\n| type | threads | decode GB/s | prefill GFLOP/s |\n|---|---:|---:|---:|");
     for m in &p.matmul {
         let _ = writeln!(s, "| {} | {} | {:.2} | {:.1} |", m.ty, m.threads, m.decode_gbps, m.prefill_gflops);
+    }
+    for l in &p.links {
+        let _ = writeln!(s, "link to {}: round trip {:.2} ms, {:.0} Mbit/s", l.peer, l.rtt_ms, l.mbit);
     }
     s
 }
