@@ -65,8 +65,9 @@ pub enum ModelError {
     /// sliding window, a unit asked for out of order).
     #[error("reading weights: {0}")]
     Weights(String),
-    /// A tensor-parallel peer failed or the allreduce broke (the source names the node).
-    #[error("tensor parallel: {0}")]
+    /// Another device of a tensor-parallel group or pipelined ring failed, or the link to
+    /// it broke (the source names the node).
+    #[error("across devices: {0}")]
     Collective(#[source] crate::split::CollectiveError),
 }
 

@@ -205,10 +205,10 @@ pub fn run(a: Args) -> Result<()> {
                     *cur = mine.map(|s| (peer.clone(), s));
                     // Peak RSS per session: reset the kernel's high-water mark (Linux).
                     let _ = std::fs::write("/proc/self/clear_refs", "5");
-                    eprintln!(
-                        "coordinator {peer}: node {} of {}, KV heads {:?}, FFN rows {:?}",
-                        shard.node, shard.n_nodes, shard.kv_heads, shard.ffn_rows
-                    );
+                    // A ring session's "shard" is the whole model (its layers come with the session).
+                    let whole = shard.kv_heads == (0..shard.dims.n_head_kv) && shard.ffn_rows == (0..shard.dims.n_ff);
+                    let share = if whole { String::new() } else { format!(", KV heads {:?}, FFN rows {:?}", shard.kv_heads, shard.ffn_rows) };
+                    eprintln!("coordinator {peer}: node {} of {}{share}", shard.node, shard.n_nodes);
                 })
             };
             // Whatever happens (a panic included), the connection closes and the slot frees,
