@@ -6,9 +6,8 @@
 mod common;
 
 use common::{addrs, assert_clean_error, cache_dir, model, ok, tokens, Worker};
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const PROMPT: &str = "The three primary colors are red, blue and";
 
@@ -95,37 +94,30 @@ fn a_killed_ring_worker_fails_the_request_within_5_s_naming_it_and_the_next_requ
     let mut w2 = Worker::start(&m, &[]);
     let w3 = Worker::start(&m, &[]);
     let workers = addrs(&[&w1, &w2, &w3]);
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "1500", "--ignore-eos", "--temperature", "0", "-t", "1"])
-        .args(["--workers", &workers, "--parallel", "ring", "--layer-window", "3,3,2,2"])
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until tokens stream, then kill node 2 (in the middle of the ring).
-    let mut stdout = coord.stdout.take().unwrap();
-    let mut got = 0;
-    let mut buf = [0u8; 256];
-    while got < 40 {
-        let n = stdout.read(&mut buf).unwrap();
-        assert!(n > 0, "the coordinator ended before the kill");
-        got += n;
-    }
-    w2.child.kill().unwrap();
-    let killed = Instant::now();
-    std::thread::spawn(move || while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
-    let status = loop {
-        if let Some(s) = coord.try_wait().unwrap() {
-            break s;
-        }
-        assert!(killed.elapsed() < Duration::from_secs(10), "the coordinator hangs after a worker died");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let took = killed.elapsed();
-    let mut err = String::new();
-    coord.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "{err}");
+    let ms = m.to_str().unwrap();
+    let args = [
+        "generate",
+        "-m",
+        ms,
+        "-p",
+        PROMPT,
+        "-n",
+        "1500",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "-t",
+        "1",
+        "--workers",
+        &workers,
+        "--parallel",
+        "ring",
+        "--layer-window",
+        "3,3,2,2",
+    ];
+    // Tokens stream, then node 2 is killed.
+    let (status, took, err) = common::kill_mid_generation(&args, &mut w2);
+    assert_eq!(status, Some(1), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(err.contains("node 2") && err.contains(&w2.addr), "the error must name node 2 ({}): {err}", w2.addr);
     assert!(!err.contains("panicked"), "{err}");

@@ -206,21 +206,28 @@ impl GroupHandle {
         for p in peers.iter_mut() {
             p.send(&Message::StatsRequest)?;
         }
-        let mut out = Vec::with_capacity(peers.len());
-        for p in peers.iter_mut() {
-            match p.recv()?.0 {
-                Message::Stats(s) => out.push(s),
-                other => {
-                    return Err(CommError::Protocol {
-                        node: p.node(),
-                        addr: p.addr().to_string(),
-                        why: format!("expected Stats, got {}", other.name()),
-                    })
-                }
+        collect_stats(peers)
+    }
+}
+
+/// Each peer's answer to a `StatsRequest`, in order (an `Error` instead names the node it
+/// reports).
+pub(crate) fn collect_stats(peers: &mut [Peer]) -> Result<Vec<NodeStats>, CommError> {
+    let mut out = Vec::with_capacity(peers.len());
+    for p in peers.iter_mut() {
+        match p.recv()?.0 {
+            Message::Stats(s) => out.push(s),
+            Message::Error(e) => {
+                let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(p.node());
+                return Err(CommError::Remote { from: p.node(), failed, message: e.message });
+            }
+            other => {
+                let why = format!("expected Stats, got {}", other.name());
+                return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why });
             }
         }
-        Ok(out)
     }
+    Ok(out)
 }
 
 impl Drop for StarCollective {

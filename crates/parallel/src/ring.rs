@@ -318,21 +318,7 @@ impl RingHandle {
         let mut inner = lock(&self.inner);
         let Some(first) = inner.peers.first_mut() else { return Ok(Vec::new()) };
         first.send(&Message::StatsRequest)?;
-        let mut out = Vec::with_capacity(inner.peers.len());
-        for p in &mut inner.peers {
-            match p.recv()?.0 {
-                Message::Stats(s) => out.push(s),
-                Message::Error(e) => return Err(remote(p.node(), e)),
-                other => {
-                    return Err(CommError::Protocol {
-                        node: p.node(),
-                        addr: p.addr().to_string(),
-                        why: format!("expected Stats, got {}", other.name()),
-                    })
-                }
-            }
-        }
-        Ok(out)
+        crate::cluster::collect_stats(&mut inner.peers)
     }
 }
 

@@ -207,7 +207,8 @@ pub fn run(a: Args) -> Result<()> {
                     let _ = std::fs::write("/proc/self/clear_refs", "5");
                     // A ring session's "shard" is the whole model (its layers come with the session).
                     let whole = shard.kv_heads == (0..shard.dims.n_head_kv) && shard.ffn_rows == (0..shard.dims.n_ff);
-                    let share = if whole { String::new() } else { format!(", KV heads {:?}, FFN rows {:?}", shard.kv_heads, shard.ffn_rows) };
+                    let share =
+                        if whole { String::new() } else { format!(", KV heads {:?}, FFN rows {:?}", shard.kv_heads, shard.ffn_rows) };
                     eprintln!("coordinator {peer}: node {} of {}{share}", shard.node, shard.n_nodes);
                 })
             };

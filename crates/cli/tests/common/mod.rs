@@ -1,9 +1,10 @@
 //! Helpers shared by the CLI integration tests.
 #![allow(dead_code)] // each test file uses a subset
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The default model (fetched by scripts/fetch-models.sh, as README's test command does).
 pub fn model() -> PathBuf {
@@ -89,4 +90,40 @@ pub fn tokens(v: &serde_json::Value) -> Vec<u64> {
 /// `--workers` for these workers.
 pub fn addrs(ws: &[&Worker]) -> String {
     ws.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",")
+}
+
+/// Start `hearth generate ARGS` (a long greedy run), wait until tokens stream, kill
+/// `victim`, and wait for the coordinator to end (failing the test if it hangs 10 s).
+/// Returns its exit code, how long it took after the kill, and its stderr.
+pub fn kill_mid_generation(args: &[&str], victim: &mut Worker) -> (Option<i32>, Duration, String) {
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = coord.stdout.take().unwrap();
+    let mut got = 0;
+    let mut buf = [0u8; 256];
+    while got < 40 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the coordinator ended before the kill");
+        got += n;
+    }
+    victim.child.kill().unwrap();
+    let killed = Instant::now();
+    std::thread::spawn(move || while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
+    let status = loop {
+        if let Some(s) = coord.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(10), "the coordinator hangs after a worker died");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = killed.elapsed();
+    let mut err = String::new();
+    coord.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (status.code(), took, err)
 }
