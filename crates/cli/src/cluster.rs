@@ -15,7 +15,9 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',', conflicts_with = "cluster")]
     pub workers: Vec<String>,
     /// A cluster file (TOML) naming the workers and optional per-node weights:
-    /// `weight = 2.0` (this machine's) and `[[worker]]` tables with `addr` and `weight`
+    /// `weight = 2.0` (this machine's) and `[[worker]]` tables with `addr` and `weight`;
+    /// for a ring, `parallel = "ring"` and optionally `layer_window = N` at the top (this
+    /// machine's) and in every `[[worker]]`
     #[arg(long, value_name = "PATH")]
     pub cluster: Option<PathBuf>,
     /// Relative speed of each node, this machine first, e.g. 2,1,1: each gets that share
@@ -57,7 +59,8 @@ pub struct ClusterArgs {
 }
 
 /// `--parallel` values.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(clap::ValueEnum, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
 pub enum ParallelMode {
     /// Tensor parallelism (star allreduce)
     Tensor,
@@ -94,6 +97,10 @@ struct ClusterFile {
     weight: Option<f64>,
     /// Wire type.
     wire_type: Option<String>,
+    /// `tensor` or `ring`.
+    parallel: Option<ParallelMode>,
+    /// Ring: this machine's layers per round.
+    layer_window: Option<usize>,
     #[serde(default)]
     worker: Vec<WorkerEntry>,
 }
@@ -102,6 +109,8 @@ struct ClusterFile {
 #[serde(deny_unknown_fields)]
 struct WorkerEntry {
     addr: String,
+    /// Ring: its layers per round.
+    layer_window: Option<usize>,
     weight: Option<f64>,
 }
 
@@ -265,9 +274,12 @@ impl ClusterArgs {
     }
 
     /// Tensor parallelism or the ring, with the flags that only fit one of them refused.
-    fn layout(&self, n_workers: usize) -> Result<Layout> {
-        if self.parallel != Some(ParallelMode::Ring) {
-            if !self.layer_window.is_empty() {
+    /// `file`: the cluster file's `parallel` and layer windows (the flags win).
+    fn layout(&self, n_workers: usize, file: (Option<ParallelMode>, Vec<usize>), file_weights: bool) -> Result<Layout> {
+        let parallel = self.parallel.or(file.0);
+        let layer_window = if self.layer_window.is_empty() { file.1 } else { self.layer_window.clone() };
+        if parallel != Some(ParallelMode::Ring) {
+            if !layer_window.is_empty() {
                 bail!("--layer-window applies to a pipelined ring: add --parallel ring");
             }
             return Ok(Layout::Tensor);
@@ -276,23 +288,21 @@ impl ClusterArgs {
             ("--node-weights", !self.node_weights.is_empty()),
             ("--tp-schedule", self.tp_schedule.is_some()),
             ("--wire-type q8_0", self.wire_type == Some(WireType::Q8_0)),
+            ("weight in the cluster file", file_weights),
         ];
         if let Some((flag, _)) = tp_only.iter().find(|(_, g)| *g) {
             bail!("{flag} applies to tensor parallelism; a ring passes whole activations in f32 (use --layer-window to weight devices)");
         }
-        if !self.layer_window.is_empty() && self.layer_window.len() != n_workers + 1 {
-            bail!(
-                "--layer-window has {} values for {} devices (this machine first, then each worker)",
-                self.layer_window.len(),
-                n_workers + 1
-            );
+        if !layer_window.is_empty() && layer_window.len() != n_workers + 1 {
+            bail!("--layer-window has {} values for {} devices (this machine first, then each worker)", layer_window.len(), n_workers + 1);
         }
-        Ok(Layout::Ring { windows: (!self.layer_window.is_empty()).then(|| self.layer_window.clone()) })
+        Ok(Layout::Ring { windows: (!layer_window.is_empty()).then_some(layer_window) })
     }
 
     /// The workers, weights and wire type from the flags or the cluster file.
     pub fn options(&self) -> Result<ClusterOptions> {
         let mut wire = WireType::F32;
+        let mut file_layout = (None, Vec::new());
         let (workers, mut weights) = match &self.cluster {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
@@ -306,6 +316,14 @@ impl ClusterArgs {
                 let dup = f.worker.iter().position(|w| w.addr.trim().is_empty());
                 if let Some(i) = dup {
                     bail!("cluster file {}: [[worker]] {} has an empty addr", path.display(), i + 1);
+                }
+                file_layout.0 = f.parallel;
+                let windows: Vec<Option<usize>> = std::iter::once(f.layer_window).chain(f.worker.iter().map(|w| w.layer_window)).collect();
+                if windows.iter().any(Option::is_some) {
+                    if windows.iter().any(Option::is_none) {
+                        bail!("cluster file {}: give layer_window for this machine and every [[worker]], or for none", path.display());
+                    }
+                    file_layout.1 = windows.into_iter().flatten().collect();
                 }
                 let any_weight = f.weight.is_some() || f.worker.iter().any(|w| w.weight.is_some());
                 let weights = if any_weight {
@@ -343,7 +361,7 @@ impl ClusterArgs {
             eprintln!("note: --tp-schedule gather with the q8_0 wire is not exact (its gathers are quantized); use --wire-type f32 for results identical to one machine");
         }
         Ok(ClusterOptions {
-            layout: self.layout(workers.len())?,
+            layout: self.layout(workers.len(), file_layout, !weights.is_empty() && self.node_weights.is_empty())?,
             workers,
             weights,
             wire,

@@ -85,6 +85,16 @@ fn bad_ring_flags_are_clear_errors() {
     // the worker is still fine
     let single = tokens(&ok(generate(&[])));
     assert_eq!(tokens(&ok(generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "10,20"]))), single);
+    // the same ring from a cluster file
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ring-cluster.toml");
+    std::fs::write(&file, format!("parallel = \"ring\"\nlayer_window = 5\n[[worker]]\naddr = \"{}\"\nlayer_window = 10\n", w.addr))
+        .unwrap();
+    let v = ok(generate(&["--cluster", file.to_str().unwrap()]));
+    assert_eq!((tokens(&v), v["ring"]["k"].as_u64()), (single, Some(2)));
+    std::fs::write(&file, format!("parallel = \"ring\"\nlayer_window = 5\n[[worker]]\naddr = \"{}\"\n", w.addr)).unwrap();
+    assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "or for none");
+    std::fs::write(&file, format!("parallel = \"ring\"\nweight = 2.0\n[[worker]]\naddr = \"{}\"\n", w.addr)).unwrap();
+    assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "weight in the cluster file");
 }
 
 #[test]
