@@ -157,6 +157,7 @@ async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_fie
         sampler: p.sampler,
         stop: p.stop,
         logprobs: p.logprobs,
+        ignore_eos: p.ignore_eos,
         events: tx,
         arrived: Instant::now(),
     })?;

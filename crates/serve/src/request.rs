@@ -29,6 +29,8 @@ pub struct Params {
     pub include_usage: bool,
     /// `Some(k)`: log-probabilities with `k` alternatives per token.
     pub logprobs: Option<usize>,
+    /// `ignore_eos` (llama.cpp's extension): go on past end-of-generation tokens.
+    pub ignore_eos: bool,
 }
 
 /// A chat completion request.
@@ -189,6 +191,7 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         stream: f.bool("stream")?.unwrap_or(false),
         include_usage,
         logprobs,
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
     })
 }
 

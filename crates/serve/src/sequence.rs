@@ -22,6 +22,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and the `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// Go on past end-of-generation tokens (benchmarks: a fixed number of tokens).
+    pub ignore_eos: bool,
     /// Where the sequence's events go; when the receiver is dropped (client gone) the
     /// sequence is cancelled.
     pub events: UnboundedSender<Event>,
@@ -96,6 +98,7 @@ pub struct Seq<'t> {
     prompt_len: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
+    ignore_eos: bool,
     sampler: Sampler,
     dec: StreamDecoder<'t>,
     stop: StopText,
@@ -115,6 +118,7 @@ impl<'t> Seq<'t> {
             fed: 0,
             max_tokens: job.max_tokens,
             logprobs: job.logprobs,
+            ignore_eos: job.ignore_eos,
             sampler: Sampler::new(job.sampler),
             dec: StreamDecoder::new(tok),
             stop: StopText::new(job.stop),
@@ -146,7 +150,7 @@ impl<'t> Seq<'t> {
         let logprob = self.logprobs.map(|k| token_logprob(logits, id, k, tok));
         self.tokens.push(id);
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
-        let finish = if tok.is_eog(id) {
+        let finish = if tok.is_eog(id) && !self.ignore_eos {
             let rest = self.dec.flush() + &self.stop.finish();
             self.send(Event::Token { text: rest, logprob: None });
             Some(Finish::Stop)
