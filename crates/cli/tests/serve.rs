@@ -256,3 +256,81 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(st, 200, "{r}");
 }
+
+/// Resident set size of `pid` in bytes (`VmRSS`).
+fn rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0)
+        * 1024
+}
+
+/// One round of `n` requests from `clients` threads: random prompt and output lengths,
+/// every 10th a malformed body, every 7th a streaming client that hangs up after the
+/// first chunk. Returns the statuses of the well-formed, completed requests.
+fn soak_round(s: &Server, n: usize, clients: usize, seed: u64) -> Vec<u16> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for _ in 0..clients {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let mut x = (seed + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut rnd = |m: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % m
+                };
+                let prompt = "lorem ipsum dolor ".repeat(1 + rnd(20) as usize);
+                let max_tokens = 1 + rnd(24);
+                if i % 10 == 3 {
+                    let bad = ["{\"prompt\": ", "{\"prompt\": 5}", "\u{1}\u{2}", "{\"prompt\":\"x\",\"max_tokens\":\"many\"}"][i % 4];
+                    let (st, _) = s.request("POST", "/v1/completions", Some(KEY), bad);
+                    assert_eq!(st, 400, "malformed body {bad:?}");
+                } else if i % 7 == 5 {
+                    let body = json!({"prompt": prompt, "max_tokens": 200, "stream": true, "ignore_eos": true}).to_string();
+                    let mut c = TcpStream::connect(&s.addr).unwrap();
+                    write!(
+                        c,
+                        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .unwrap();
+                    let mut buf = [0u8; 512];
+                    let _ = c.read(&mut buf);
+                } else {
+                    let stream = rnd(2) == 0;
+                    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "stream": stream, "temperature": 0.7, "seed": i});
+                    let (st, text) = s.request("POST", "/v1/completions", Some(KEY), &body.to_string());
+                    assert!(st == 200 && (!stream || text.contains("data: [DONE]")), "request {i}: {st} {text}");
+                    out.lock().unwrap().push(st);
+                }
+            });
+        }
+    });
+    out.into_inner().unwrap()
+}
+
+#[test]
+fn soak_200_requests_from_32_clients_with_disconnects_and_garbage() {
+    let s = Server::start(&["--parallel", "8", "--queue-size", "64", "--ctx-size", "512"]);
+    // Warm up every slot once, then measure.
+    soak_round(&s, 16, 8, 1);
+    let before = rss(s.child.id());
+    let ok = soak_round(&s, 200, 32, 1000);
+    assert!(ok.len() >= 140, "{} well-formed requests completed", ok.len());
+    // Cancelled sequences are gone and the server answers.
+    let t0 = Instant::now();
+    while !s.get("/metrics").contains("hearth_active_sequences 0") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "sequences still active after the soak");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, _) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(st, 200);
+    let after = rss(s.child.id());
+    eprintln!("RSS before {:.1} MiB, after {:.1} MiB", before as f64 / 1048576.0, after as f64 / 1048576.0);
+    assert!(after < before + (32 << 20), "RSS grew from {before} to {after} bytes over the soak");
+}

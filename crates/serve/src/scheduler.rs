@@ -141,6 +141,7 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
                     s.send(Event::Failed(msg.clone()));
                     free.push(s.slot);
                 }
+                metrics.active.store(active.len() as u64, Ordering::Relaxed);
                 continue;
             }
         };
@@ -163,5 +164,6 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
         for &i in done.iter().rev() {
             free.push(active.remove(i).slot);
         }
+        metrics.active.store(active.len() as u64, Ordering::Relaxed);
     }
 }
