@@ -334,3 +334,19 @@ fn soak_200_requests_from_32_clients_with_disconnects_and_garbage() {
     eprintln!("RSS before {:.1} MiB, after {:.1} MiB", before as f64 / 1048576.0, after as f64 / 1048576.0);
     assert!(after < before + (32 << 20), "RSS grew from {before} to {after} bytes over the soak");
 }
+
+#[test]
+fn worker_groups_route_requests_and_agree_with_one_engine() {
+    let prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"];
+    let one = Server::start(&["--parallel", "4"]);
+    let alone: Vec<_> = prompts.iter().map(|p| greedy(&one, p)).collect();
+    drop(one);
+    let s = Server::start(&["--groups", "2", "--parallel", "2"]);
+    let health: Value = serde_json::from_str(&s.request("GET", "/health", None, "").1).unwrap();
+    assert_eq!((health["engines"].as_u64(), health["slots"].as_u64()), (Some(2), Some(4)), "{health}");
+    let together: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts.iter().map(|p| sc.spawn(|| greedy(&s, p))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(alone, together, "two engines must give one engine's greedy tokens");
+}

@@ -279,9 +279,14 @@ impl Context {
     /// Pin this context's threads to distinct cores, physical cores first
     /// ([`hearth_kernels::affinity::pin_order`]); the calling thread becomes thread 0.
     pub fn pin_threads(&mut self) -> Result<()> {
+        self.pin_threads_to(&hearth_kernels::affinity::pin_order())
+    }
+
+    /// Pin thread `i` to `cpus[i % cpus.len()]`; the calling thread (the one that will
+    /// call [`Self::eval`]) becomes thread 0, pinned to `cpus[0]`.
+    pub fn pin_threads_to(&mut self, cpus: &[usize]) -> Result<()> {
         let n = self.pool.n_threads();
-        let cpus = hearth_kernels::affinity::pin_order();
-        self.pool = ThreadPool::new_pinned(n, &cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
+        self.pool = ThreadPool::new_pinned(n, cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
         Ok(())
     }
 

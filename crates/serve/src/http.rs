@@ -2,11 +2,11 @@
 //! into whole responses or SSE streams. A dropped connection drops the event receiver,
 //! which cancels the sequence at the scheduler's next step.
 
+use crate::engines::Engines;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::openai::{self, Head, Kind};
 use crate::request::{self, Params, Prompt};
-use crate::scheduler::Scheduler;
 use crate::sequence::{Event, Job, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -26,8 +26,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// What every handler shares.
 pub struct App {
-    /// Where requests go.
-    pub scheduler: Scheduler,
+    /// Where requests go (least-loaded engine).
+    pub scheduler: Engines,
     /// The served model (tokenizer, vocabulary).
     pub model: Arc<Model>,
     /// The model's chat template, when it has a usable one.
@@ -59,6 +59,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     Json(serde_json::json!({
         "status": "ok",
         "slots": app.scheduler.n_slots(),
+        "engines": app.scheduler.len(),
         "slots_busy": m.active.load(Ordering::Relaxed),
         "queue_depth": m.queue_depth.load(Ordering::Relaxed),
     }))

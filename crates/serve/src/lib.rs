@@ -3,6 +3,7 @@
 //!
 //! - [`scheduler`]: the thread that owns the model context and its KV cache slots and
 //!   runs all active sequences in one forward pass per step.
+//! - [`engines`]: worker groups — several schedulers behind one front, least-loaded routing.
 //! - [`sequence`]: one request's state in a slot (sampling, detokenizing, stop strings).
 //! - [`http`]: routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/health`, `/metrics`), API key, SSE streaming.
@@ -10,6 +11,7 @@
 //! - [`metrics`]: Prometheus counters and histograms.
 #![deny(missing_docs)]
 
+pub mod engines;
 pub mod error;
 pub mod http;
 pub mod metrics;
@@ -46,14 +48,29 @@ pub fn chat_template(model: &Model) -> Result<ChatTemplate, String> {
     ChatTemplate::new(src, &text(tok.bos()), &text(tok.eos())).map_err(|e| format!("the model's chat template does not compile: {e}"))
 }
 
-/// Serve `ctx` (its slots are the sequences generated at once; [`Context::n_batch`] the
-/// tokens per step) until Ctrl-C or SIGTERM. Prints `hearth serve listening on
-/// http://ADDR` to stderr once requests are accepted.
-pub fn serve(ctx: Context, opts: ServeOptions) -> std::io::Result<()> {
+/// One engine of a server: a context (its slots are the sequences it generates at once;
+/// [`Context::n_batch`] the tokens per step) and, optionally, the CPUs to pin its threads to.
+pub struct Engine {
+    /// The context, with its slots set.
+    pub ctx: Context,
+    /// CPUs for its threads (thread `i` on `pin[i % len]`), or `None` to leave them free.
+    pub pin: Option<Vec<usize>>,
+}
+
+/// Serve `engines` (one, or a worker group each; requests go to the least loaded) until
+/// Ctrl-C or SIGTERM. Prints `hearth serve listening on http://ADDR` to stderr once
+/// requests are accepted.
+pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
-    let model = ctx.model().clone();
+    let Some(model) = engines.first().map(|e| e.ctx.model().clone()) else {
+        return Err(std::io::Error::other("no engine to serve with"));
+    };
     let template = chat_template(&model);
-    let (scheduler, _thread) = scheduler::Scheduler::start(ctx, opts.queue_size, metrics.clone())?;
+    let mut schedulers = Vec::new();
+    for (id, e) in engines.into_iter().enumerate() {
+        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id)?.0);
+    }
+    let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, api_key: opts.api_key, metrics, started });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -9,7 +9,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::sequence::{Event, Job, Seq};
 use hearth_model::{Context, Segment};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 
@@ -18,6 +18,8 @@ use std::sync::Arc;
 pub struct Scheduler {
     tx: SyncSender<Job>,
     metrics: Arc<Metrics>,
+    /// Requests submitted and not yet finished (queued or in a slot): the router's load.
+    load: Arc<AtomicUsize>,
     queue_size: usize,
     n_ctx: usize,
     n_slots: usize,
@@ -26,25 +28,52 @@ pub struct Scheduler {
 impl Scheduler {
     /// Start the scheduler thread on `ctx` (its slots are the sequences served at
     /// once); at most `queue_size` (≥ 1) requests wait for a slot, more are refused.
-    pub fn start(ctx: Context, queue_size: usize, metrics: Arc<Metrics>) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
+    /// `pin`: CPUs for the context's threads, pinned from the scheduler thread (which
+    /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
+    pub fn start(
+        mut ctx: Context,
+        queue_size: usize,
+        metrics: Arc<Metrics>,
+        pin: Option<Vec<usize>>,
+        id: usize,
+    ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
         let queue_size = queue_size.max(1);
         let (tx, rx) = sync_channel(queue_size);
         let (n_ctx, n_slots) = (ctx.n_ctx(), ctx.n_slots());
-        let m = metrics.clone();
-        let thread = std::thread::Builder::new().name("hearth-scheduler".into()).spawn(move || run(ctx, rx, &m))?;
-        Ok((Self { tx, metrics, queue_size, n_ctx, n_slots }, thread))
+        let (m, load) = (metrics.clone(), Arc::new(AtomicUsize::new(0)));
+        let l = load.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name(format!("hearth-scheduler-{id}")).spawn(move || {
+            if let Some(cpus) = pin {
+                if let Err(e) = ctx.pin_threads_to(&cpus) {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+            }
+            let _ = ready_tx.send(Ok(()));
+            run(ctx, rx, &m, &l)
+        })?;
+        ready_rx.recv().map_err(std::io::Error::other)?.map_err(std::io::Error::other)?;
+        Ok((Self { tx, metrics, load, queue_size, n_ctx, n_slots }, thread))
     }
 
-    /// Queue `job`; refused with 429 when the queue is full (backpressure).
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+    /// Requests submitted and not finished yet.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    /// Queue `job`; refused with 429 when the queue is full (backpressure), the job handed back.
+    pub fn submit(&self, job: Job) -> Result<(), Box<(ApiError, Job)>> {
         self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        self.load.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(job) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.load.fetch_sub(1, Ordering::Relaxed);
                 Err(match e {
-                    TrySendError::Full(_) => ApiError::queue_full(self.queue_size),
-                    TrySendError::Disconnected(_) => ApiError::unavailable(),
+                    TrySendError::Full(j) => Box::new((ApiError::queue_full(self.queue_size), j)),
+                    TrySendError::Disconnected(j) => Box::new((ApiError::unavailable(), j)),
                 })
             }
         }
@@ -62,7 +91,7 @@ impl Scheduler {
 }
 
 /// The scheduler loop; returns when every [`Scheduler`] handle is gone and no sequence is left.
-fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
+fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsize) {
     let model = ctx.model().clone();
     let tok = &model.tokenizer;
     let (n_ctx, n_vocab) = (ctx.n_ctx(), model.config.n_vocab);
@@ -85,9 +114,11 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
             metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             if job.events.is_closed() {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                load.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
             free.pop();
+            metrics.active.fetch_add(1, Ordering::Relaxed);
             ctx.truncate_slot(slot, 0);
             metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
             active.push(Seq::new(job, slot, tok));
@@ -98,10 +129,10 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
             if gone {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 free.push(s.slot);
+                retire(metrics, load);
             }
             !gone
         });
-        metrics.active.store(active.len() as u64, Ordering::Relaxed);
         if active.is_empty() {
             continue;
         }
@@ -140,8 +171,8 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
                     let s = active.remove(i);
                     s.send(Event::Failed(msg.clone()));
                     free.push(s.slot);
+                    retire(metrics, load);
                 }
-                metrics.active.store(active.len() as u64, Ordering::Relaxed);
                 continue;
             }
         };
@@ -163,7 +194,13 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics) {
         done.sort_unstable();
         for &i in done.iter().rev() {
             free.push(active.remove(i).slot);
+            retire(metrics, load);
         }
-        metrics.active.store(active.len() as u64, Ordering::Relaxed);
     }
+}
+
+/// A sequence left its slot.
+fn retire(metrics: &Metrics, load: &AtomicUsize) {
+    metrics.active.fetch_sub(1, Ordering::Relaxed);
+    load.fetch_sub(1, Ordering::Relaxed);
 }

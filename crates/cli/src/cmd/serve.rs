@@ -32,15 +32,21 @@ pub struct Args {
     /// Requests that may wait for a free slot; more are refused with 429
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_size: u32,
-    /// Worker threads, 1-1024 [default: number of physical cores]
+    /// Worker threads per engine, 1-1024 [default: number of physical cores / --groups]
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// KV cache type: f32, f16 or q8_0
     #[arg(long, value_enum, default_value_t = CacheTypeArg::F16)]
     pub cache_type: CacheTypeArg,
-    /// Pin threads to distinct cores (physical cores first)
+    /// Pin threads to distinct cores (physical cores first); with --groups, each group
+    /// to its own cores
     #[arg(long)]
     pub pin: bool,
+    /// Engine instances (worker groups), each with its own --parallel slots and --threads
+    /// threads (default: physical cores / G), behind one HTTP front; requests go to the
+    /// least-loaded one. The weights are mapped once and shared.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub groups: u32,
     /// Require `Authorization: Bearer KEY` on /v1/* requests
     #[arg(long, env = "HEARTH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -65,23 +71,33 @@ pub fn run(a: Args) -> Result<()> {
         Some(c) => c as usize,
         None => 2048.min(train),
     };
-    let mut ctx =
-        Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, threads_or_default(a.threads), a.cache_type.into())?;
-    if a.pin {
-        ctx.pin_threads()?;
+    let groups = a.groups as usize;
+    let threads = a.threads.map_or_else(|| (threads_or_default(None) / groups).max(1), usize::from);
+    let cpus = hearth_kernels::affinity::pin_order();
+    if a.pin && groups * threads > cpus.len() {
+        bail!("--pin with {groups} groups × {threads} threads needs {} CPUs, this process may use {}", groups * threads, cpus.len());
     }
-    ctx.set_slots(a.parallel as usize)?;
+    let mut engines = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, threads, a.cache_type.into())?;
+        ctx.set_slots(a.parallel as usize)?;
+        let pin = a.pin.then(|| cpus[g * threads..(g + 1) * threads].to_vec());
+        engines.push(hearth_serve::Engine { ctx, pin });
+    }
+    let ctx = &engines[0].ctx;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
     eprintln!(
-        "hearth serve: {model_id}, {} slots × {n_ctx} positions (KV cache {:.1} MiB), {} tokens per step, {} threads",
+        "hearth serve: {model_id}, {groups} engine(s) × {} slots × {n_ctx} positions (KV cache {:.1} MiB each), {} tokens per step, \
+         {} threads each{}",
         a.parallel,
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
         ctx.n_batch(),
-        ctx.n_threads()
+        ctx.n_threads(),
+        if a.pin { format!(", pinned to CPUs {:?}", &cpus[..groups * threads]) } else { String::new() }
     );
     let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id };
-    hearth_serve::serve(ctx, opts).context("serving")
+    hearth_serve::serve(engines, opts).context("serving")
 }
