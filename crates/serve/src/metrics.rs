@@ -116,6 +116,20 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }
+        // The process's memory: with worker groups the engines share one mapping of the
+        // weights (file-backed, counted once); each has its own KV cache (anonymous).
+        let mem = hearth_memory::ProcMemory::read().unwrap_or_default();
+        for (name, help, v) in [
+            ("hearth_rss_bytes", "Resident set size.", mem.rss_bytes),
+            (
+                "hearth_rss_file_bytes",
+                "Resident file-backed memory: the mapped weights (shared by all engines) and the binary.",
+                mem.rss_file_bytes,
+            ),
+            ("hearth_rss_anon_bytes", "Resident anonymous memory: KV caches, scratch, heap.", mem.rss_anon_bytes),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
         self.batch_tokens.render(&mut out, "hearth_batch_tokens", "Tokens per forward pass (prefill and decode).");
         self.batch_sequences.render(&mut out, "hearth_batch_sequences", "Sequences per forward pass.");
         self.ttft.render(&mut out, "hearth_ttft_seconds", "Time to first token, from arrival (includes queueing).");
