@@ -233,7 +233,7 @@ fn a_full_queue_answers_429() {
 }
 
 #[test]
-fn a_client_that_disconnects_mid_stream_frees_its_slot() {
+fn a_client_that_disconnects_frees_its_slot() {
     let s = Server::start(&["--parallel", "1"]);
     let body = json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "temperature": 0, "stream": true}).to_string();
     let mut c = TcpStream::connect(&s.addr).unwrap();
@@ -255,6 +255,23 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
     }
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(st, 200, "{r}");
+
+    // A non-streaming client that gives up waiting is cancelled too.
+    let body = json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "ignore_eos": true}).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    let t0 = Instant::now();
+    loop {
+        let m = s.get("/metrics");
+        if m.contains("hearth_cancelled_total 2") && m.contains("hearth_active_sequences 0") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the non-streaming sequence was not cancelled:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Resident set size of `pid` in bytes (`VmRSS`).
