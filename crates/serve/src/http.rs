@@ -151,7 +151,6 @@ async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_fie
         return Err(e);
     }
     let (tx, rx) = unbounded_channel();
-    let prompt_tokens = prompt.len();
     app.scheduler.submit(Job {
         prompt,
         max_tokens: p.max_tokens.unwrap_or(usize::MAX),
@@ -166,12 +165,12 @@ async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_fie
     if p.stream {
         Ok(Sse::new(stream(head, rx, p.include_usage, p.logprobs.is_some())).into_response())
     } else {
-        whole(head, rx, p.logprobs.is_some(), prompt_tokens).await
+        whole(head, rx, p.logprobs.is_some()).await
     }
 }
 
 /// Wait for the whole generation and answer it as one JSON body.
-async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool, prompt_tokens: usize) -> Result<Response, ApiError> {
+async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool) -> Result<Response, ApiError> {
     let (mut text, mut lps) = (String::new(), Vec::<TokenLogprob>::new());
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -186,7 +185,6 @@ async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool, pro
             Event::Failed(m) => return Err(ApiError::internal(m)),
         }
     }
-    let _ = prompt_tokens;
     Err(ApiError::unavailable())
 }
 

@@ -9,6 +9,7 @@
 //!   `/health`, `/metrics`), API key, SSE streaming.
 //! - [`request`] / [`openai`] / [`error`]: request parsing, response and error bodies.
 //! - [`metrics`]: Prometheus counters and histograms.
+//! - [`topology`]: CPUs for pinned worker groups (NUMA nodes first, then cores).
 #![deny(missing_docs)]
 
 pub mod engines;
@@ -20,6 +21,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+pub mod topology;
 
 use hearth_chat::ChatTemplate;
 use hearth_model::{Context, Model};

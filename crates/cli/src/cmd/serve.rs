@@ -73,15 +73,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     let groups = a.groups as usize;
     let threads = a.threads.map_or_else(|| (threads_or_default(None) / groups).max(1), usize::from);
-    let cpus = hearth_kernels::affinity::pin_order();
-    if a.pin && groups * threads > cpus.len() {
-        bail!("--pin with {groups} groups × {threads} threads needs {} CPUs, this process may use {}", groups * threads, cpus.len());
-    }
+    let cpus = if a.pin {
+        let order = hearth_kernels::affinity::pin_order();
+        hearth_serve::topology::group_cpus(&order, &hearth_serve::topology::numa_nodes(), groups, threads)
+            .map_err(|e| anyhow::anyhow!("--pin: {e}"))?
+    } else {
+        Vec::new()
+    };
     let mut engines = Vec::with_capacity(groups);
     for g in 0..groups {
         let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, threads, a.cache_type.into())?;
         ctx.set_slots(a.parallel as usize)?;
-        let pin = a.pin.then(|| cpus[g * threads..(g + 1) * threads].to_vec());
+        let pin = cpus.get(g).cloned();
         engines.push(hearth_serve::Engine { ctx, pin });
     }
     let ctx = &engines[0].ctx;
@@ -96,7 +99,7 @@ pub fn run(a: Args) -> Result<()> {
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
         ctx.n_batch(),
         ctx.n_threads(),
-        if a.pin { format!(", pinned to CPUs {:?}", &cpus[..groups * threads]) } else { String::new() }
+        if a.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() }
     );
     let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id };
     hearth_serve::serve(engines, opts).context("serving")
