@@ -151,8 +151,13 @@ impl<'t> Seq<'t> {
         self.tokens.push(id);
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
         let finish = if tok.is_eog(id) && !self.ignore_eos {
-            let rest = self.dec.flush() + &self.stop.finish();
-            self.send(Event::Token { text: rest, logprob: None });
+            // What the decoder held back still goes through the stop strings.
+            let tail = self.dec.flush();
+            let (mut text, hit) = self.stop.push(&tail);
+            if !hit {
+                text += &self.stop.finish();
+            }
+            self.send(Event::Token { text, logprob });
             Some(Finish::Stop)
         } else {
             let full = self.generated() >= self.max_tokens || self.tokens.len() > n_ctx;
