@@ -166,9 +166,12 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     let (st, health) = s.request("GET", "/health", None, "");
     assert_eq!(st, 200, "{health}");
     let metrics = s.request("GET", "/metrics", None, "").1;
-    for want in
-        ["hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}", "hearth_ttft_seconds_count 1", "hearth_queue_depth 0"]
-    {
+    for want in [
+        "hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}",
+        "hearth_ttft_seconds_count 1",
+        "hearth_queue_depth 0",
+        "hearth_rss_file_bytes ",
+    ] {
         assert!(metrics.contains(want), "{want} missing from\n{metrics}");
     }
 }
