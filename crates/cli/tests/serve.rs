@@ -224,7 +224,7 @@ fn concurrent_greedy_requests_match_each_alone() {
 #[test]
 fn a_full_queue_answers_429() {
     let s = Server::start(&["--parallel", "1", "--queue-size", "1"]);
-    let body = json!({"prompt": "Tell me a long story", "max_tokens": 300, "temperature": 0});
+    let body = json!({"prompt": "Tell me a long story", "max_tokens": 300, "temperature": 0, "ignore_eos": true});
     let codes: Vec<(u16, Value)> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..6).map(|_| sc.spawn(|| s.post("/v1/completions", &body))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
