@@ -238,7 +238,8 @@ fn a_full_queue_answers_429() {
 #[test]
 fn a_client_that_disconnects_frees_its_slot() {
     let s = Server::start(&["--parallel", "1"]);
-    let body = json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
+    let body =
+        json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
     let mut c = TcpStream::connect(&s.addr).unwrap();
     write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
         .unwrap();
