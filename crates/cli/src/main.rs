@@ -56,6 +56,8 @@ enum Command {
     /// Serve a share of a model to a coordinator (`generate --workers`): tensor parallelism
     /// across machines.
     Worker(cmd::worker::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
+    Serve(cmd::serve::Args),
 }
 
 fn main() {
@@ -80,6 +82,7 @@ fn main() {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Worker(a) => cmd::worker::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -20,6 +20,28 @@ pub enum Logits {
     All,
 }
 
+/// Part of a batch for [`Context::eval_batch`]: `tokens` of the sequence in KV cache slot
+/// `slot`, appended at that slot's next position; `logits`: whether its last token's
+/// logits are wanted (the prompt's last chunk and every decode token).
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'a> {
+    /// KV cache slot, `0..n_slots`.
+    pub slot: usize,
+    /// Tokens to append (at least one).
+    pub tokens: &'a [u32],
+    /// Whether to return logits for the last of `tokens`.
+    pub logits: bool,
+}
+
+/// Rows `row..row + len` of a batch: one sequence's tokens at positions `pos0..` of slot `slot`.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    slot: usize,
+    pos0: usize,
+    row: usize,
+    len: usize,
+}
+
 /// Scratch activations for up to `n_batch` tokens, allocated once.
 struct Scratch {
     x: Vec<f32>,                       // [n_batch, n_embd] residual stream
@@ -71,8 +93,10 @@ impl ContextBuffers {
 pub struct Context {
     model: Arc<Model>,
     pool: ThreadPool,
+    /// `n_slots · n_ctx` positions: slot `s` holds positions `s · n_ctx ..` of one sequence.
     kv: KvCache,
-    n_past: usize,
+    /// Positions cached, per slot (one slot unless `set_slots`).
+    n_past: Vec<usize>,
     n_batch: usize,
     s: Scratch,
     /// Where the weights come from when not the mapping (`set_source`).
@@ -256,7 +280,7 @@ impl Context {
         Ok(Self {
             pool: ThreadPool::new(n_threads),
             kv,
-            n_past: 0,
+            n_past: vec![0],
             n_batch,
             s,
             head_chunks: std::iter::once(0..c.n_vocab).collect(),
@@ -274,9 +298,14 @@ impl Context {
     /// Pin this context's threads to distinct cores, physical cores first
     /// ([`hearth_kernels::affinity::pin_order`]); the calling thread becomes thread 0.
     pub fn pin_threads(&mut self) -> Result<()> {
+        self.pin_threads_to(&hearth_kernels::affinity::pin_order())
+    }
+
+    /// Pin thread `i` to `cpus[i % cpus.len()]`; the calling thread (the one that will
+    /// call [`Self::eval`]) becomes thread 0, pinned to `cpus[0]`.
+    pub fn pin_threads_to(&mut self, cpus: &[usize]) -> Result<()> {
         let n = self.pool.n_threads();
-        let cpus = hearth_kernels::affinity::pin_order();
-        self.pool = ThreadPool::new_pinned(n, &cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
+        self.pool = ThreadPool::new_pinned(n, cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
         Ok(())
     }
 
@@ -294,8 +323,13 @@ impl Context {
     /// `comm` (tensor parallelism; see [`TensorSplit`]). The KV cache is re-created for
     /// this node's KV heads only, so this must come before the first [`Self::eval`].
     pub fn set_tensor_split(&mut self, split: TensorSplit, comm: Box<dyn Collective>) -> Result<()> {
-        if self.n_past > 0 || self.ring.is_some() {
+        if self.n_past.iter().any(|&n| n > 0) || self.ring.is_some() {
             return Err(ModelError::Context("a tensor split must be set before the first evaluation, and not with a ring".into()));
+        }
+        if self.n_slots() > 1 {
+            return Err(ModelError::Context(
+                "tensor parallelism serves one sequence: it cannot be combined with several KV cache slots".into(),
+            ));
         }
         if self.source.is_some() && self.model.shard.is_none() {
             return Err(ModelError::Context(
@@ -341,8 +375,8 @@ impl Context {
     /// cache is re-created for these layers only, so this must come before the first
     /// evaluation, and before [`Self::set_source`] (whose units are [`Self::units`]).
     pub fn set_ring(&mut self, windows: RingWindows, link: Option<Box<dyn RingLink>>) -> Result<()> {
-        if self.n_past > 0 || self.split.is_some() || self.source.is_some() {
-            return Err(ModelError::Context("a ring must be set before the first evaluation, without a tensor split or a source".into()));
+        if self.n_past.iter().any(|&n| n > 0) || self.split.is_some() || self.source.is_some() || self.n_slots() > 1 {
+            return Err(ModelError::Context("a ring must be set before the first evaluation, without a tensor split, a source or several KV cache slots".into()));
         }
         let c = &self.model.config;
         let owned = windows.owned(c.n_layer)?;
@@ -377,6 +411,46 @@ impl Context {
         self.ring.as_ref().map(|r| &r.windows)
     }
 
+    /// Hold `n_slots` independent sequences of up to [`Self::n_ctx`] positions each, for
+    /// [`Self::eval_batch`]: the KV cache is re-created with `n_slots · n_ctx` positions
+    /// (slot `s` owns positions `s · n_ctx ..`), so this must come before the first
+    /// evaluation. [`Self::eval`], [`Self::n_past`] and [`Self::truncate`] act on slot 0.
+    pub fn set_slots(&mut self, n_slots: usize) -> Result<()> {
+        if n_slots == 0 {
+            return Err(ModelError::Context("at least one KV cache slot is needed".into()));
+        }
+        if self.split.is_some() || self.ring.is_some() {
+            return Err(ModelError::Context("a tensor-parallel or ring context serves one sequence: it cannot have several KV cache slots".into()));
+        }
+        if self.n_past.iter().any(|&n| n > 0) {
+            return Err(ModelError::Context("slots must be set before the first evaluation".into()));
+        }
+        let c = &self.model.config;
+        let (n_ctx, ty) = (self.n_ctx(), self.kv.cache_type());
+        // Free the old cache first, so both never coexist.
+        self.kv = KvCache::new(0, 0, 0, ty);
+        self.kv = KvCache::new(c.n_layer, n_slots * n_ctx, c.kv_dim(), ty);
+        self.n_past = vec![0; n_slots];
+        Ok(())
+    }
+
+    /// KV cache slots (sequences held at once).
+    pub fn n_slots(&self) -> usize {
+        self.n_past.len()
+    }
+
+    /// Positions cached in `slot` (0 for a slot that does not exist).
+    pub fn slot_n_past(&self, slot: usize) -> usize {
+        self.n_past.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Forget positions from `n` on in `slot` (0 frees the slot for a new sequence).
+    pub fn truncate_slot(&mut self, slot: usize, n: usize) {
+        if let Some(p) = self.n_past.get_mut(slot) {
+            *p = (*p).min(n);
+        }
+    }
+
     /// The source's I/O counters, when weights come through one.
     pub fn source_stats(&self) -> Option<SourceStats> {
         self.source.as_ref().map(|s| s.stats())
@@ -397,14 +471,14 @@ impl Context {
         self.pool.n_threads()
     }
 
-    /// Positions already in the KV cache.
+    /// Positions already in the KV cache (slot 0).
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.n_past[0]
     }
 
-    /// Capacity in positions.
+    /// Capacity in positions (of each slot).
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx()
+        self.kv.n_ctx() / self.n_past.len()
     }
 
     /// Bytes of the KV cache.
@@ -432,14 +506,72 @@ impl Context {
         self.kv.cache_type()
     }
 
-    /// Forget positions from `n` on (e.g. 0 to start a new conversation).
+    /// Forget positions from `n` on (e.g. 0 to start a new conversation); slot 0.
     pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
+        self.truncate_slot(0, n);
     }
 
     /// Run `tokens` through the model at positions `n_past..`, appending them to the KV
     /// cache. Returns logits `[1, n_vocab]` (Last) or `[tokens.len(), n_vocab]` (All).
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        self.check_tokens(0, tokens)?;
+        let n_vocab = self.model.config.n_vocab;
+        let n_out = if which == Logits::All { tokens.len() } else { 1 };
+        self.s.logits.resize(n_out * n_vocab, 0.0);
+        let mut done = 0;
+        for chunk in tokens.chunks(self.n_batch) {
+            let rows: Vec<usize> = match which {
+                Logits::All => (0..chunk.len()).collect(),
+                Logits::Last if done + chunk.len() == tokens.len() => vec![chunk.len() - 1],
+                Logits::Last => Vec::new(),
+            };
+            let out_row = if which == Logits::All { done } else { 0 };
+            let span = Span { slot: 0, pos0: self.n_past[0], row: 0, len: chunk.len() };
+            self.forward(chunk, &[span], &rows, out_row)?;
+            done += chunk.len();
+        }
+        Ok(&self.s.logits)
+    }
+
+    /// Run several sequences' tokens as one forward pass (continuous batching): each
+    /// segment's tokens at its slot's next positions, attending to that slot's cache only,
+    /// while the matrix products take all tokens at once. At most [`Self::n_batch`] tokens
+    /// in all and one segment per slot. Returns logits `[k, n_vocab]`: one row per segment
+    /// with `logits` set, in segment order. A sequence's results do not depend on what
+    /// else shares its batch (each token's products, norms and attention are computed the
+    /// same way alone or in a batch).
+    pub fn eval_batch(&mut self, segs: &[Segment<'_>]) -> Result<&[f32]> {
+        let n: usize = segs.iter().map(|g| g.tokens.len()).sum();
+        if segs.is_empty() {
+            return Err(ModelError::Input("an empty batch: no segments to evaluate".into()));
+        }
+        if n > self.n_batch {
+            return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
+        }
+        let mut tokens = Vec::with_capacity(n);
+        let (mut spans, mut rows) = (Vec::with_capacity(segs.len()), Vec::new());
+        for (i, g) in segs.iter().enumerate() {
+            if g.slot >= self.n_slots() {
+                return Err(ModelError::Input(format!("slot {} does not exist ({} slots)", g.slot, self.n_slots())));
+            }
+            if segs[..i].iter().any(|o| o.slot == g.slot) {
+                return Err(ModelError::Input(format!("slot {} appears twice in one batch", g.slot)));
+            }
+            self.check_tokens(g.slot, g.tokens)?;
+            spans.push(Span { slot: g.slot, pos0: self.n_past[g.slot], row: tokens.len(), len: g.tokens.len() });
+            tokens.extend_from_slice(g.tokens);
+            if g.logits {
+                rows.push(tokens.len() - 1);
+            }
+        }
+        self.s.logits.resize(rows.len() * self.model.config.n_vocab, 0.0);
+        self.forward(&tokens, &spans, &rows, 0)?;
+        Ok(&self.s.logits)
+    }
+
+    /// Whether `tokens` can be appended to `slot`: a model with a head, ids in the
+    /// vocabulary, room in the slot.
+    fn check_tokens(&self, slot: usize, tokens: &[u32]) -> Result<()> {
         let c = &self.model.config;
         if tokens.is_empty() {
             return Err(ModelError::Input("no tokens to evaluate (empty prompt)".into()));
@@ -450,44 +582,32 @@ impl Context {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
             return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary (n_vocab {})", c.n_vocab)));
         }
-        if self.n_past + tokens.len() > self.n_ctx() {
+        if self.n_past[slot] + tokens.len() > self.n_ctx() {
             return Err(ModelError::Context(format!(
                 "{} tokens do not fit: {} already in a context of {} (raise --ctx-size)",
                 tokens.len(),
-                self.n_past,
+                self.n_past[slot],
                 self.n_ctx()
             )));
         }
-        let n_vocab = c.n_vocab;
-        let n_out = if which == Logits::All { tokens.len() } else { 1 };
-        self.s.logits.resize(n_out * n_vocab, 0.0);
-        let mut done = 0;
-        for chunk in tokens.chunks(self.n_batch) {
-            let want = match which {
-                Logits::All => Some(done),
-                Logits::Last if done + chunk.len() == tokens.len() => Some(0),
-                Logits::Last => None,
-            };
-            self.forward(chunk, want, which == Logits::All)?;
-            done += chunk.len();
-        }
-        Ok(&self.s.logits)
+        Ok(())
     }
 
-    /// One batch through every layer. `out_row`: where in `logits` this batch's logits go
-    /// (`None`: no logits needed); `all`: every token's logits vs the last one's.
-    fn forward(&mut self, tokens: &[u32], out_row: Option<usize>, all: bool) -> Result<()> {
+    /// One batch through every layer: `spans` say which rows belong to which slot and
+    /// position. `rows`: the rows whose logits are wanted, written to `logits` from row
+    /// `out_row` on (none: no logits).
+    fn forward(&mut self, tokens: &[u32], spans: &[Span], rows: &[usize], out_row: usize) -> Result<()> {
         let t0 = std::time::Instant::now();
         let n = tokens.len();
         let e = self.model.config.n_embd;
         self.embed(tokens)?;
-        let pos0 = self.n_past;
+        let pos0 = spans[0].pos0;
         let mut attention = std::time::Duration::ZERO;
         if let Some(mut ring) = self.ring.take() {
             // Each round: this device's window, then the rest of the ring.
             let r = (|| {
                 for (round, win) in ring.windows.rounds.iter().enumerate() {
-                    attention += self.blocks(n, win.clone())?;
+                    attention += self.blocks(spans, win.clone())?;
                     if let Some(link) = ring.link.as_mut() {
                         link.pass(pos0, round, &mut self.s.x[..n * e]).map_err(ModelError::Collective)?;
                     }
@@ -500,10 +620,9 @@ impl Context {
             if let Some(sp) = &mut self.split {
                 sp.comm.begin_pass(pos0, &self.s.x[..n * e], n).map_err(ModelError::Collective)?;
             }
-            attention = self.blocks(n, 0..self.model.config.n_layer)?;
+            attention = self.blocks(spans, 0..self.model.config.n_layer)?;
         }
-        self.n_past = pos0 + n;
-        self.head(n, out_row, all)?;
+        self.head(rows, out_row)?;
         if let Some(p) = &mut self.profile {
             p.passes += 1;
             p.tokens += n;
@@ -526,16 +645,15 @@ impl Context {
         if n > self.n_batch {
             return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
         }
-        if pos0 > self.n_past {
-            return Err(ModelError::Context(format!("a pass at position {pos0} but only {} positions are cached", self.n_past)));
+        if pos0 > self.n_past[0] {
+            return Err(ModelError::Context(format!("a pass at position {pos0} but only {} positions are cached", self.n_past[0])));
         }
         if pos0 + n > self.n_ctx() {
             return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
         }
-        self.n_past = pos0;
+        self.n_past[0] = pos0;
         self.s.x[..n * e].copy_from_slice(x);
-        self.blocks(n, 0..self.model.config.n_layer)?;
-        self.n_past = pos0 + n;
+        self.blocks(&[Span { slot: 0, pos0, row: 0, len: n }], 0..self.model.config.n_layer)?;
         Ok(())
     }
 
@@ -556,19 +674,18 @@ impl Context {
             return Err(ModelError::Input(format!("{n} tokens in one pass exceed the batch size {}", self.n_batch)));
         }
         let pass = self.ring.as_ref().map_or((0, 0, 0), |r| r.pass);
-        if (round == 0 && pos0 > self.n_past) || (round > 0 && pass != (pos0, n, round)) {
+        if (round == 0 && pos0 > self.n_past[0]) || (round > 0 && pass != (pos0, n, round)) {
             return Err(ModelError::Context(format!(
                 "round {round} of a pass of {n} tokens at position {pos0}, but {} positions are cached and the pass under way is {pass:?}",
-                self.n_past
+                self.n_past[0]
             )));
         }
         if pos0 + n > self.n_ctx() {
             return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
         }
-        self.n_past = pos0;
+        self.n_past[0] = pos0;
         self.s.x[..n * e].copy_from_slice(x);
-        self.blocks(n, win)?;
-        self.n_past = pos0 + n;
+        self.blocks(&[Span { slot: 0, pos0, row: 0, len: n }], win)?;
         if let Some(r) = self.ring.as_mut() {
             r.pass = (pos0, n, round + 1);
         }
@@ -596,14 +713,18 @@ impl Context {
         Ok(())
     }
 
-    /// `x: [n, n_embd]` through blocks `layers` at positions `n_past..` (which the caller
-    /// advances); returns the time spent in attention. With a split, this node's rows and
-    /// columns only, and the two partial products of each block summed across nodes.
-    fn blocks(&mut self, n: usize, layers: std::ops::Range<usize>) -> Result<std::time::Duration> {
+    /// `x: [n, n_embd]` through blocks `layers`, each span's rows at its slot's positions
+    /// `pos0..` (the slots' cached positions end there afterwards); returns the time spent
+    /// in attention. With a split, this node's rows and columns only, and the two partial
+    /// products of each block summed across nodes.
+    fn blocks(&mut self, spans: &[Span], layers: std::ops::Range<usize>) -> Result<std::time::Duration> {
         let mut attention = std::time::Duration::ZERO;
         let model = Arc::clone(&self.model);
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
-        let pos0 = self.n_past;
+        let n: usize = spans.iter().map(|sp| sp.len).sum();
+        let n_ctx = self.n_ctx();
+        // The span of each row.
+        let span_of: Vec<usize> = spans.iter().enumerate().flat_map(|(i, sp)| std::iter::repeat_n(i, sp.len)).collect();
         let e = c.n_embd;
         let whole = TensorSplit::whole(c);
         let part = self.split.as_ref().map_or(&whole, |sp| &sp.split).clone();
@@ -644,14 +765,20 @@ impl Context {
                 trace(tr, "Qcur", il, &s.q[..n * qd]);
                 trace(tr, "Kcur", il, &s.k[..n * kvd]);
                 trace(tr, "Vcur", il, &s.v[..n * kvd]);
-                ops::rope_norm(&mut s.q[..n * qd], n_head, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
-                ops::rope_norm(&mut s.k[..n * kvd], shape.n_head_kv, c.head_dim, c.rope_dims, pos0, c.rope_freq_base);
-                self.kv.store(il, pos0, &s.k[..n * kvd], &s.v[..n * kvd]);
+                for sp in spans {
+                    let (q, k) = (sp.row * qd..(sp.row + sp.len) * qd, sp.row * kvd..(sp.row + sp.len) * kvd);
+                    ops::rope_norm(&mut s.q[q], n_head, c.head_dim, c.rope_dims, sp.pos0, c.rope_freq_base);
+                    ops::rope_norm(&mut s.k[k.clone()], shape.n_head_kv, c.head_dim, c.rope_dims, sp.pos0, c.rope_freq_base);
+                    self.kv.store(il, sp.slot * n_ctx + sp.pos0, &s.k[k.clone()], &s.v[k]);
+                }
                 trace(tr, "Qrope", il, &s.q[..n * qd]);
                 trace(tr, "Krope", il, &s.k[..n * kvd]);
 
-                // Causal GQA attention, parallel over (token, head) pairs.
-                let (kc, vc) = self.kv.layer(il);
+                // Causal GQA attention against each token's own slot, parallel over
+                // (token, head) pairs.
+                let kv = &self.kv;
+                let caches: Vec<_> = spans.iter().map(|sp| kv.layer_rows(il, sp.slot * n_ctx..(sp.slot + 1) * n_ctx)).collect();
+                let span_of = &span_of;
                 let q = &s.q;
                 let accs = &s.attn_acc;
                 let out = SyncPtr(s.attn.as_mut_ptr());
@@ -668,7 +795,8 @@ impl Context {
                         let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
                         // SAFETY: each (t, h) output slice is written by exactly one thread.
                         let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
-                        ops::attend(qrow, kc, vc, h / group, pos0 + t + 1, shape, &mut acc, o);
+                        let (sp, (kc, vc)) = (&spans[span_of[t]], caches[span_of[t]]);
+                        ops::attend(qrow, kc, vc, h / group, sp.pos0 + t - sp.row + 1, shape, &mut acc, o);
                     }
                 });
                 attention += ta.elapsed();
@@ -739,12 +867,15 @@ impl Context {
                 src.release(self.layer_unit[il]);
             }
         }
+        for sp in spans {
+            self.n_past[sp.slot] = sp.pos0 + sp.len;
+        }
         Ok(attention)
     }
 
-    /// The output head: logits of the last (or, with `all`, every) row of `x` into
-    /// `logits` at `out_row` (`None`: no logits; a source still streams the head units).
-    fn head(&mut self, n: usize, out_row: Option<usize>, all: bool) -> Result<()> {
+    /// The output head: logits of rows `logit_rows` of `x` into `logits` from row `out_row` on
+    /// (no rows: no logits; a source still streams the head units).
+    fn head(&mut self, logit_rows: &[usize], out_row: usize) -> Result<()> {
         let model = Arc::clone(&self.model);
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
         let e = c.n_embd;
@@ -754,9 +885,9 @@ impl Context {
 
         // Output head on the rows that need logits. A source streams it as units
         // n_layer.. (row chunks) on every pass, needed or not, to keep its order.
-        let (first, m) = if all { (0, n) } else { (n - 1, 1) };
-        if out_row.is_some() {
-            ops::rmsnorm(&s.x[first * e..(first + m) * e], &w.output_norm, c.rms_eps, &mut s.xb[..m * e]);
+        let m = logit_rows.len();
+        for (i, &r) in logit_rows.iter().enumerate() {
+            ops::rmsnorm(&s.x[r * e..(r + 1) * e], &w.output_norm, c.rms_eps, &mut s.xb[i * e..(i + 1) * e]);
         }
         let v = c.n_vocab;
         for (k, rows) in self.head_chunks.iter().enumerate() {
@@ -764,7 +895,8 @@ impl Context {
                 Some(src) => src.acquire(self.head_unit0 + k)?,
                 None => mapped,
             };
-            if let Some(row) = out_row {
+            if m > 0 {
+                let row = out_row;
                 let head = unit.view(&w.output.rows(rows.clone()))?;
                 let nr = rows.len();
                 if m == 1 || nr == v {

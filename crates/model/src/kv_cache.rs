@@ -144,6 +144,18 @@ impl Rows {
             Rows::Q8_0(d) => KvRows::Q8_0(d),
         }
     }
+
+    /// Rows `pos` only (row 0 of the view = position `pos.start`).
+    fn view_rows(&self, pos: std::ops::Range<usize>, kv_dim: usize) -> KvRows<'_> {
+        match self {
+            Rows::F32(d) => KvRows::F32(&d[pos.start * kv_dim..pos.end * kv_dim]),
+            Rows::F16(d) => KvRows::F16(&d[pos.start * kv_dim..pos.end * kv_dim]),
+            Rows::Q8_0(d) => {
+                let rb = CacheType::Q8_0.row_bytes(kv_dim);
+                KvRows::Q8_0(&d[pos.start * rb..pos.end * rb])
+            }
+        }
+    }
 }
 
 /// Keys and values of past positions for every layer.
@@ -203,6 +215,12 @@ impl KvCache {
     /// Keys and values of `layer`, `[n_ctx, kv_dim]` each.
     pub fn layer(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>) {
         (self.k[layer].view(), self.v[layer].view())
+    }
+
+    /// Keys and values of `layer` at positions `pos` only, `[pos.len(), kv_dim]` each
+    /// (a slot's share of a cache that holds several sequences).
+    pub fn layer_rows(&self, layer: usize, pos: std::ops::Range<usize>) -> (KvRows<'_>, KvRows<'_>) {
+        (self.k[layer].view_rows(pos.clone(), self.kv_dim), self.v[layer].view_rows(pos, self.kv_dim))
     }
 }
 

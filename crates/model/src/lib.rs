@@ -29,7 +29,7 @@ mod weights;
 pub mod quantize;
 
 pub use config::{ModelConfig, SUPPORTED_ARCHS};
-pub use context::{Context, ContextBuffers, Logits};
+pub use context::{Context, ContextBuffers, Logits, Segment};
 pub use error::{ModelError, Result};
 pub use kv_cache::{CacheType, KvCache};
 pub use model::Model;

@@ -5,6 +5,7 @@ pub mod generate;
 pub mod inspect;
 pub mod perplexity;
 pub mod quantize;
+pub mod serve;
 pub mod plan;
 pub mod plan_ring;
 pub mod profile;

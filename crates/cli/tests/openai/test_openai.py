@@ -1,0 +1,169 @@
+"""hearth serve through the official `openai` Python client.
+
+Run by crates/cli/tests/serve.rs against a running server:
+    HEARTH_BASE_URL=http://127.0.0.1:PORT/v1 HEARTH_API_KEY=KEY python test_openai.py
+Prints one line per check and `N passed, M failed`; exits 1 on any failure.
+"""
+
+import os
+import sys
+import traceback
+
+import openai
+
+BASE = os.environ["HEARTH_BASE_URL"]
+KEY = os.environ["HEARTH_API_KEY"]
+client = openai.OpenAI(base_url=BASE, api_key=KEY, max_retries=0, timeout=120)
+MODEL = client.models.list().data[0].id
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def chat(**kw):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0, max_tokens=24)
+    args.update(kw)
+    return client.chat.completions.create(**args)
+
+
+def complete(**kw):
+    args = dict(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=12)
+    args.update(kw)
+    return client.completions.create(**args)
+
+
+@check
+def models_list_names_the_model():
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL] and MODEL.startswith("SmolLM2"), ids
+
+
+@check
+def chat_completion():
+    r = chat()
+    c = r.choices[0]
+    assert r.object == "chat.completion" and c.message.role == "assistant", r
+    assert isinstance(c.message.content, str) and c.message.content.strip(), r
+    assert c.finish_reason in ("stop", "length"), c.finish_reason
+    u = r.usage
+    assert u.prompt_tokens > 5 and 0 < u.completion_tokens <= 24 and u.total_tokens == u.prompt_tokens + u.completion_tokens, u
+
+
+@check
+def chat_streaming_matches_the_whole_answer():
+    whole = chat().choices[0]
+    chunks = list(chat(stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.message.content, (text, whole.message.content)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.finish_reason], finals
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, chunks[-1]
+
+
+@check
+def completion_greedy_says_paris():
+    r = complete()
+    assert r.object == "text_completion", r
+    assert "Paris" in r.choices[0].text, r.choices[0].text
+
+
+@check
+def completion_streaming_matches_the_whole_text():
+    whole = complete().choices[0]
+    text = "".join(c.choices[0].text for c in complete(stream=True))
+    assert text == whole.text, (text, whole.text)
+
+
+@check
+def stop_strings_cut_the_text():
+    full = complete(max_tokens=20).choices[0].text
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = words[2]
+    r = complete(max_tokens=20, stop=[stop, "never-appears"]).choices[0]
+    assert r.finish_reason == "stop", r
+    assert r.text == full[: full.index(stop)], (r.text, full, stop)
+    r = complete(max_tokens=20, stop=stop).choices[0]  # a single string
+    assert r.text == full[: full.index(stop)], (r.text, full, stop)
+
+
+@check
+def max_tokens_gives_finish_reason_length():
+    r = complete(max_tokens=3)
+    assert r.choices[0].finish_reason == "length", r
+    assert r.usage.completion_tokens == 3, r.usage
+    r = chat(max_tokens=2)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2, r
+
+
+@check
+def seeded_sampling_is_reproducible():
+    a = complete(temperature=0.9, seed=42, max_tokens=16).choices[0].text
+    b = complete(temperature=0.9, seed=42, max_tokens=16).choices[0].text
+    assert a == b, (a, b)
+
+
+@check
+def logprobs_are_reported():
+    r = chat(max_tokens=4, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content), content
+    # Greedy: the chosen token is the most likely one.
+    assert all(t.token == t.top_logprobs[0].token for t in content), content
+
+
+@check
+def bad_request_is_400_with_an_openai_error_body():
+    for kw, param in [(dict(n=2), "n"), (dict(temperature=5), "temperature"), (dict(max_tokens=0), "max_tokens")]:
+        try:
+            chat(**kw)
+        except openai.BadRequestError as e:
+            assert e.status_code == 400, e
+            err = e.body
+            assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"], err
+        else:
+            raise AssertionError(f"{kw} was accepted")
+    try:
+        complete(prompt="hello " * 5000)
+    except openai.BadRequestError as e:
+        assert e.code == "context_length_exceeded", e.body
+    else:
+        raise AssertionError("a prompt beyond the context was accepted")
+
+
+@check
+def wrong_key_is_401():
+    bad = openai.OpenAI(base_url=BASE, api_key="wrong-" + KEY, max_retries=0)
+    try:
+        bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401 and e.code == "invalid_api_key", e.body
+    else:
+        raise AssertionError("a wrong key was accepted")
+
+
+@check
+def unknown_model_is_404():
+    try:
+        chat(model="gpt-imaginary")
+    except openai.NotFoundError as e:
+        assert e.code == "model_not_found", e.body
+    else:
+        raise AssertionError("an unknown model was accepted")
+
+
+failed = 0
+for fn in CHECKS:
+    try:
+        fn()
+        print(f"ok   {fn.__name__}")
+    except Exception:
+        failed += 1
+        print(f"FAIL {fn.__name__}")
+        traceback.print_exc()
+print(f"{len(CHECKS) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)

@@ -1,0 +1,373 @@
+//! `hearth serve` end to end: the official `openai` Python client (when `HEARTH_PYTHON`
+//! names an interpreter that has it), raw HTTP for errors and malformed bodies,
+//! isolation of concurrent sequences, backpressure and client disconnects.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "test-key";
+
+/// A running `hearth serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    /// Start on a free port with `args` added; wait for the listening line.
+    fn start(args: &[&str]) -> Server {
+        let model = common::model();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["serve", "--port", "0", "-t", "2", "--api-key", KEY, "-m"])
+            .arg(&model)
+            .args(args)
+            .env_remove("HEARTH_MODEL")
+            .env_remove("HEARTH_API_KEY")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("the server exited before listening").unwrap();
+            if let Some(a) = line.strip_prefix("hearth serve listening on http://") {
+                break a.trim().to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, addr }
+    }
+
+    /// One request; returns (status, body).
+    fn request(&self, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+        (status, body)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.request("POST", path, Some(KEY), &body.to_string());
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    }
+
+    fn get(&self, path: &str) -> String {
+        let (status, text) = self.request("GET", path, Some(KEY), "");
+        assert_eq!(status, 200, "{path}: {text}");
+        text
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Undo HTTP/1.1 chunked transfer encoding.
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// An OpenAI error body with this status, type and param.
+fn assert_error(got: (u16, Value), status: u16, kind: &str, param: Option<&str>) {
+    assert_eq!(got.0, status, "{}", got.1);
+    let e = &got.1["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", got.1);
+    assert_eq!(e["type"], kind, "{}", got.1);
+    assert_eq!(e["param"].as_str(), param, "{}", got.1);
+    assert!(e.get("code").is_some(), "{}", got.1);
+}
+
+#[test]
+fn openai_python_client() {
+    let Some(python) = std::env::var_os("HEARTH_PYTHON").filter(|p| !p.is_empty()) else {
+        if std::env::var("HEARTH_REQUIRE_OPENAI").is_ok_and(|v| v == "1") {
+            panic!("HEARTH_REQUIRE_OPENAI=1 but HEARTH_PYTHON (a Python with the openai package) is not set");
+        }
+        eprintln!("note: skipping the openai-client test: set HEARTH_PYTHON to a Python that has the openai package (.ci/run does)");
+        return;
+    };
+    let server = Server::start(&["--parallel", "4"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai/test_openai.py");
+    let out = Command::new(python)
+        .arg(script)
+        .env("HEARTH_BASE_URL", format!("http://{}/v1", server.addr))
+        .env("HEARTH_API_KEY", KEY)
+        .output()
+        .expect("running HEARTH_PYTHON");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" passed, 0 failed"), "{text}");
+}
+
+#[test]
+fn errors_are_openai_json_and_the_server_stays_up() {
+    let s = Server::start(&["--parallel", "2", "--ctx-size", "64"]);
+    let chat = "/v1/chat/completions";
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let raw = |body: &str| {
+        let (st, text) = s.request("POST", chat, Some(KEY), body);
+        (st, serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    };
+    assert_error(raw("{not json"), 400, "invalid_request_error", None);
+    assert_error(raw(""), 400, "invalid_request_error", None);
+    assert_error(raw("[1,2]"), 400, "invalid_request_error", None);
+    assert_error(raw("\"\u{0}\""), 400, "invalid_request_error", None);
+    assert_error(s.post(chat, &json!({})), 400, "invalid_request_error", Some("messages"));
+    assert_error(s.post(chat, &json!({"messages": "hi"})), 400, "invalid_request_error", Some("messages"));
+    assert_error(s.post(chat, &json!({"messages": [{"role": "user"}], "n": 3})), 400, "invalid_request_error", Some("n"));
+    assert_error(s.post(chat, &json!({"messages": msgs, "temperature": "hot"})), 400, "invalid_request_error", Some("temperature"));
+    assert_error(s.post(chat, &json!({"messages": msgs, "stop": {"a": 1}})), 400, "invalid_request_error", Some("stop"));
+    assert_error(s.post(chat, &json!({"messages": msgs, "max_tokens": -5})), 400, "invalid_request_error", Some("max_tokens"));
+    assert_error(s.post(chat, &json!({"messages": msgs, "model": "nope"})), 404, "invalid_request_error", Some("model"));
+    let long = s.post("/v1/completions", &json!({"prompt": "word ".repeat(100)}));
+    assert_eq!(long.1["error"]["code"], "context_length_exceeded", "{}", long.1);
+    assert_error(long, 400, "invalid_request_error", Some("prompt"));
+    assert_error(s.post("/v1/completions", &json!({"prompt": [99999999]})), 400, "invalid_request_error", Some("prompt"));
+    let (st, text) = s.request("POST", chat, Some("wrong"), &json!({"messages": msgs}).to_string());
+    assert_error((st, serde_json::from_str(&text).unwrap()), 401, "authentication_error", None);
+    let (st, text) = s.request("GET", "/v1/models", None, "");
+    assert_error((st, serde_json::from_str(&text).unwrap()), 401, "authentication_error", None);
+    let (st, text) = s.request("GET", "/v1/nothing", Some(KEY), "");
+    assert_error((st, serde_json::from_str(&text).unwrap()), 404, "invalid_request_error", None);
+
+    // Still serving, and counting.
+    let (st, ok) = s.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}));
+    assert_eq!(st, 200, "{ok}");
+    assert_eq!(ok["usage"]["completion_tokens"], 3);
+    let (st, health) = s.request("GET", "/health", None, "");
+    assert_eq!(st, 200, "{health}");
+    let metrics = s.request("GET", "/metrics", None, "").1;
+    for want in [
+        "hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}",
+        "hearth_ttft_seconds_count 1",
+        "hearth_queue_depth 0",
+        "hearth_rss_file_bytes ",
+    ] {
+        assert!(metrics.contains(want), "{want} missing from\n{metrics}");
+    }
+}
+
+/// Greedy completion of `prompt`: (text, tokens, log-probabilities).
+fn greedy(s: &Server, prompt: &str) -> (String, Value, Value) {
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 0}));
+    assert_eq!(st, 200, "{r}");
+    let c = &r["choices"][0];
+    (c["text"].as_str().unwrap().to_string(), c["logprobs"]["tokens"].clone(), c["logprobs"]["token_logprobs"].clone())
+}
+
+#[test]
+fn concurrent_greedy_requests_match_each_alone() {
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def add(a, b):",
+        "The three primary colors are",
+        "1, 2, 3, 4, 5,",
+        "My favourite food is",
+        "In 1492, Columbus",
+        "Water boils at",
+    ];
+    let s = Server::start(&["--parallel", "8"]);
+    let alone: Vec<_> = prompts.iter().map(|p| greedy(&s, p)).collect();
+    let together: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts.iter().map(|p| sc.spawn(|| greedy(&s, p))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "prompt {i} ({:?}) differs when batched with the others", prompts[i]);
+    }
+    // They did share batches.
+    let m = s.get("/metrics");
+    let over_one: u64 = {
+        let b = |le: &str| -> u64 {
+            m.lines()
+                .find_map(|l| l.strip_prefix(&format!("hearth_batch_sequences_bucket{{le=\"{le}\"}} ")))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        b("+Inf") - b("1")
+    };
+    assert!(over_one > 0, "no step ran more than one sequence:\n{m}");
+}
+
+#[test]
+fn a_full_queue_answers_429() {
+    let s = Server::start(&["--parallel", "1", "--queue-size", "1"]);
+    let body = json!({"prompt": "Tell me a long story", "max_tokens": 300, "temperature": 0, "ignore_eos": true});
+    let codes: Vec<(u16, Value)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..6).map(|_| sc.spawn(|| s.post("/v1/completions", &body))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = codes.iter().filter(|c| c.0 == 200).count();
+    let full: Vec<_> = codes.iter().filter(|c| c.0 == 429).collect();
+    assert!(ok >= 1 && !full.is_empty() && ok + full.len() == 6, "{codes:?}");
+    assert_eq!(full[0].1["error"]["code"], "queue_full", "{:?}", full[0]);
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_slot() {
+    let s = Server::start(&["--parallel", "1"]);
+    let body =
+        json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = c.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    drop(c);
+    // The slot is freed long before 1500 tokens; the next request gets it.
+    let t0 = Instant::now();
+    loop {
+        let m = s.get("/metrics");
+        if m.contains("hearth_cancelled_total 1") && m.contains("hearth_active_sequences 0") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the sequence was not cancelled:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(st, 200, "{r}");
+
+    // A non-streaming client that gives up waiting is cancelled too.
+    let body = json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "ignore_eos": true}).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    let t0 = Instant::now();
+    loop {
+        let m = s.get("/metrics");
+        if m.contains("hearth_cancelled_total 2") && m.contains("hearth_active_sequences 0") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the non-streaming sequence was not cancelled:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Resident set size of `pid` in bytes (`VmRSS`).
+fn rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0)
+        * 1024
+}
+
+/// One round of `n` requests from `clients` threads: random prompt and output lengths,
+/// every 10th a malformed body, every 7th a streaming client that hangs up after the
+/// first chunk. Returns the statuses of the well-formed, completed requests.
+fn soak_round(s: &Server, n: usize, clients: usize, seed: u64) -> Vec<u16> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for _ in 0..clients {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let mut x = (seed + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut rnd = |m: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % m
+                };
+                let prompt = "lorem ipsum dolor ".repeat(1 + rnd(20) as usize);
+                let max_tokens = 1 + rnd(24);
+                if i % 10 == 3 {
+                    let bad = ["{\"prompt\": ", "{\"prompt\": 5}", "\u{1}\u{2}", "{\"prompt\":\"x\",\"max_tokens\":\"many\"}"][i % 4];
+                    let (st, _) = s.request("POST", "/v1/completions", Some(KEY), bad);
+                    assert_eq!(st, 400, "malformed body {bad:?}");
+                } else if i % 7 == 5 {
+                    let body = json!({"prompt": prompt, "max_tokens": 200, "stream": true, "ignore_eos": true}).to_string();
+                    let mut c = TcpStream::connect(&s.addr).unwrap();
+                    write!(
+                        c,
+                        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .unwrap();
+                    let mut buf = [0u8; 512];
+                    let _ = c.read(&mut buf);
+                } else {
+                    let stream = rnd(2) == 0;
+                    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "stream": stream, "temperature": 0.7, "seed": i});
+                    let (st, text) = s.request("POST", "/v1/completions", Some(KEY), &body.to_string());
+                    assert!(st == 200 && (!stream || text.contains("data: [DONE]")), "request {i}: {st} {text}");
+                    out.lock().unwrap().push(st);
+                }
+            });
+        }
+    });
+    out.into_inner().unwrap()
+}
+
+#[test]
+fn soak_200_requests_from_32_clients_with_disconnects_and_garbage() {
+    let s = Server::start(&["--parallel", "8", "--queue-size", "64", "--ctx-size", "512"]);
+    // Warm up every slot once, then measure.
+    soak_round(&s, 16, 8, 1);
+    let before = rss(s.child.id());
+    let ok = soak_round(&s, 200, 32, 1000);
+    assert!(ok.len() >= 140, "{} well-formed requests completed", ok.len());
+    // Cancelled sequences are gone and the server answers.
+    let t0 = Instant::now();
+    while !s.get("/metrics").contains("hearth_active_sequences 0") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "sequences still active after the soak");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, _) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(st, 200);
+    let after = rss(s.child.id());
+    eprintln!("RSS before {:.1} MiB, after {:.1} MiB", before as f64 / 1048576.0, after as f64 / 1048576.0);
+    assert!(after < before + (32 << 20), "RSS grew from {before} to {after} bytes over the soak");
+}
+
+#[test]
+fn worker_groups_route_requests_and_agree_with_one_engine() {
+    let prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"];
+    let one = Server::start(&["--parallel", "4"]);
+    let alone: Vec<_> = prompts.iter().map(|p| greedy(&one, p)).collect();
+    drop(one);
+    let s = Server::start(&["--groups", "2", "--parallel", "2"]);
+    let health: Value = serde_json::from_str(&s.request("GET", "/health", None, "").1).unwrap();
+    assert_eq!((health["engines"].as_u64(), health["slots"].as_u64()), (Some(2), Some(4)), "{health}");
+    let together: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts.iter().map(|p| sc.spawn(|| greedy(&s, p))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(alone, together, "two engines must give one engine's greedy tokens");
+}

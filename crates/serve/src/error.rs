@@ -1,0 +1,128 @@
+//! OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable explanation.
+    pub message: String,
+    /// OpenAI's error type (`invalid_request_error`, `authentication_error`, ...).
+    pub kind: &'static str,
+    /// The request field at fault, when one is.
+    pub param: Option<String>,
+    /// A machine-readable code (`context_length_exceeded`, `model_not_found`, ...).
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: a field is missing, of the wrong type or out of range.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_string()),
+            code: Some("invalid_value"),
+        }
+    }
+
+    /// 400: the body is not a JSON object.
+    pub fn bad_body(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_json"),
+        }
+    }
+
+    /// 400: the prompt (plus at least one generated token) does not fit a slot's context.
+    pub fn context_length(prompt_tokens: usize, n_ctx: usize) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "the prompt has {prompt_tokens} tokens, but this server's context holds {n_ctx} per sequence \
+                 (prompt plus at least one generated token); shorten the prompt"
+            ),
+            kind: "invalid_request_error",
+            param: Some("messages".into()),
+            code: Some("context_length_exceeded"),
+        }
+    }
+
+    /// 401: missing or wrong API key.
+    pub fn unauthorized() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: "invalid API key: send the server's key as `Authorization: Bearer KEY`".into(),
+            kind: "authentication_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    /// 404: a model this server does not serve.
+    pub fn unknown_model(asked: &str, served: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("the model `{asked}` does not exist: this server serves `{served}` (see GET /v1/models)"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// 404: no such endpoint.
+    pub fn no_route(path: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("no endpoint {path}: try POST /v1/chat/completions, POST /v1/completions or GET /v1/models"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unknown_url"),
+        }
+    }
+
+    /// 429: the waiting queue is full (backpressure); the client should retry later.
+    pub fn queue_full(limit: usize) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!("the server is busy: {limit} requests are already waiting; retry later"),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+    }
+
+    /// 500: the engine failed on this request.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", param: None, code: None }
+    }
+
+    /// 503: the engine has stopped.
+    pub fn unavailable() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the inference engine has stopped; the server is shutting down".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("engine_stopped"),
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,244 @@
+//! The HTTP front: routes, API-key check, prompt building, and turning scheduler events
+//! into whole responses or SSE streams. A dropped connection drops the event receiver,
+//! which cancels the sequence at the scheduler's next step.
+
+use crate::engines::Engines;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::{self, Head, Kind};
+use crate::request::{self, Params, Prompt};
+use crate::sequence::{Event, Job, TokenLogprob};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hearth_chat::ChatTemplate;
+use hearth_model::Model;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// What every handler shares.
+pub struct App {
+    /// Where requests go (least-loaded engine).
+    pub scheduler: Engines,
+    /// The served model (tokenizer, vocabulary).
+    pub model: Arc<Model>,
+    /// The model's chat template, when it has a usable one.
+    pub template: Result<ChatTemplate, String>,
+    /// The id `/v1/models` lists and requests must name (or omit).
+    pub model_id: String,
+    /// `Some`: requests to `/v1/*` need `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Unix seconds the server started.
+    pub started: u64,
+}
+
+/// The routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+        .with_state(app)
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let m = &app.metrics;
+    Json(serde_json::json!({
+        "status": "ok",
+        "slots": app.scheduler.n_slots(),
+        "engines": app.scheduler.len(),
+        "slots_busy": m.active.load(Ordering::Relaxed),
+        "queue_depth": m.queue_depth.load(Ordering::Relaxed),
+    }))
+    .into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], app.metrics.render()).into_response()
+}
+
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let r = authorize(&app, &headers).map(|()| {
+        Json(serde_json::json!({
+            "object": "list",
+            "data": [{"id": app.model_id, "object": "model", "created": app.started, "owned_by": "hearth",
+                      "meta": {"n_ctx_per_slot": app.scheduler.n_ctx(), "slots": app.scheduler.n_slots(),
+                               "n_vocab": app.model.config.n_vocab}}],
+        }))
+        .into_response()
+    });
+    answer(&app, "/v1/models", r)
+}
+
+async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        authorize(&app, &headers)?;
+        let req = request::chat(&body)?;
+        let template = app.template.as_ref().map_err(|e| ApiError::invalid("messages", e.clone()))?;
+        let text =
+            template.render(&req.messages, true).map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
+        let prompt = app.model.tokenizer.encode(&text, true, true);
+        generate(&app, Kind::Chat, prompt, req.params, "messages").await
+    }
+    .await;
+    answer(&app, "/v1/chat/completions", r)
+}
+
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        authorize(&app, &headers)?;
+        let req = request::completion(&body)?;
+        let prompt = match req.prompt {
+            Prompt::Text(t) => app.model.tokenizer.encode(&t, true, true),
+            Prompt::Tokens(ids) => {
+                let n_vocab = app.model.config.n_vocab;
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
+                    return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary (n_vocab {n_vocab})")));
+                }
+                ids
+            }
+        };
+        generate(&app, Kind::Completion, prompt, req.params, "prompt").await
+    }
+    .await;
+    answer(&app, "/v1/completions", r)
+}
+
+/// Count the answer and turn an error into its JSON response.
+fn answer(app: &App, endpoint: &str, r: Result<Response, ApiError>) -> Response {
+    let resp = r.unwrap_or_else(IntoResponse::into_response);
+    app.metrics.request(endpoint, resp.status().as_u16());
+    resp
+}
+
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &app.api_key else { return Ok(()) };
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    // Compare without an early exit, so timing does not reveal a matching prefix.
+    let same = given.is_some_and(|g| g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+/// Check the request against the server, queue it, and answer whole or as a stream.
+async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_field: &str) -> Result<Response, ApiError> {
+    if let Some(m) = p.model.as_deref().filter(|m| !m.is_empty() && *m != app.model_id) {
+        return Err(ApiError::unknown_model(m, &app.model_id));
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(prompt_field, "the prompt is empty"));
+    }
+    let n_ctx = app.scheduler.n_ctx();
+    if prompt.len() >= n_ctx {
+        let mut e = ApiError::context_length(prompt.len(), n_ctx);
+        e.param = Some(prompt_field.to_string());
+        return Err(e);
+    }
+    let (tx, rx) = unbounded_channel();
+    app.scheduler.submit(Job {
+        prompt,
+        max_tokens: p.max_tokens.unwrap_or(usize::MAX),
+        sampler: p.sampler,
+        stop: p.stop,
+        logprobs: p.logprobs,
+        ignore_eos: p.ignore_eos,
+        events: tx,
+        arrived: Instant::now(),
+    })?;
+    let head = Head::new(kind, &app.model_id);
+    if p.stream {
+        Ok(Sse::new(stream(head, rx, p.include_usage, p.logprobs.is_some())).into_response())
+    } else {
+        whole(head, rx, p.logprobs.is_some()).await
+    }
+}
+
+/// Wait for the whole generation and answer it as one JSON body.
+async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool) -> Result<Response, ApiError> {
+    let (mut text, mut lps) = (String::new(), Vec::<TokenLogprob>::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { text: t, logprob } => {
+                text.push_str(&t);
+                lps.extend(logprob);
+            }
+            Event::Done { finish, prompt_tokens, completion_tokens } => {
+                let lps = want_lps.then_some(&lps[..]);
+                return Ok(Json(openai::response(&head, &text, finish, lps, prompt_tokens, completion_tokens)).into_response());
+            }
+            Event::Failed(m) => return Err(ApiError::internal(m)),
+        }
+    }
+    Err(ApiError::unavailable())
+}
+
+/// Events as SSE chunks: (chat) a first chunk with the role, one per token with text,
+/// a last one with the finish reason, the usage chunk if asked, then `[DONE]`.
+fn stream(
+    head: Head,
+    rx: UnboundedReceiver<Event>,
+    include_usage: bool,
+    want_lps: bool,
+) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
+    let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
+    let mut queue = VecDeque::new();
+    if head.kind == Kind::Chat {
+        queue.push_back(data(openai::chunk(&head, true, Some(""), None, None)));
+    }
+    let state = (rx, queue, false);
+    futures_util::stream::unfold(state, move |(mut rx, mut queue, mut finished)| {
+        let head = head.clone();
+        async move {
+            loop {
+                if let Some(e) = queue.pop_front() {
+                    return Some((Ok(e), (rx, queue, finished)));
+                }
+                if finished {
+                    return None;
+                }
+                match rx.recv().await {
+                    Some(Event::Token { text, logprob }) => {
+                        let lp = logprob.filter(|_| want_lps);
+                        if !text.is_empty() || lp.is_some() {
+                            queue.push_back(data(openai::chunk(&head, false, Some(&text), lp.as_ref(), None)));
+                        }
+                    }
+                    Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
+                        let text = (head.kind == Kind::Completion).then_some("");
+                        queue.push_back(data(openai::chunk(&head, false, text, None, Some(finish))));
+                        if include_usage {
+                            queue.push_back(data(openai::usage_chunk(&head, prompt_tokens, completion_tokens)));
+                        }
+                        queue.push_back(SseEvent::default().data("[DONE]"));
+                        finished = true;
+                    }
+                    Some(Event::Failed(m)) => {
+                        queue.push_back(data(ApiError::internal(m).body()));
+                        queue.push_back(SseEvent::default().data("[DONE]"));
+                        finished = true;
+                    }
+                    None => {
+                        queue.push_back(data(ApiError::unavailable().body()));
+                        finished = true;
+                    }
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,155 @@
+//! Server counters in the Prometheus text format (`GET /metrics`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A cumulative histogram with fixed upper bounds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative), then the sum and the count.
+    state: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self { bounds, state: Mutex::new((vec![0; bounds.len()], 0.0, 0)) }
+    }
+
+    /// Record one observation.
+    pub fn observe(&self, v: f64) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            s.0[i] += 1;
+        }
+        s.1 += v;
+        s.2 += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, n) in self.bounds.iter().zip(&s.0) {
+            cum += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", s.2, s.1, s.2);
+    }
+}
+
+const SECONDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+
+/// Everything `/metrics` reports.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Answered requests by (endpoint, HTTP status).
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Prompt tokens of admitted sequences.
+    pub prompt_tokens: AtomicU64,
+    /// Generated tokens.
+    pub completion_tokens: AtomicU64,
+    /// Sequences ended because their client went away.
+    pub cancelled: AtomicU64,
+    /// Requests waiting for a slot.
+    pub queue_depth: AtomicU64,
+    /// Sequences holding a slot.
+    pub active: AtomicU64,
+    /// Forward passes run by the scheduler.
+    pub steps: AtomicU64,
+    /// Tokens per forward pass.
+    pub batch_tokens: Histogram,
+    /// Sequences per forward pass.
+    pub batch_sequences: Histogram,
+    /// Time to first token, from arrival to the first generated token.
+    pub ttft: Histogram,
+    /// Time per output token after the first, per request.
+    pub tpot: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Mutex::default(),
+            prompt_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            queue_depth: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            batch_tokens: Histogram::new(COUNTS),
+            batch_sequences: Histogram::new(COUNTS),
+            ttft: Histogram::new(SECONDS),
+            tpot: Histogram::new(SECONDS),
+        }
+    }
+}
+
+impl Metrics {
+    /// Count an answered request.
+    pub fn request(&self, endpoint: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((endpoint.to_string(), status)).or_default() += 1;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP hearth_requests_total HTTP requests answered, by endpoint and status.\n# TYPE hearth_requests_total counter"
+        );
+        for ((ep, code), n) in self.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "hearth_requests_total{{endpoint=\"{ep}\",code=\"{code}\"}} {n}");
+        }
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, kind, help, v) in [
+            ("hearth_prompt_tokens_total", "counter", "Prompt tokens of admitted sequences.", get(&self.prompt_tokens)),
+            ("hearth_completion_tokens_total", "counter", "Generated tokens.", get(&self.completion_tokens)),
+            ("hearth_cancelled_total", "counter", "Sequences cancelled because the client disconnected.", get(&self.cancelled)),
+            ("hearth_steps_total", "counter", "Forward passes (scheduler steps).", get(&self.steps)),
+            ("hearth_queue_depth", "gauge", "Requests waiting for a KV cache slot.", get(&self.queue_depth)),
+            ("hearth_active_sequences", "gauge", "Sequences holding a KV cache slot.", get(&self.active)),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+        // The process's memory: with worker groups the engines share one mapping of the
+        // weights (file-backed, counted once); each has its own KV cache (anonymous).
+        let mem = hearth_memory::ProcMemory::read().unwrap_or_default();
+        for (name, help, v) in [
+            ("hearth_rss_bytes", "Resident set size.", mem.rss_bytes),
+            (
+                "hearth_rss_file_bytes",
+                "Resident file-backed memory: the mapped weights (shared by all engines) and the binary.",
+                mem.rss_file_bytes,
+            ),
+            ("hearth_rss_anon_bytes", "Resident anonymous memory: KV caches, scratch, heap.", mem.rss_anon_bytes),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        self.batch_tokens.render(&mut out, "hearth_batch_tokens", "Tokens per forward pass (prefill and decode).");
+        self.batch_sequences.render(&mut out, "hearth_batch_sequences", "Sequences per forward pass.");
+        self.ttft.render(&mut out, "hearth_ttft_seconds", "Time to first token, from arrival (includes queueing).");
+        self.tpot.render(&mut out, "hearth_tpot_seconds", "Mean time per output token after the first, per request.");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn renders_prometheus_text() {
+        let m = super::Metrics::default();
+        m.request("/v1/completions", 200);
+        m.ttft.observe(0.02);
+        m.ttft.observe(100.0);
+        let t = m.render();
+        assert!(t.contains("hearth_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 1"), "{t}");
+        assert!(t.contains("hearth_ttft_seconds_bucket{le=\"0.025\"} 1"), "{t}");
+        assert!(t.contains("hearth_ttft_seconds_bucket{le=\"+Inf\"} 2"), "{t}");
+        assert!(t.contains("hearth_ttft_seconds_count 2"), "{t}");
+    }
+}

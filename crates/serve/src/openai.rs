@@ -1,0 +1,136 @@
+//! Response bodies in OpenAI's formats: `chat.completion`, `chat.completion.chunk`,
+//! `text_completion` (whole and streamed), with usage counts and log-probabilities.
+
+use crate::sequence::{Finish, TokenLogprob};
+use serde_json::{json, Value};
+
+/// Which endpoint a response is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// What identifies one response across its chunks.
+#[derive(Debug, Clone)]
+pub struct Head {
+    /// `chatcmpl-…` or `cmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's id.
+    pub model: String,
+    /// The endpoint.
+    pub kind: Kind,
+}
+
+impl Head {
+    /// A fresh id for `kind`.
+    pub fn new(kind: Kind, model: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+        Self { id: format!("{prefix}-{:x}{n:04x}", now.as_micros()), created: now.as_secs(), model: model.to_string(), kind }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+}
+
+/// `{"prompt_tokens", "completion_tokens", "total_tokens"}`.
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// The `logprobs` object of a choice, or `null` when none were asked for.
+pub fn logprobs(kind: Kind, lps: Option<&[TokenLogprob]>) -> Value {
+    let Some(lps) = lps else { return Value::Null };
+    match kind {
+        Kind::Chat => {
+            let entry = |t: &str, b: &[u8], lp: f32| json!({"token": t, "logprob": lp, "bytes": b});
+            let content: Vec<Value> = lps
+                .iter()
+                .map(|l| {
+                    let mut e = entry(&l.token, &l.bytes, l.logprob);
+                    e["top_logprobs"] = l.top.iter().map(|(t, b, lp)| entry(t, b, *lp)).collect();
+                    e
+                })
+                .collect();
+            json!({"content": content})
+        }
+        Kind::Completion => {
+            let mut offset = 0;
+            let mut offsets = Vec::with_capacity(lps.len());
+            for l in lps {
+                offsets.push(offset);
+                offset += l.token.len();
+            }
+            let top: Vec<Value> =
+                lps.iter().map(|l| Value::Object(l.top.iter().map(|(t, _, lp)| (t.clone(), json!(lp))).collect())).collect();
+            json!({
+                "tokens": lps.iter().map(|l| l.token.as_str()).collect::<Vec<_>>(),
+                "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                "top_logprobs": top,
+                "text_offset": offsets,
+            })
+        }
+    }
+}
+
+/// A whole (non-streamed) response.
+pub fn response(h: &Head, text: &str, finish: Finish, lps: Option<&[TokenLogprob]>, prompt: usize, completion: usize) -> Value {
+    let choice = match h.kind {
+        Kind::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs(h.kind, lps),
+            "finish_reason": finish.as_str(),
+        }),
+        Kind::Completion => json!({
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs(h.kind, lps),
+            "finish_reason": finish.as_str(),
+        }),
+    };
+    json!({
+        "id": h.id, "object": h.object(false), "created": h.created, "model": h.model,
+        "choices": [choice], "usage": usage(prompt, completion), "system_fingerprint": null,
+    })
+}
+
+/// One streamed chunk: `text` (chat: the delta's content; `role`: the first chunk's
+/// role), a token's log-probability, and the finish reason on the last one.
+pub fn chunk(h: &Head, role: bool, text: Option<&str>, lp: Option<&TokenLogprob>, finish: Option<Finish>) -> Value {
+    let lps = lp.map(std::slice::from_ref);
+    let choice = match h.kind {
+        Kind::Chat => {
+            let mut delta = serde_json::Map::new();
+            if role {
+                delta.insert("role".into(), json!("assistant"));
+            }
+            if let Some(t) = text {
+                delta.insert("content".into(), json!(t));
+            }
+            json!({"index": 0, "delta": delta, "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
+        }
+        Kind::Completion => {
+            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
+        }
+    };
+    json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [choice], "system_fingerprint": null})
+}
+
+/// The usage chunk streamed last with `stream_options.include_usage` (no choices).
+pub fn usage_chunk(h: &Head, prompt: usize, completion: usize) -> Value {
+    json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [], "usage": usage(prompt, completion)})
+}

@@ -1,0 +1,318 @@
+//! Request bodies of `/v1/chat/completions` and `/v1/completions`, checked field by field:
+//! a wrong type or value is a 400 naming the field, never a panic. Unknown fields are
+//! ignored, as OpenAI clients send many optional ones.
+
+use crate::error::ApiError;
+use hearth_chat::Message;
+use hearth_model::sampler::SamplerConfig;
+use serde_json::{Map, Value};
+
+/// Most stop strings per request.
+pub const MAX_STOP: usize = 16;
+/// Most alternatives per position with `logprobs`.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Fields both endpoints take.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// `model`, when given.
+    pub model: Option<String>,
+    /// `max_tokens` (or `max_completion_tokens`); `None`: until the context is full.
+    pub max_tokens: Option<usize>,
+    /// temperature, top_p, top_k, min_p, repeat_penalty, seed.
+    pub sampler: SamplerConfig,
+    /// `stop`.
+    pub stop: Vec<String>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage counts.
+    pub include_usage: bool,
+    /// `Some(k)`: log-probabilities with `k` alternatives per token.
+    pub logprobs: Option<usize>,
+    /// `ignore_eos` (llama.cpp's extension): go on past end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+/// A chat completion request.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// The conversation, for the model's chat template.
+    pub messages: Vec<Message>,
+    /// The rest.
+    pub params: Params,
+}
+
+/// A completion's prompt: text, or token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Text, tokenized with the model's tokenizer (BOS added as the model wants).
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+/// A (legacy) completion request.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    /// `prompt`.
+    pub prompt: Prompt,
+    /// The rest.
+    pub params: Params,
+}
+
+/// The body as a JSON object.
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_body(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+/// Typed access to optional fields (`null` counts as absent).
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    fn number(&self, k: &str) -> Result<Option<f64>, ApiError> {
+        self.get(k).map(|v| v.as_f64().ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a number, got {v}")))).transpose()
+    }
+
+    /// A number in `lo..=hi`.
+    fn f32_in(&self, k: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+        match self.number(k)? {
+            Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid(k, format!("`{k}` must be between {lo} and {hi}, got {x}"))),
+            x => Ok(x.map(|x| x as f32)),
+        }
+    }
+
+    /// A whole number in `lo..=hi`.
+    fn int_in(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(k) else { return Ok(None) };
+        match v.as_i64().or_else(|| v.as_u64().map(|u| u as i64)) {
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            Some(x) => Err(ApiError::invalid(k, format!("`{k}` must be between {lo} and {hi}, got {x}"))),
+            None => Err(ApiError::invalid(k, format!("`{k}` must be an integer, got {v}"))),
+        }
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        self.get(k).map(|v| v.as_bool().ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be true or false, got {v}")))).transpose()
+    }
+
+    fn string(&self, k: &str) -> Result<Option<&str>, ApiError> {
+        self.get(k).map(|v| v.as_str().ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a string, got {v}")))).transpose()
+    }
+}
+
+/// The fields both endpoints share; `chat` picks the chat form of `logprobs`.
+fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
+    let f = Fields(m);
+    if let Some(n) = f.int_in("n", i64::MIN, i64::MAX)? {
+        if n != 1 {
+            return Err(ApiError::invalid("n", format!("only n = 1 is supported, got {n}")));
+        }
+    }
+    if let Some(b) = f.int_in("best_of", i64::MIN, i64::MAX)? {
+        if b != 1 {
+            return Err(ApiError::invalid("best_of", format!("only best_of = 1 is supported, got {b}")));
+        }
+    }
+    if f.bool("echo")? == Some(true) {
+        return Err(ApiError::invalid("echo", "`echo` is not supported"));
+    }
+    if f.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid("tools", "tool calls are not supported"));
+    }
+    for k in ["presence_penalty", "frequency_penalty"] {
+        f.f32_in(k, -2.0, 2.0)?; // accepted and ignored
+    }
+    let max = f.int_in("max_completion_tokens", 1, i64::MAX)?.or(f.int_in("max_tokens", 1, i64::MAX)?);
+    let d = SamplerConfig::default();
+    let seed = match f.get("seed") {
+        None => d.seed,
+        Some(v) => v
+            .as_i64()
+            .map(|s| s as u64)
+            .or_else(|| v.as_u64())
+            .ok_or_else(|| ApiError::invalid("seed", format!("`seed` must be an integer, got {v}")))?,
+    };
+    let top_p = f.f32_in("top_p", 0.0, 1.0)?.unwrap_or(d.top_p);
+    if top_p <= 0.0 {
+        return Err(ApiError::invalid("top_p", "`top_p` must be greater than 0 (1 = off)"));
+    }
+    let repeat_penalty = f.f32_in("repeat_penalty", 0.0, 10.0)?.unwrap_or(d.repeat_penalty);
+    if repeat_penalty <= 0.0 {
+        return Err(ApiError::invalid("repeat_penalty", "`repeat_penalty` must be greater than 0 (1 = off)"));
+    }
+    let sampler = SamplerConfig {
+        temperature: f.f32_in("temperature", 0.0, 2.0)?.unwrap_or(d.temperature),
+        top_p,
+        top_k: f.int_in("top_k", 0, i64::from(u32::MAX))?.map_or(d.top_k, |k| k as usize),
+        min_p: f.f32_in("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
+        repeat_penalty,
+        seed,
+        ..d
+    };
+    let stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= MAX_STOP => a
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| ApiError::invalid("stop", format!("`stop` entries must be strings, got {v}")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(_)) => return Err(ApiError::invalid("stop", format!("at most {MAX_STOP} stop strings"))),
+        Some(v) => return Err(ApiError::invalid("stop", format!("`stop` must be a string or a list of strings, got {v}"))),
+    };
+    let logprobs = if chat {
+        match (f.bool("logprobs")?, f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?) {
+            (Some(true), top) => Some(top.unwrap_or(0) as usize),
+            (_, Some(t)) if t > 0 => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+            _ => None,
+        }
+    } else {
+        f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|k| k as usize)
+    };
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => Fields(o).bool("include_usage")?.unwrap_or(false),
+        Some(v) => return Err(ApiError::invalid("stream_options", format!("`stream_options` must be an object, got {v}"))),
+    };
+    Ok(Params {
+        model: f.string("model")?.map(str::to_string),
+        max_tokens: max.map(|m| m as usize),
+        sampler,
+        stop,
+        stream: f.bool("stream")?.unwrap_or(false),
+        include_usage,
+        logprobs,
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+    })
+}
+
+/// Parse a `/v1/chat/completions` body.
+pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let m = object(body)?;
+    let params = params(&m, true)?;
+    let list = match m.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
+        None | Some(Value::Null) => return Err(ApiError::invalid("messages", "`messages` is required")),
+        Some(v) => return Err(ApiError::invalid("messages", format!("`messages` must be a list, got {v}"))),
+    };
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, msg) in list.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(o) = msg else {
+            return Err(ApiError::invalid(&at, format!("`{at}` must be an object with `role` and `content`")));
+        };
+        let role = match o.get("role").and_then(Value::as_str) {
+            Some("developer") => "system",
+            Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+            Some(r) => return Err(ApiError::invalid(&format!("{at}.role"), format!("unknown role `{r}` (system, user, assistant, tool)"))),
+            None => return Err(ApiError::invalid(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
+        };
+        let content = match o.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                &format!("{at}.content"),
+                                "content parts must be {\"type\": \"text\", \"text\": ...}: only text is supported",
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+            Some(v) => {
+                return Err(ApiError::invalid(&format!("{at}.content"), format!("content must be a string or a list of parts, got {v}")))
+            }
+        };
+        messages.push(Message { role: role.to_string(), content });
+    }
+    Ok(ChatRequest { messages, params })
+}
+
+/// Parse a `/v1/completions` body.
+pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let m = object(body)?;
+    let params = params(&m, false)?;
+    let bad = |why: &str| ApiError::invalid("prompt", why.to_string());
+    let ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
+        a.iter()
+            .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad("token ids must be non-negative integers")))
+            .collect()
+    };
+    let prompt = match m.get("prompt") {
+        None | Some(Value::Null) => return Err(bad("`prompt` is required")),
+        Some(Value::String(s)) => Prompt::Text(s.clone()),
+        Some(Value::Array(a)) => match a.as_slice() {
+            [Value::String(s)] => Prompt::Text(s.clone()),
+            [Value::Array(t)] => Prompt::Tokens(ids(t)?),
+            a if !a.is_empty() && a.iter().all(Value::is_number) => Prompt::Tokens(ids(a)?),
+            [] => return Err(bad("`prompt` must not be empty")),
+            _ => return Err(bad("one prompt per request: a string, a list of token ids, or a list holding one of them")),
+        },
+        Some(v) => return Err(bad(&format!("`prompt` must be a string or a list of token ids, got {v}"))),
+    };
+    Ok(CompletionRequest { prompt, params })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(r: Result<impl std::fmt::Debug, ApiError>) -> (u16, Option<String>) {
+        let e = r.unwrap_err();
+        (e.status.as_u16(), e.param)
+    }
+
+    #[test]
+    fn parses_the_openai_fields() {
+        let r = chat(
+            br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
+               "max_tokens":5,"temperature":0,"top_p":0.5,"top_k":3,"min_p":0.1,"seed":-1,"stop":["a","b"],"stream":true,
+               "stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2,"n":1,"user":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages.len(), 2);
+        assert_eq!(r.messages[1].content, "hi");
+        let p = &r.params;
+        assert_eq!((p.max_tokens, p.sampler.temperature, p.sampler.top_k, p.stream, p.include_usage), (Some(5), 0.0, 3, true, true));
+        assert_eq!((p.stop.len(), p.logprobs, p.sampler.seed), (2, Some(2), u64::MAX));
+        let c = completion(br#"{"prompt":[1,2,3],"stop":"x","logprobs":1}"#).unwrap();
+        assert_eq!((c.prompt, c.params.stop, c.params.logprobs), (Prompt::Tokens(vec![1, 2, 3]), vec!["x".to_string()], Some(1)));
+        assert_eq!(completion(br#"{"prompt":["hi"]}"#).unwrap().prompt, Prompt::Text("hi".into()));
+    }
+
+    #[test]
+    fn rejects_bad_fields_with_400_naming_them() {
+        let p = |s: &str| Some(s.to_string());
+        assert_eq!(err(chat(b"{")), (400, None));
+        assert_eq!(err(chat(b"[]")), (400, None));
+        assert_eq!(err(chat(br#"{"messages":[]}"#)), (400, p("messages")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"king","content":"x"}]}"#)), (400, p("messages[0].role")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#)), (400, p("n")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#)), (400, p("temperature")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#)), (400, p("temperature")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#)), (400, p("max_tokens")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#)), (400, p("max_tokens")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"stop":[1]}"#)), (400, p("stop")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#)), (400, p("top_p")));
+        assert_eq!(err(completion(br#"{"prompt":[-1]}"#)), (400, p("prompt")));
+        assert_eq!(err(completion(br#"{"prompt":["a","b"]}"#)), (400, p("prompt")));
+        assert_eq!(err(completion(br#"{"prompt":"a","logprobs":99}"#)), (400, p("logprobs")));
+        assert_eq!(err(completion(br#"{}"#)), (400, p("prompt")));
+    }
+}

@@ -1,0 +1,206 @@
+//! Continuous batching: one thread owns the model [`Context`] and its KV cache slots.
+//! Between forward passes it admits waiting requests into free slots and drops those
+//! whose client has gone; each pass then runs every active sequence at once — one
+//! token per decoding sequence, then prompt chunks of the prefilling ones up to the
+//! per-step token budget ([`Context::n_batch`]) — so the weights are read once per
+//! step for all of them. Finished sequences free their slot at once.
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::sequence::{Event, Job, Seq};
+use hearth_model::{Context, Segment};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+
+/// The handle request handlers submit jobs through (cheap to clone).
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: SyncSender<Job>,
+    metrics: Arc<Metrics>,
+    /// Requests submitted and not yet finished (queued or in a slot): the router's load.
+    load: Arc<AtomicUsize>,
+    queue_size: usize,
+    n_ctx: usize,
+    n_slots: usize,
+}
+
+impl Scheduler {
+    /// Start the scheduler thread on `ctx` (its slots are the sequences served at
+    /// once); at most `queue_size` (≥ 1) requests wait for a slot, more are refused.
+    /// `pin`: CPUs for the context's threads, pinned from the scheduler thread (which
+    /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
+    pub fn start(
+        mut ctx: Context,
+        queue_size: usize,
+        metrics: Arc<Metrics>,
+        pin: Option<Vec<usize>>,
+        id: usize,
+    ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
+        let queue_size = queue_size.max(1);
+        let (tx, rx) = sync_channel(queue_size);
+        let (n_ctx, n_slots) = (ctx.n_ctx(), ctx.n_slots());
+        let (m, load) = (metrics.clone(), Arc::new(AtomicUsize::new(0)));
+        let l = load.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name(format!("hearth-scheduler-{id}")).spawn(move || {
+            if let Some(cpus) = pin {
+                if let Err(e) = ctx.pin_threads_to(&cpus) {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+            }
+            let _ = ready_tx.send(Ok(()));
+            run(ctx, rx, &m, &l)
+        })?;
+        ready_rx.recv().map_err(std::io::Error::other)?.map_err(std::io::Error::other)?;
+        Ok((Self { tx, metrics, load, queue_size, n_ctx, n_slots }, thread))
+    }
+
+    /// Requests submitted and not finished yet.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    /// Queue `job`; refused with 429 when the queue is full (backpressure), the job handed back.
+    pub fn submit(&self, job: Job) -> Result<(), Box<(ApiError, Job)>> {
+        self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        self.load.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.load.fetch_sub(1, Ordering::Relaxed);
+                Err(match e {
+                    TrySendError::Full(j) => Box::new((ApiError::queue_full(self.queue_size), j)),
+                    TrySendError::Disconnected(j) => Box::new((ApiError::unavailable(), j)),
+                })
+            }
+        }
+    }
+
+    /// Positions of each slot's context.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// KV cache slots: sequences generated at once.
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+}
+
+/// The scheduler loop; returns when every [`Scheduler`] handle is gone and no sequence is left.
+fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsize) {
+    let model = ctx.model().clone();
+    let tok = &model.tokenizer;
+    let (n_ctx, n_vocab) = (ctx.n_ctx(), model.config.n_vocab);
+    let mut free: Vec<usize> = (0..ctx.n_slots()).rev().collect();
+    let mut active: Vec<Seq> = Vec::new();
+    loop {
+        // Admit waiting requests into free slots (block only when idle).
+        while let Some(&slot) = free.last() {
+            let job = if active.is_empty() {
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            };
+            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            if job.events.is_closed() {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                load.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            free.pop();
+            metrics.active.fetch_add(1, Ordering::Relaxed);
+            ctx.truncate_slot(slot, 0);
+            metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+            active.push(Seq::new(job, slot, tok));
+        }
+        // Cancel sequences whose client has gone.
+        active.retain(|s| {
+            let gone = s.events.is_closed();
+            if gone {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                free.push(s.slot);
+                retire(metrics, load);
+            }
+            !gone
+        });
+        if active.is_empty() {
+            continue;
+        }
+
+        // This step's batch: decoding sequences first (one token each), then prompt
+        // chunks in arrival order while the token budget lasts.
+        let mut budget = ctx.n_batch();
+        let mut plan: Vec<(usize, usize)> = Vec::new(); // (sequence, tokens this step)
+        for decoding in [true, false] {
+            for (i, s) in active.iter().enumerate().filter(|(_, s)| s.decoding() == decoding) {
+                let take = (s.tokens.len() - s.fed).min(budget);
+                if take > 0 {
+                    plan.push((i, take));
+                    budget -= take;
+                }
+            }
+        }
+        let segs: Vec<Segment> = plan
+            .iter()
+            .map(|&(i, take)| {
+                let s = &active[i];
+                Segment { slot: s.slot, tokens: &s.tokens[s.fed..s.fed + take], logits: s.fed + take == s.tokens.len() }
+            })
+            .collect();
+        metrics.steps.fetch_add(1, Ordering::Relaxed);
+        metrics.batch_tokens.observe((ctx.n_batch() - budget) as f64);
+        metrics.batch_sequences.observe(segs.len() as f64);
+        let logits = match ctx.eval_batch(&segs) {
+            Ok(l) => l,
+            Err(e) => {
+                // Fail this step's sequences; the others go on.
+                let msg = format!("the forward pass failed: {e}");
+                let mut failed: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
+                failed.sort_unstable();
+                for &i in failed.iter().rev() {
+                    let s = active.remove(i);
+                    s.send(Event::Failed(msg.clone()));
+                    free.push(s.slot);
+                    retire(metrics, load);
+                }
+                continue;
+            }
+        };
+
+        // Sample for the sequences that got logits; retire the finished.
+        let mut row = 0;
+        let mut done = Vec::new();
+        for &(i, take) in &plan {
+            let s = &mut active[i];
+            s.fed += take;
+            if s.fed == s.tokens.len() {
+                let lg = &logits[row * n_vocab..(row + 1) * n_vocab];
+                row += 1;
+                if s.step(lg, tok, n_ctx, metrics).is_some() {
+                    done.push(i);
+                }
+            }
+        }
+        done.sort_unstable();
+        for &i in done.iter().rev() {
+            free.push(active.remove(i).slot);
+            retire(metrics, load);
+        }
+    }
+}
+
+/// A sequence left its slot.
+fn retire(metrics: &Metrics, load: &AtomicUsize) {
+    metrics.active.fetch_sub(1, Ordering::Relaxed);
+    load.fetch_sub(1, Ordering::Relaxed);
+}

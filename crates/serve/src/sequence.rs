@@ -1,0 +1,217 @@
+//! One request's sequence while it holds a KV cache slot: its tokens, sampler, detokenizer
+//! and stop strings, and what each new token sends to the client.
+
+use crate::metrics::Metrics;
+use crate::stop::StopText;
+use hearth_model::sampler::{Sampler, SamplerConfig};
+use hearth_tokenizer::{StreamDecoder, Tokenizer};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A request for the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    /// Prompt token ids (at least one, fewer than the slot's context).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampler: SamplerConfig,
+    /// Stop strings: generation ends before the first match.
+    pub stop: Vec<String>,
+    /// `Some(k)`: report each token's log-probability and the `k` most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Go on past end-of-generation tokens (benchmarks: a fixed number of tokens).
+    pub ignore_eos: bool,
+    /// Where the sequence's events go; when the receiver is dropped (client gone) the
+    /// sequence is cancelled.
+    pub events: UnboundedSender<Event>,
+    /// When the request arrived (TTFT counts from here, queueing included).
+    pub arrived: Instant,
+}
+
+/// Why a sequence ended, as OpenAI's `finish_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// End-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the slot's context is full.
+    Length,
+}
+
+impl Finish {
+    /// `"stop"` or `"length"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// A token's log-probability (natural log, of the model's distribution before sampling).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text (lossy UTF-8 of its bytes).
+    pub token: String,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// log p.
+    pub logprob: f32,
+    /// The most likely tokens at this position: (text, bytes, log p), most likely first.
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// What the scheduler tells a request's handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it releases (empty while it may begin a stop
+    /// string or an unfinished UTF-8 character).
+    Token {
+        /// Text released by this token.
+        text: String,
+        /// Its log-probability, when asked for.
+        logprob: Option<TokenLogprob>,
+    },
+    /// The sequence ended.
+    Done {
+        /// Why.
+        finish: Finish,
+        /// Prompt tokens evaluated.
+        prompt_tokens: usize,
+        /// Tokens generated (an end-of-generation token included).
+        completion_tokens: usize,
+    },
+    /// The engine failed on this sequence.
+    Failed(String),
+}
+
+/// A sequence holding a slot.
+pub struct Seq<'t> {
+    /// The KV cache slot it holds.
+    pub slot: usize,
+    /// Prompt then generated tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens whose K/V are in the slot.
+    pub fed: usize,
+    prompt_len: usize,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+    ignore_eos: bool,
+    sampler: Sampler,
+    dec: StreamDecoder<'t>,
+    stop: StopText,
+    /// Where its events go.
+    pub events: UnboundedSender<Event>,
+    arrived: Instant,
+    first_token: Option<Instant>,
+}
+
+impl<'t> Seq<'t> {
+    /// Start `job` in `slot`.
+    pub fn new(job: Job, slot: usize, tok: &'t Tokenizer) -> Self {
+        Self {
+            slot,
+            prompt_len: job.prompt.len(),
+            tokens: job.prompt,
+            fed: 0,
+            max_tokens: job.max_tokens,
+            logprobs: job.logprobs,
+            ignore_eos: job.ignore_eos,
+            sampler: Sampler::new(job.sampler),
+            dec: StreamDecoder::new(tok),
+            stop: StopText::new(job.stop),
+            events: job.events,
+            arrived: job.arrived,
+            first_token: None,
+        }
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether the sequence is past its prompt (decoding).
+    pub fn decoding(&self) -> bool {
+        self.generated() > 0
+    }
+
+    /// Sample the next token from `logits` and tell the client. Returns `Some` when the
+    /// sequence has ended (the `Done` event is already sent).
+    pub fn step(&mut self, logits: &[f32], tok: &Tokenizer, n_ctx: usize, metrics: &Metrics) -> Option<Finish> {
+        let id = self.sampler.sample(logits, &self.tokens);
+        let now = Instant::now();
+        if self.first_token.is_none() {
+            self.first_token = Some(now);
+            metrics.ttft.observe((now - self.arrived).as_secs_f64());
+        }
+        let logprob = self.logprobs.map(|k| token_logprob(logits, id, k, tok));
+        self.tokens.push(id);
+        metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
+        let finish = if tok.is_eog(id) && !self.ignore_eos {
+            // What the decoder held back still goes through the stop strings.
+            let tail = self.dec.flush();
+            let (mut text, hit) = self.stop.push(&tail);
+            if !hit {
+                text += &self.stop.finish();
+            }
+            self.send(Event::Token { text, logprob });
+            Some(Finish::Stop)
+        } else {
+            let full = self.generated() >= self.max_tokens || self.tokens.len() > n_ctx;
+            let mut piece = self.dec.push(id);
+            if full {
+                piece += &self.dec.flush();
+            }
+            let (mut text, hit) = self.stop.push(&piece);
+            let finish = if hit {
+                Some(Finish::Stop)
+            } else if full {
+                text += &self.stop.finish();
+                Some(Finish::Length)
+            } else {
+                None
+            };
+            self.send(Event::Token { text, logprob });
+            finish
+        };
+        if let Some(f) = finish {
+            let n = self.generated();
+            if let (Some(first), true) = (self.first_token, n > 1) {
+                metrics.tpot.observe((now - first).as_secs_f64() / (n - 1) as f64);
+            }
+            self.send(Event::Done { finish: f, prompt_tokens: self.prompt_len, completion_tokens: n });
+        }
+        finish
+    }
+
+    /// Send an event; a client that has gone is noticed before the next step.
+    pub fn send(&self, e: Event) {
+        let _ = self.events.send(e);
+    }
+}
+
+/// log p of `id` under softmax(`logits`), and the `k` most likely tokens.
+fn token_logprob(logits: &[f32], id: u32, k: usize, tok: &Tokenizer) -> TokenLogprob {
+    let max = logits.iter().copied().filter(|x| !x.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let lse = max as f64 + logits.iter().filter(|x| !x.is_nan()).map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln();
+    let lp = |i: usize| (logits.get(i).copied().unwrap_or(f32::NEG_INFINITY) as f64 - lse) as f32;
+    let entry = |i: u32| {
+        let bytes = tok.decode_token(i).to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes, lp(i as usize))
+    };
+    let mut top = Vec::new();
+    if k > 0 && !logits.is_empty() {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let by = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, by);
+        idx.truncate(k);
+        idx.sort_by(by);
+        top = idx.into_iter().map(entry).collect();
+    }
+    let (token, bytes, logprob) = entry(id);
+    TokenLogprob { token, bytes, logprob, top }
+}
