@@ -233,7 +233,7 @@ pub fn read_key(key: Option<&str>, file: Option<&Path>) -> Result<Option<Cluster
 }
 
 /// `HOST:PORT` with a port, trimmed; a clear error otherwise.
-fn check_addr(a: &str) -> Result<String> {
+pub fn check_addr(a: &str) -> Result<String> {
     let t = a.trim();
     match t.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(t.to_string()),
@@ -275,23 +275,27 @@ impl ClusterArgs {
 
     /// Tensor parallelism or the ring, with the flags that only fit one of them refused.
     /// `file`: the cluster file's `parallel` and layer windows (the flags win).
-    fn layout(&self, n_workers: usize, file: (Option<ParallelMode>, Vec<usize>), file_weights: bool) -> Result<Layout> {
+    fn layout(&self, n_workers: usize, file: (Option<ParallelMode>, Vec<usize>), file_weights: bool, wire: WireType) -> Result<Layout> {
         let parallel = self.parallel.or(file.0);
         let layer_window = if self.layer_window.is_empty() { file.1 } else { self.layer_window.clone() };
         if parallel != Some(ParallelMode::Ring) {
             if !layer_window.is_empty() {
-                bail!("--layer-window applies to a pipelined ring: add --parallel ring");
+                let from = if self.layer_window.is_empty() { "the cluster file's layer_window" } else { "--layer-window" };
+                bail!("{from} applies to a pipelined ring: add --parallel ring (or parallel = \"ring\" in the cluster file)");
             }
             return Ok(Layout::Tensor);
         }
         let tp_only = [
             ("--node-weights", !self.node_weights.is_empty()),
             ("--tp-schedule", self.tp_schedule.is_some()),
-            ("--wire-type q8_0", self.wire_type == Some(WireType::Q8_0)),
+            ("the q8_0 wire type", wire == WireType::Q8_0),
             ("weight in the cluster file", file_weights),
         ];
         if let Some((flag, _)) = tp_only.iter().find(|(_, g)| *g) {
-            bail!("{flag} applies to tensor parallelism; a ring passes whole activations in f32 (use --layer-window to weight devices)");
+            bail!(
+                "{flag} applies to tensor parallelism, not to a pipelined ring (a ring gives each device whole layers and passes \
+                 its activations in f32; --layer-window sets each device's share)"
+            );
         }
         if !layer_window.is_empty() && layer_window.len() != n_workers + 1 {
             bail!("--layer-window has {} values for {} devices (this machine first, then each worker)", layer_window.len(), n_workers + 1);
@@ -361,7 +365,7 @@ impl ClusterArgs {
             eprintln!("note: --tp-schedule gather with the q8_0 wire is not exact (its gathers are quantized); use --wire-type f32 for results identical to one machine");
         }
         Ok(ClusterOptions {
-            layout: self.layout(workers.len(), file_layout, !weights.is_empty() && self.node_weights.is_empty())?,
+            layout: self.layout(workers.len(), file_layout, !weights.is_empty() && self.node_weights.is_empty(), wire)?,
             workers,
             weights,
             wire,

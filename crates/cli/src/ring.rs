@@ -57,6 +57,16 @@ impl RingRun {
 /// `budget`: this machine's `--mem-budget`, for the solver. Prints the assignment.
 pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Option<u64>) -> Result<ClusterRun> {
     let Layout::Ring { windows } = &opts.layout else { bail!("not a ring layout") };
+    let n_layer = model.config.n_layer;
+    if let Some(w) = windows {
+        if let Some(&big) = w.iter().find(|&&x| x > n_layer) {
+            bail!("--layer-window {big} is more than the model's {n_layer} layers");
+        }
+        let per_round: usize = w.iter().sum();
+        if per_round == 0 || !n_layer.is_multiple_of(per_round) {
+            bail!("--layer-window {w:?} covers {per_round} layers per round; the model's {n_layer} layers must be a multiple of that");
+        }
+    }
     let path = model.file.path();
     let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
     let pending = hearth_parallel::ring::gather(model, sha, &opts.workers, opts.key.as_ref(), opts.timeout, windows.is_none())
@@ -68,11 +78,7 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Op
             (a.windows.clone(), Some(a))
         }
     };
-    let n_layer = model.config.n_layer;
     let per_round: usize = windows.iter().sum();
-    if per_round == 0 || !n_layer.is_multiple_of(per_round) {
-        bail!("--layer-window {windows:?} covers {per_round} layers per round; the model's {n_layer} layers must be a multiple of that");
-    }
     let group =
         pending.open(model, &windows, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| crate::cluster::explain(e, opts))?;
     let k = n_layer / per_round;
@@ -144,6 +150,9 @@ pub fn devices(model: &Model, params: PlanParams, pending: &PendingRing, budget:
     let mine = budget.unwrap_or(me.ram_available_bytes);
     let mut devices = vec![DeviceSpec { profile: me, budget_bytes: usable(mine), link: link("device 1".into(), 0) }];
     for (i, m) in pending.members.iter().enumerate() {
+        if !m.profile.has_model {
+            bail!("worker {} has no model file: a ring worker needs it (start it with -m MODEL, not --model-sha256)", m.addr);
+        }
         let Some(mut profile) = m.profile.profile.clone() else {
             bail!("worker {} has no device profile (it could not measure one): give the windows with --layer-window", m.addr);
         };

@@ -82,6 +82,10 @@ fn bad_ring_flags_are_clear_errors() {
     assert_clean_error(&generate(&["--workers", &w.addr, "--layer-window", "15,15"]), "--parallel ring");
     assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--tp-schedule", "gather"]), "tensor parallelism");
     assert_clean_error(&generate(&["--parallel", "ring"]), "--workers");
+    assert_clean_error(
+        &generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "18446744073709551615,1"]),
+        "more than the model's 30 layers",
+    );
     // the worker is still fine
     let single = tokens(&ok(generate(&[])));
     assert_eq!(tokens(&ok(generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "10,20"]))), single);
@@ -95,6 +99,8 @@ fn bad_ring_flags_are_clear_errors() {
     assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "or for none");
     std::fs::write(&file, format!("parallel = \"ring\"\nweight = 2.0\n[[worker]]\naddr = \"{}\"\n", w.addr)).unwrap();
     assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "weight in the cluster file");
+    std::fs::write(&file, format!("parallel = \"ring\"\nwire_type = \"q8_0\"\n[[worker]]\naddr = \"{}\"\n", w.addr)).unwrap();
+    assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "q8_0 wire type");
 }
 
 #[test]
@@ -168,4 +174,23 @@ fn plan_and_profile_measure_running_workers() {
     }
     // A worker that is not there: a clear error.
     assert_clean_error(&run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--peer", "127.0.0.1:9"]), "cannot connect");
+}
+
+#[test]
+fn a_stalled_ring_worker_fails_the_request_without_blaming_the_wrong_device() {
+    let m = model();
+    let w1 = Worker::start(&m, &[]);
+    let w2 = Worker::start(&m, &[]);
+    let ms = m.to_str().unwrap();
+    let workers = addrs(&[&w1, &w2]);
+    let args = ["generate", "-m", ms, "-p", PROMPT, "-n", "1500", "--ignore-eos", "--temperature", "0", "-t", "1", "--step-timeout", "1"];
+    let args = [&args[..], &["--workers", &workers, "--parallel", "ring", "--layer-window", "10,10,10"]].concat();
+    let pid = w1.child.id().to_string();
+    let signal = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    let (status, took, err) = common::interrupt_mid_generation(&args, || signal("-STOP"));
+    signal("-CONT");
+    assert_eq!(status, Some(1), "{err}");
+    // one step timeout per worker the hop crosses, scaled for the batch
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(err.contains("the ring stalled") && err.contains(&w1.addr) && err.contains(&w2.addr), "{err}");
 }

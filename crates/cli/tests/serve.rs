@@ -45,9 +45,13 @@ impl Server {
 
     /// One request; returns (status, body).
     fn request(&self, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String) {
+        self.request_auth(method, path, &key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default(), body)
+    }
+
+    /// [`Self::request`] with the `Authorization` header line(s) `auth` as given.
+    fn request_auth(&self, method: &str, path: &str, auth: &str, body: &str) -> (u16, String) {
         let mut s = TcpStream::connect(&self.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-        let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -156,6 +160,8 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     assert_error((st, serde_json::from_str(&text).unwrap()), 401, "authentication_error", None);
     let (st, text) = s.request("GET", "/v1/models", None, "");
     assert_error((st, serde_json::from_str(&text).unwrap()), 401, "authentication_error", None);
+    // the auth scheme is case-insensitive
+    assert_eq!(s.request_auth("GET", "/v1/models", &format!("Authorization: bearer {KEY}\r\n"), "").0, 200);
     let (st, text) = s.request("GET", "/v1/nothing", Some(KEY), "");
     assert_error((st, serde_json::from_str(&text).unwrap()), 404, "invalid_request_error", None);
 

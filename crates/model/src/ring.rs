@@ -26,7 +26,7 @@ impl RingWindows {
     /// do not divide the layers into whole rounds (`n_layer` must be a multiple of
     /// `Σ windows`).
     pub fn from_assignment(n_layer: usize, windows: &[usize], device: usize) -> Result<Self> {
-        let per_round: usize = windows.iter().sum();
+        let per_round = windows.iter().try_fold(0usize, |a, &w| a.checked_add(w)).unwrap_or(usize::MAX);
         if per_round == 0 || !n_layer.is_multiple_of(per_round) {
             return Err(ModelError::Input(format!(
                 "layer windows {windows:?} cover {per_round} layers per round, which does not divide the model's {n_layer} layers \

@@ -51,6 +51,9 @@ pub struct WorkerProfile {
     pub budget_bytes: u64,
     /// Whether it streams layers that do not fit from disk (it has the model file and a budget).
     pub can_stream: bool,
+    /// Whether it has the model file (a ring worker needs it).
+    #[serde(default)]
+    pub has_model: bool,
 }
 
 /// A worker after the handshake, before its ring session.
@@ -260,6 +263,20 @@ impl PendingRing {
     }
 }
 
+/// The activations did not come back around the ring in time.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the ring stalled: the activations did not come back within {:.1} s; one of its devices ({devices}) stopped or is \
+     overloaded (if it is only slow, raise --step-timeout)",
+    after.as_secs_f64()
+)]
+pub struct RingStalled {
+    /// How long the coordinator waited.
+    pub after: Duration,
+    /// The ring's workers, for the message.
+    pub devices: String,
+}
+
 /// The coordinator's time and bytes in the ring.
 #[derive(Debug, Clone, Default)]
 pub struct RingCounters {
@@ -341,7 +358,15 @@ impl RingLink for TcpRing {
         let last = &mut peers[n_peers - 1];
         // The hop crosses every worker: allow each its step timeout for this batch.
         let wait = base.map(|b| pass_timeout(b, n_tokens).mul_f64(n_peers as f64)).unwrap_or(last.timeout());
-        let (msg, got) = last.recv_within(wait)?;
+        let (msg, got) = match last.recv_within(wait) {
+            Ok(m) => m,
+            // Which device stalls cannot be told from here: every one waits on its predecessor.
+            Err(CommError::Timeout { after, .. }) => {
+                let devices = peers.iter().map(|p| format!("node {} ({})", p.node(), p.addr())).collect::<Vec<_>>().join(", ");
+                return Err(Box::new(RingStalled { after, devices }));
+            }
+            Err(e) => return Err(Box::new(e)),
+        };
         match msg {
             Message::Hop { pos0: p, round: r, x: y } if p == pos0 as u64 && r == round as u32 && y.len() == x.len() => {
                 x.copy_from_slice(&y)

@@ -219,7 +219,8 @@ pub enum HelloMismatch {
     /// Different model files.
     #[error(
         "model mismatch: the coordinator runs the model with SHA-256 {coordinator}, the worker has {worker}: \
-         start every node with the same GGUF file (or the worker with --model-sha256 {coordinator} to receive its share)"
+         start every node with the same GGUF file (for tensor parallelism, a worker started with --model-sha256 {coordinator} \
+         receives its share instead)"
     )]
     Model {
         /// The coordinator's model hash, hex.

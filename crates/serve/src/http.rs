@@ -126,7 +126,13 @@ fn answer(app: &App, endpoint: &str, r: Result<Response, ApiError>) -> Response 
 
 fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &app.api_key else { return Ok(()) };
-    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim());
     // Compare without an early exit, so timing does not reveal a matching prefix.
     let same = given.is_some_and(|g| g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
     if same {

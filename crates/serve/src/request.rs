@@ -92,10 +92,11 @@ impl Fields<'_> {
     /// A whole number in `lo..=hi`.
     fn int_in(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
         let Some(v) = self.get(k) else { return Ok(None) };
-        match v.as_i64().or_else(|| v.as_u64().map(|u| u as i64)) {
+        match v.as_i64() {
             Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
-            Some(x) => Err(ApiError::invalid(k, format!("`{k}` must be between {lo} and {hi}, got {x}"))),
-            None => Err(ApiError::invalid(k, format!("`{k}` must be an integer, got {v}"))),
+            // (a u64 beyond i64 is out of range too, and shown as sent)
+            _ if v.is_i64() || v.is_u64() => Err(ApiError::invalid(k, format!("`{k}` must be between {lo} and {hi}, got {v}"))),
+            _ => Err(ApiError::invalid(k, format!("`{k}` must be an integer, got {v}"))),
         }
     }
 

@@ -103,7 +103,10 @@ pub fn run(a: Args) -> Result<()> {
         let key = crate::cluster::read_key(a.cluster_key.as_deref(), None)?;
         let m = hearth_model::Model::load(&model).with_context(|| format!("loading {}", model.display()))?;
         let sha = hearth_parallel::model_hash::file_sha256(&model).with_context(|| format!("hashing {}", model.display()))?;
-        let peers: Vec<String> = a.peer.iter().map(|p| p.trim().to_string()).collect();
+        let peers: Vec<String> = a.peer.iter().map(|p| crate::cluster::check_addr(p)).collect::<Result<_>>()?;
+        if let Some(dup) = peers.iter().enumerate().find_map(|(i, p)| peers[..i].contains(p).then_some(p)) {
+            anyhow::bail!("--peer {dup} is listed twice");
+        }
         hearth_parallel::ring::probe_links(&m, sha, &peers, key.as_ref(), Duration::from_secs(5))
             .map_err(|e| anyhow::anyhow!("measuring the links: {e} (is a `hearth worker` with this model running there?)"))?
     };

@@ -72,6 +72,13 @@ pub fn run(a: Args) -> Result<()> {
         None => 2048.min(train),
     };
     let groups = a.groups as usize;
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty: give a key, or leave the flag out to serve without one");
+    }
+    let cores = threads_or_default(None);
+    if groups > cores {
+        eprintln!("warning: --groups {groups} engines on {cores} cores: engines will share cores and slow each other down");
+    }
     let threads = a.threads.map_or_else(|| (threads_or_default(None) / groups).max(1), usize::from);
     let cpus = if a.pin {
         let order = hearth_kernels::affinity::pin_order();

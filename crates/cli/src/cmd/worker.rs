@@ -91,6 +91,7 @@ fn ring_profile(
         threads,
         budget_bytes: budget.unwrap_or(available),
         can_stream: budget.is_some() && model.is_some(),
+        has_model: model.is_some(),
     }
 }
 

@@ -96,6 +96,11 @@ pub fn addrs(ws: &[&Worker]) -> String {
 /// `victim`, and wait for the coordinator to end (failing the test if it hangs 10 s).
 /// Returns its exit code, how long it took after the kill, and its stderr.
 pub fn kill_mid_generation(args: &[&str], victim: &mut Worker) -> (Option<i32>, Duration, String) {
+    interrupt_mid_generation(args, || victim.child.kill().unwrap())
+}
+
+/// [`kill_mid_generation`] with any interruption `act` (e.g. stopping a worker).
+pub fn interrupt_mid_generation(args: &[&str], act: impl FnOnce()) -> (Option<i32>, Duration, String) {
     let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(args)
         .env("HEARTH_CACHE_DIR", cache_dir())
@@ -112,7 +117,7 @@ pub fn kill_mid_generation(args: &[&str], victim: &mut Worker) -> (Option<i32>, 
         assert!(n > 0, "the coordinator ended before the kill");
         got += n;
     }
-    victim.child.kill().unwrap();
+    act();
     let killed = Instant::now();
     std::thread::spawn(move || while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
     let status = loop {
