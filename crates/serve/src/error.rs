@@ -41,6 +41,12 @@ impl ApiError {
         }
     }
 
+    /// 413 (or another status of a body that could not be read): axum's rejection as an
+    /// OpenAI error body instead of plain text.
+    pub fn unreadable_body(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), kind: "invalid_request_error", param: None, code: Some("request_too_large") }
+    }
+
     /// 400: the prompt (plus at least one generated token) does not fit a slot's context.
     pub fn context_length(prompt_tokens: usize, n_ctx: usize) -> Self {
         Self {

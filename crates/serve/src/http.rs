@@ -9,6 +9,7 @@ use crate::openai::{self, Head, Kind};
 use crate::request::{self, Params, Prompt};
 use crate::sequence::{Event, Job, TokenLogprob};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -83,9 +84,15 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     answer(&app, "/v1/models", r)
 }
 
-async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+/// A body that could not be read (too large: axum's limit) as an OpenAI error.
+fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError::unreadable_body(e.status(), e.body_text()))
+}
+
+async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         authorize(&app, &headers)?;
+        let body = read_body(body)?;
         let req = request::chat(&body)?;
         let template = app.template.as_ref().map_err(|e| ApiError::invalid("messages", e.clone()))?;
         let text =
@@ -97,9 +104,10 @@ async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> R
     answer(&app, "/v1/chat/completions", r)
 }
 
-async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         authorize(&app, &headers)?;
+        let body = read_body(body)?;
         let req = request::completion(&body)?;
         let prompt = match req.prompt {
             Prompt::Text(t) => app.model.tokenizer.encode(&t, true, true),
