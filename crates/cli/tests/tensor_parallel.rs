@@ -12,16 +12,7 @@ use std::time::{Duration, Instant};
 const PROMPT: &str = "The three primary colors are red, blue and";
 
 fn generate(extra: &[&str]) -> std::process::Output {
-    let m = model();
-    let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "20", "--temperature", "0", "-t", "1", "--json"];
-    args.extend_from_slice(extra);
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(&args)
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .env_remove("HEARTH_MODEL")
-        .env_remove("HEARTH_CLUSTER_KEY")
-        .output()
-        .unwrap()
+    common::generate_json(PROMPT, extra)
 }
 
 #[test]

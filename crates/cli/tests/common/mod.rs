@@ -132,3 +132,18 @@ pub fn interrupt_mid_generation(args: &[&str], act: impl FnOnce()) -> (Option<i3
     coord.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     (status.code(), took, err)
 }
+
+/// `hearth generate --json` of 20 greedy tokens of `prompt` on one thread with `extra`
+/// flags (workers, layouts), with the tests' cache directory and no cluster key.
+pub fn generate_json(prompt: &str, extra: &[&str]) -> Output {
+    let m = model();
+    let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", prompt, "-n", "20", "--temperature", "0", "-t", "1", "--json"];
+    args.extend_from_slice(extra);
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(&args)
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_MODEL")
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .output()
+        .unwrap()
+}
