@@ -93,10 +93,7 @@ fn expf_ggml(x: f32) -> f32 {
     let b = (-n).mul_add(f(EXP_LN2_LO), (-n).mul_add(f(EXP_LN2_HI), x));
     let u = b * b;
     let c = EXP_C.map(f);
-    let j = c[0]
-        .mul_add(b, c[1])
-        .mul_add(u, c[2].mul_add(b, c[3]))
-        .mul_add(u, c[4].mul_add(b, 1.0));
+    let j = c[0].mul_add(b, c[1]).mul_add(u, c[2].mul_add(b, c[3])).mul_add(u, c[4].mul_add(b, 1.0));
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
@@ -154,7 +151,7 @@ pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{EXP_C, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_SHIFT};
+    use super::{BlockScratch, Tile, BLOCK_ROWS, EXP_C, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_SHIFT};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -231,9 +228,7 @@ mod x86 {
             }
             i += 64;
         }
-        let half = |h: usize| {
-            _mm256_add_ps(_mm256_add_ps(s[0][h], s[2][h]), _mm256_add_ps(s[1][h], s[3][h]))
-        };
+        let half = |h: usize| _mm256_add_ps(_mm256_add_ps(s[0][h], s[2][h]), _mm256_add_ps(s[1][h], s[3][h]));
         let t3 = _mm256_add_ps(half(1), half(0));
         let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
         let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
@@ -294,6 +289,341 @@ mod x86 {
         }
     }
 
+    /// f32 → f16 → f32 (`_mm256_cvtps_ph` round to nearest, as [`mad_f16`] stores).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn round16(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    /// [`dot_f16`]'s accumulators for one row, reduced to its `t3` vector (8 lanes):
+    /// `q`, `k`: `8·nv` f32 (a multiple of 64).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_t3(nv: usize, q: *const f32, k: *const f32) -> __m256 {
+        let mut s = [[_mm256_setzero_ps(); 2]; 4];
+        let mut i = 0;
+        while i < 8 * nv {
+            for (j, acc) in s.iter_mut().enumerate() {
+                for (h, v) in acc.iter_mut().enumerate() {
+                    let off = i + 16 * j + 8 * h;
+                    *v = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(off)), _mm256_loadu_ps(k.add(off)), *v);
+                }
+            }
+            i += 64;
+        }
+        let half = |h: usize| _mm256_add_ps(_mm256_add_ps(s[0][h], s[2][h]), _mm256_add_ps(s[1][h], s[3][h]));
+        _mm256_add_ps(half(1), half(0))
+    }
+
+    /// [`dot_f16`] of `q` with one f32 row `k` (f16 values): the same tree.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot1(nv: usize, q: *const f32, k: *const f32) -> f32 {
+        hsum_t3(dot_t3(nv, q, k))
+    }
+
+    /// The end of [`dot_f16`]'s tree from its `t3` vector.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn hsum_t3(t3: __m256) -> f32 {
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
+        _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(t8, t8))
+    }
+
+    /// [`dot1`] for 8 consecutive rows (`k`, stride `8·nv`), the horizontal sums of the 8
+    /// rows done side by side: each lane sees exactly [`dot1`]'s additions, in its order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot8(nv: usize, q: *const f32, k: *const f32) -> __m256 {
+        let hd = 8 * nv;
+        combine8([
+            dot_t3(nv, q, k),
+            dot_t3(nv, q, k.add(hd)),
+            dot_t3(nv, q, k.add(2 * hd)),
+            dot_t3(nv, q, k.add(3 * hd)),
+            dot_t3(nv, q, k.add(4 * hd)),
+            dot_t3(nv, q, k.add(5 * hd)),
+            dot_t3(nv, q, k.add(6 * hd)),
+            dot_t3(nv, q, k.add(7 * hd)),
+        ])
+    }
+
+    /// The horizontal sums of 8 rows' `t3` vectors, as [`dot1`] finishes one.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn combine8(t: [__m256; 8]) -> __m256 {
+        // hi128 + lo128 of two rows at once: [t6 of row a | t6 of row b].
+        let u = |a: __m256, b: __m256| _mm256_add_ps(_mm256_permute2f128_ps::<0x31>(a, b), _mm256_permute2f128_ps::<0x20>(a, b));
+        let (u01, u23, u45, u67) = (u(t[0], t[1]), u(t[2], t[3]), u(t[4], t[5]), u(t[6], t[7]));
+        // t8[0..2] = (t6[0] + t6[2], t6[1] + t6[3]): [r0 r0 r2 r2 | r1 r1 r3 r3].
+        let w = |a: __m256, b: __m256| _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b));
+        let (w0, w1) = (w(u01, u23), w(u45, u67));
+        // t8[0] + t8[1]: [f0 f2 f4 f6 | f1 f3 f5 f7].
+        let f = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(w0, w1), _mm256_shuffle_ps::<0xDD>(w0, w1));
+        _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// One query's online-softmax steps over a chunk: per row, rescale by `ms` (where
+    /// `resc`), then multiply-add the V row by `vs`.
+    #[derive(Clone, Copy)]
+    struct Steps<'a> {
+        ms: &'a [f32],
+        vs: &'a [f32],
+        resc: &'a [bool],
+    }
+
+    /// Scores of `nr` f32 K rows (`kf`, stride `8·nv`) against `q`, times `scale`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scores256(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
+        let hd = 8 * nv;
+        let mut r = 0;
+        while r + 8 <= nr {
+            _mm256_storeu_ps(sc.add(r), _mm256_mul_ps(dot8(nv, q, kf.add(r * hd)), _mm256_set1_ps(scale)));
+            r += 8;
+        }
+        while r < nr {
+            *sc.add(r) = dot1(nv, q, kf.add(r * hd)) * scale;
+            r += 1;
+        }
+    }
+
+    /// [`dot_t3`] with 16-lane accumulators (ggml's own AVX-512 `ggml_vec_dot_f16`
+    /// layout): the same sums lane for lane, then `hi256 + lo256`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_t3_512(nv: usize, q: *const f32, k: *const f32) -> __m256 {
+        let mut s = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i < 8 * nv {
+            for (j, acc) in s.iter_mut().enumerate() {
+                let off = i + 16 * j;
+                *acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(off)), _mm512_loadu_ps(k.add(off)), *acc);
+            }
+            i += 64;
+        }
+        let x = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+        _mm256_add_ps(hi, _mm512_castps512_ps256(x))
+    }
+
+    /// [`scores256`] with 512-bit products.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn scores512(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
+        let hd = 8 * nv;
+        let mut r = 0;
+        while r + 8 <= nr {
+            let k = kf.add(r * hd);
+            let d = combine8([
+                dot_t3_512(nv, q, k),
+                dot_t3_512(nv, q, k.add(hd)),
+                dot_t3_512(nv, q, k.add(2 * hd)),
+                dot_t3_512(nv, q, k.add(3 * hd)),
+                dot_t3_512(nv, q, k.add(4 * hd)),
+                dot_t3_512(nv, q, k.add(5 * hd)),
+                dot_t3_512(nv, q, k.add(6 * hd)),
+                dot_t3_512(nv, q, k.add(7 * hd)),
+            ]);
+            _mm256_storeu_ps(sc.add(r), _mm256_mul_ps(d, _mm256_set1_ps(scale)));
+            r += 8;
+        }
+        while r < nr {
+            *sc.add(r) = hsum_t3(dot_t3_512(nv, q, kf.add(r * hd))) * scale;
+            r += 1;
+        }
+    }
+
+    /// One query's accumulator (`ap`, `8·nv` f32 holding f16 values) through `st`'s steps
+    /// over the V rows `vf` (stride `8·nv`), rounded to f16 after each.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn mad256<const NV: usize>(nv: usize, ap: *mut f32, vf: *const f32, st: Steps<'_>) {
+        let mut acc = [_mm256_setzero_ps(); NV];
+        for (c, a) in acc.iter_mut().enumerate().take(nv) {
+            *a = _mm256_loadu_ps(ap.add(8 * c));
+        }
+        for r in 0..st.vs.len() {
+            if st.resc[r] {
+                let w = _mm256_set1_ps(st.ms[r]);
+                for a in acc.iter_mut().take(nv) {
+                    *a = round16(_mm256_mul_ps(*a, w));
+                }
+            }
+            let w = _mm256_set1_ps(st.vs[r]);
+            let vp = vf.add(r * 8 * nv);
+            for (c, a) in acc.iter_mut().enumerate().take(nv) {
+                *a = round16(_mm256_fmadd_ps(_mm256_loadu_ps(vp.add(8 * c)), w, *a));
+            }
+        }
+        for (c, a) in acc.iter().enumerate().take(nv) {
+            _mm256_storeu_ps(ap.add(8 * c), *a);
+        }
+    }
+
+    /// [`round16`] on 16 lanes.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn round16_512(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    /// [`mad256`] on 16 lanes (`nz` = `head_dim / 16` vectors) for `NQ` queries at once
+    /// (accumulators `aps[..NQ]`, steps `st[..NQ]`, all over the same rows): each query
+    /// gets the same operations lane for lane; a V row is loaded once for all of them.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn mad512<const NZ: usize, const NQ: usize>(nz: usize, aps: [*mut f32; 4], vf: *const f32, st: [Steps<'_>; 4]) {
+        let mut acc = [[_mm512_setzero_ps(); NZ]; NQ];
+        for (qa, &ap) in acc.iter_mut().zip(&aps) {
+            for (c, a) in qa.iter_mut().enumerate().take(nz) {
+                *a = _mm512_loadu_ps(ap.add(16 * c));
+            }
+        }
+        for r in 0..st[0].vs.len() {
+            let vp = vf.add(r * 16 * nz);
+            let mut vr = [_mm512_setzero_ps(); NZ];
+            for (c, x) in vr.iter_mut().enumerate().take(nz) {
+                *x = _mm512_loadu_ps(vp.add(16 * c));
+            }
+            for (qa, sq) in acc.iter_mut().zip(&st) {
+                if sq.resc[r] {
+                    let w = _mm512_set1_ps(sq.ms[r]);
+                    for a in qa.iter_mut().take(nz) {
+                        *a = round16_512(_mm512_mul_ps(*a, w));
+                    }
+                }
+                let w = _mm512_set1_ps(sq.vs[r]);
+                for (a, &x) in qa.iter_mut().zip(&vr).take(nz) {
+                    *a = round16_512(_mm512_fmadd_ps(x, w, *a));
+                }
+            }
+        }
+        for (qa, &ap) in acc.iter().zip(&aps) {
+            for (c, a) in qa.iter().enumerate().take(nz) {
+                _mm512_storeu_ps(ap.add(16 * c), *a);
+            }
+        }
+    }
+
+    /// [`super::attend_block`] with f16 K and V, `head_dim = 8·NV`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn attend_block_f16<const NV: usize>(w512: bool, t: Tile, k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
+        block_body::<NV>(NV, w512, t, k, v, b, out)
+    }
+
+    /// [`super::attend_block`] with f16 K and V, any `head_dim` multiple of 64.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn attend_block_f16_any(w512: bool, t: Tile, k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
+        block_body::<{ super::MAX_HEAD_DIM / 8 }>(t.s.head_dim / 8, w512, t, k, v, b, out)
+    }
+
+    /// The tile walks the cache in chunks of [`BLOCK_ROWS`] rows: each chunk's K and V rows
+    /// are converted to f32 once, then every query that sees rows of the chunk scores them
+    /// ([`dot8`]/[`dot1`]), runs the online-softmax recurrence over them in order (the
+    /// `expf` calls first, then the f16-rounded rescales and multiply-adds with its
+    /// accumulator in registers).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block_body<const NV: usize>(nv: usize, w512: bool, t: Tile, k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
+        let Tile { n_tok, nh, kv_head, n_kv0, s } = t;
+        let hd = 8 * nv;
+        let nq = n_tok * nh;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        b.m[..nq].fill(f32::NEG_INFINITY);
+        b.sum[..nq].fill(0.0);
+        b.acc[..nq * hd].fill(0.0);
+        let n_kv_max = n_kv0 + n_tok - 1;
+        let mut j0 = 0;
+        while j0 < n_kv_max {
+            let j1 = (j0 + BLOCK_ROWS).min(n_kv_max);
+            for j in j0..j1 {
+                let r = super::row_elems(j, kv_head, s);
+                let (kr, vr) = (&k[r.clone()], &v[r]);
+                let (kd, vd) = (b.kf.as_mut_ptr().add((j - j0) * hd), b.vf.as_mut_ptr().add((j - j0) * hd));
+                for c in 0..nv {
+                    _mm256_storeu_ps(kd.add(8 * c), _mm256_cvtph_ps(_mm_loadu_si128(kr.as_ptr().add(8 * c) as *const __m128i)));
+                    _mm256_storeu_ps(vd.add(8 * c), _mm256_cvtph_ps(_mm_loadu_si128(vr.as_ptr().add(8 * c) as *const __m128i)));
+                }
+            }
+            for tt in 0..n_tok {
+                let lim = (n_kv0 + tt).min(j1);
+                if lim <= j0 {
+                    continue;
+                }
+                let nr = lim - j0;
+                // Heads of one token see the same rows: with 512-bit vectors up to 4
+                // (head_dim 64) or 2 (128) accumulators step through the rows together,
+                // each V row load serving all of them (independent f16 rounding chains).
+                let per = match (w512, nv) {
+                    (true, 8) => 4,
+                    (true, 16) => 2,
+                    _ => 1,
+                };
+                let mut h0 = 0;
+                while h0 < nh {
+                    let cnt = per.min(nh - h0);
+                    let mut ms = [[1f32; BLOCK_ROWS]; 4];
+                    let mut vs = [[1f32; BLOCK_ROWS]; 4];
+                    let mut resc = [[false; BLOCK_ROWS]; 4];
+                    let mut aps = [std::ptr::null_mut::<f32>(); 4];
+                    for qi in 0..cnt {
+                        let i = tt * nh + h0 + qi;
+                        let qp = b.qh.as_ptr().add(i * hd);
+                        let kf = b.kf.as_ptr();
+                        let sc = b.score.as_mut_ptr();
+                        if w512 {
+                            scores512(nv, qp, kf, sc, nr, scale);
+                        } else {
+                            scores256(nv, qp, kf, sc, nr, scale);
+                        }
+                        // The recurrence's scalars (libm expf, as `online_softmax`).
+                        let (mut m, mut sum) = (b.m[i], b.sum[i]);
+                        let (ms, vs, resc) = (&mut ms[qi], &mut vs[qi], &mut resc[qi]);
+                        for r in 0..nr {
+                            let score = *sc.add(r);
+                            if score > m {
+                                let m_old = m;
+                                m = score;
+                                ms[r] = (m_old - m).exp();
+                                resc[r] = true;
+                            } else {
+                                vs[r] = (score - m).exp();
+                            }
+                            sum = sum.mul_add(ms[r], vs[r]);
+                        }
+                        b.m[i] = m;
+                        b.sum[i] = sum;
+                        aps[qi] = b.acc.as_mut_ptr().add(i * hd);
+                    }
+                    // The accumulators, rounded to f16 after every step (`VKQ16`).
+                    let st: [Steps<'_>; 4] =
+                        std::array::from_fn(|qi| Steps { ms: &ms[qi][..nr], vs: &vs[qi][..nr], resc: &resc[qi][..nr] });
+                    let vf = b.vf.as_ptr();
+                    match (w512, nv, cnt) {
+                        (true, 8, 4) => mad512::<4, 4>(4, aps, vf, st),
+                        (true, 8, 3) => mad512::<4, 3>(4, aps, vf, st),
+                        (true, 8, 2) => mad512::<4, 2>(4, aps, vf, st),
+                        (true, 8, _) => mad512::<4, 1>(4, aps, vf, st),
+                        (true, 16, 2) => mad512::<8, 2>(8, aps, vf, st),
+                        (true, 16, _) => mad512::<8, 1>(8, aps, vf, st),
+                        (true, _, _) => mad512::<{ super::MAX_HEAD_DIM / 16 }, 1>(nv / 2, aps, vf, st),
+                        _ => mad256::<NV>(nv, aps[0], vf, st[0]),
+                    }
+                    h0 += cnt;
+                }
+            }
+            j0 = j1;
+        }
+        for i in 0..nq {
+            let sum = b.sum[i];
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for (o, &a) in out[i * hd..(i + 1) * hd].iter_mut().zip(&b.acc[i * hd..(i + 1) * hd]) {
+                *o = a * inv;
+            }
+        }
+    }
 }
 
 /// Dimensions of one attention call.
@@ -328,23 +658,31 @@ pub enum KvRows<'a> {
 pub struct AttnScratch {
     acc16: Vec<f16>,
     acc32: Vec<f32>,
+    /// [`attend_block`]'s results, `[BLOCK_MAX_QUERIES, head_dim]`.
+    out: Vec<f32>,
+    /// [`attend_block`]'s f16 K/V buffers.
+    block: BlockScratch,
 }
 
 impl AttnScratch {
     /// Scratch for heads of `head_dim` with an f16 (`v_f16`) or other V cache.
     pub fn new(head_dim: usize, v_f16: bool) -> Self {
-        let mut s = Self::default();
+        let mut s = Self { out: vec![0.0; BLOCK_MAX_QUERIES * head_dim], ..Self::default() };
         if v_f16 {
             s.acc16 = vec![f16::ZERO; head_dim];
+            s.block = BlockScratch::new(head_dim);
         } else {
             s.acc32 = vec![0.0; head_dim];
         }
         s
     }
 
-    /// Bytes [`new`](Self::new) allocates: `head_dim · 2` (f16 V) or `head_dim · 4`.
+    /// Bytes [`new`](Self::new) allocates: the one-row accumulator (`head_dim · 2` with an
+    /// f16 V, else `head_dim · 4`), [`attend_block`]'s results (`64 · head_dim · 4`) and,
+    /// with an f16 V, its tile buffers.
     pub fn bytes(head_dim: usize, v_f16: bool) -> usize {
-        head_dim * if v_f16 { 2 } else { 4 }
+        let out = BLOCK_MAX_QUERIES * head_dim * 4;
+        out + if v_f16 { head_dim * 2 + BlockScratch::bytes(head_dim) } else { head_dim * 4 }
     }
 }
 
@@ -380,30 +718,164 @@ pub fn attend(
 /// [`attend`] with the f16 cache (the default): the path whose logits are bit-identical
 /// to llama.cpp's. `acc` is scratch of `head_dim` f16 values.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_one(
-    q: &[f32],
-    k: &[f16],
-    v: &[f16],
-    kv_head: usize,
-    n_kv: usize,
-    s: AttnShape,
-    acc: &mut [f16],
-    out: &mut [f32],
-) {
+pub fn attend_one(q: &[f32], k: &[f16], v: &[f16], kv_head: usize, n_kv: usize, s: AttnShape, acc: &mut [f16], out: &mut [f32]) {
     let key = KeyF16::new(q, k, kv_head, s);
     online_softmax(n_kv, s, &key, &mut ValF16::new(v, kv_head, s, acc), out);
 }
 
-/// The V half of [`attend`]: picks the accumulator for V's type.
-fn attend_v<K: KeyRows>(
-    key: &K,
+/// Most queries (tokens × heads) of one [`attend_block`] tile that share the converted
+/// K/V rows (the caller picks tiles of at most this many).
+pub const BLOCK_MAX_QUERIES: usize = 64;
+
+/// K/V cache rows converted to f32 at a time by [`attend_block`].
+const BLOCK_ROWS: usize = 32;
+
+/// Per-thread buffers of [`attend_block`] (the f16 K and V path): the tile's queries
+/// rounded to f16, their accumulators, running max and sum, and a chunk of K/V rows as f32.
+#[derive(Debug, Default)]
+struct BlockScratch {
+    qh: Vec<f32>,
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    sum: Vec<f32>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    score: Vec<f32>,
+}
+
+impl BlockScratch {
+    fn new(head_dim: usize) -> Self {
+        let (q, r) = (BLOCK_MAX_QUERIES * head_dim, BLOCK_ROWS * head_dim);
+        Self {
+            qh: vec![0.0; q],
+            acc: vec![0.0; q],
+            m: vec![0.0; BLOCK_MAX_QUERIES],
+            sum: vec![0.0; BLOCK_MAX_QUERIES],
+            kf: vec![0.0; r],
+            vf: vec![0.0; r],
+            score: vec![0.0; BLOCK_ROWS],
+        }
+    }
+
+    fn bytes(head_dim: usize) -> usize {
+        4 * (2 * BLOCK_MAX_QUERIES * head_dim + 2 * BLOCK_MAX_QUERIES + 2 * BLOCK_ROWS * head_dim + BLOCK_ROWS)
+    }
+}
+
+/// Causal attention of a tile of queries: `n_tok` consecutive tokens of one sequence ×
+/// query heads `heads`, all served by KV head `kv_head`; token `t` of the tile sees cache
+/// rows `0..n_kv0 + t`. Query `(t, h)` is `q[t·q_stride + h·head_dim..][..head_dim]`; its
+/// result is `ret[(t·heads.len() + h − heads.start)·head_dim..][..head_dim]` of the
+/// returned slice (held by `scratch`). At most [`BLOCK_MAX_QUERIES`] queries.
+///
+/// Every query's result is bit-identical to [`attend`] on it: with an f16 K and V cache
+/// (and `head_dim` a multiple of 64, AVX2/FMA/F16C) a chunk of K/V rows is converted to f32
+/// once and serves every query of the tile, each query doing [`attend`]'s exact sequence
+/// of operations (same dot-product order, max/rescale steps, f16 rounding of the
+/// accumulator after every step, libm `expf`), with 512-bit vectors where the CPU has
+/// AVX-512F (then up to 4 heads of a token step through the V rows together); other
+/// caches run [`attend`] per query.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_block<'s>(
+    q: &[f32],
+    q_stride: usize,
+    n_tok: usize,
+    heads: std::ops::Range<usize>,
+    k: KvRows<'_>,
     v: KvRows<'_>,
     kv_head: usize,
-    n_kv: usize,
+    n_kv0: usize,
     s: AttnShape,
-    scratch: &mut AttnScratch,
-    out: &mut [f32],
-) {
+    scratch: &'s mut AttnScratch,
+) -> &'s [f32] {
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    attend_block_with(q, q_stride, n_tok, heads, k, v, kv_head, n_kv0, s, scratch, avx512)
+}
+
+/// [`attend_block`] with the 512-bit f16 path on (`avx512`, when the CPU has it) or off.
+#[allow(clippy::too_many_arguments)]
+fn attend_block_with<'s>(
+    q: &[f32],
+    q_stride: usize,
+    n_tok: usize,
+    heads: std::ops::Range<usize>,
+    k: KvRows<'_>,
+    v: KvRows<'_>,
+    kv_head: usize,
+    n_kv0: usize,
+    s: AttnShape,
+    scratch: &'s mut AttnScratch,
+    avx512: bool,
+) -> &'s [f32] {
+    let (hd, nh) = (s.head_dim, heads.len());
+    let nq = n_tok * nh;
+    assert!(nq <= BLOCK_MAX_QUERIES, "attend_block: {nq} queries, at most {BLOCK_MAX_QUERIES}");
+    let mut out = std::mem::take(&mut scratch.out);
+    out.resize((nq * hd).max(out.len()), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if let (KvRows::F16(kc), KvRows::F16(vc)) = (k, v) {
+        if nq > 1
+            && hd.is_multiple_of(64)
+            && hd <= MAX_HEAD_DIM
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            if scratch.block.kf.len() < BLOCK_ROWS * hd {
+                scratch.block = BlockScratch::new(hd);
+            }
+            let b = &mut scratch.block;
+            for t in 0..n_tok {
+                for (hi, h) in heads.clone().enumerate() {
+                    let src = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
+                    let i = t * nh + hi;
+                    for (d, &x) in b.qh[i * hd..(i + 1) * hd].iter_mut().zip(src) {
+                        *d = f16::from_f32(x).to_f32();
+                    }
+                }
+            }
+            let tile = Tile { n_tok, nh, kv_head, n_kv0, s };
+            // SAFETY: the features were just detected; the buffers hold `nq` queries and
+            // BLOCK_ROWS rows of `hd` values.
+            unsafe {
+                let w512 = avx512 && std::arch::is_x86_feature_detected!("avx512f");
+                match hd {
+                    64 => x86::attend_block_f16::<8>(w512, tile, kc, vc, b, &mut out),
+                    128 => x86::attend_block_f16::<16>(w512, tile, kc, vc, b, &mut out),
+                    _ => x86::attend_block_f16_any(w512, tile, kc, vc, b, &mut out),
+                }
+            }
+            scratch.out = out;
+            return &scratch.out[..nq * hd];
+        }
+    }
+    for t in 0..n_tok {
+        for (hi, h) in heads.clone().enumerate() {
+            let i = t * nh + hi;
+            let qrow = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
+            attend(qrow, k, v, kv_head, n_kv0 + t, s, scratch, &mut out[i * hd..(i + 1) * hd]);
+        }
+    }
+    scratch.out = out;
+    &scratch.out[..nq * hd]
+}
+
+/// The shape of one [`attend_block`] tile.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Tile {
+    n_tok: usize,
+    nh: usize,
+    kv_head: usize,
+    n_kv0: usize,
+    s: AttnShape,
+}
+
+/// The V half of [`attend`]: picks the accumulator for V's type.
+fn attend_v<K: KeyRows>(key: &K, v: KvRows<'_>, kv_head: usize, n_kv: usize, s: AttnShape, scratch: &mut AttnScratch, out: &mut [f32]) {
     let hd = s.head_dim;
     match v {
         KvRows::F16(v) => {
@@ -913,7 +1385,13 @@ mod tests {
                     // A scratch made for the other V kind must work too (it grows).
                     let mut scratch = AttnScratch::new(64, vi != 1);
                     attend(&q, *kr, *vr, 1, n_kv, s, &mut scratch, &mut got);
-                    let tol = if ki == 2 || vi == 2 { 0.06 } else if ki == 1 || vi == 1 { 0.01 } else { 1e-5 };
+                    let tol = if ki == 2 || vi == 2 {
+                        0.06
+                    } else if ki == 1 || vi == 1 {
+                        0.01
+                    } else {
+                        1e-5
+                    };
                     let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                     assert!(err <= tol, "K {ki} V {vi} n_kv {n_kv}: max err {err}");
                 }
@@ -954,5 +1432,91 @@ mod tests {
         let mut out = vec![0f32; 4];
         attend_one(&[1.0, 2.0, 3.0, 4.0], &k, &v, 0, 1, s, &mut acc, &mut out);
         assert_eq!(out, vec![0.5, 1.0, -2.0, 3.0]);
+    }
+
+    /// [`attend_block`] gives every query of a tile exactly [`attend`]'s bits: f16, f32 and
+    /// Q8_0 caches, mixed K/V types, head widths on and off the fast path, partial head
+    /// groups, odd prefixes and tile lengths, scores large enough to move the max often.
+    #[test]
+    fn attend_block_is_bit_identical_to_attend() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0xa77e);
+        #[derive(Clone, Copy, Debug)]
+        enum Ty {
+            F16,
+            F32,
+            Q8,
+        }
+        let cases: &[(usize, usize, usize, Ty, Ty)] = &[
+            // (head_dim, n_head_kv, group, K type, V type)
+            (64, 3, 3, Ty::F16, Ty::F16),
+            (64, 2, 8, Ty::F16, Ty::F16),
+            (128, 2, 4, Ty::F16, Ty::F16),
+            (192, 1, 2, Ty::F16, Ty::F16),
+            (32, 2, 2, Ty::F16, Ty::F16),
+            (64, 2, 3, Ty::F32, Ty::F32),
+            (64, 2, 3, Ty::Q8, Ty::Q8),
+            (64, 2, 3, Ty::F16, Ty::F32),
+            (96, 1, 3, Ty::Q8, Ty::F16),
+        ];
+        for &(hd, n_kv_head, group, kt, vt) in cases {
+            let n_head = n_kv_head * group;
+            let s = AttnShape { n_head, n_head_kv: n_kv_head, head_dim: hd };
+            let n_ctx = 157;
+            let w = n_kv_head * hd;
+            for spread in [0.3f32, 4.0] {
+                let kf: Vec<f32> = (0..n_ctx * w).map(|_| rng.gen_range(-1.0f32..1.0) * spread).collect();
+                let vf: Vec<f32> = (0..n_ctx * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                let cache = |ty: Ty, x: &[f32]| -> (Vec<f16>, Vec<f32>, Vec<u8>) {
+                    match ty {
+                        Ty::F16 => (x.iter().map(|&v| f16::from_f32(v)).collect(), vec![], vec![]),
+                        Ty::F32 => (vec![], x.to_vec(), vec![]),
+                        Ty::Q8 => {
+                            let mut b = vec![0u8; x.len() / QK8_0 * Q8_0_BYTES];
+                            hearth_quant::q8::quantize_row_q8_0(x, &mut b);
+                            (vec![], vec![], b)
+                        }
+                    }
+                };
+                fn rows(ty: Ty, c: &(Vec<f16>, Vec<f32>, Vec<u8>)) -> KvRows<'_> {
+                    match ty {
+                        Ty::F16 => KvRows::F16(&c.0),
+                        Ty::F32 => KvRows::F32(&c.1),
+                        Ty::Q8 => KvRows::Q8_0(&c.2),
+                    }
+                }
+                let (kc, vc) = (cache(kt, &kf), cache(vt, &vf));
+                let (k, v) = (rows(kt, &kc), rows(vt, &vc));
+                let v_f16 = matches!(vt, Ty::F16);
+                let mut one = AttnScratch::new(hd, v_f16);
+                let mut blk = AttnScratch::new(hd, v_f16);
+                for &(n_kv0, n_tok) in &[(1, 1), (1, 16), (5, 7), (33, 8), (32, 9), (70, 5), (100, 16), (140, 3)] {
+                    let q: Vec<f32> = (0..n_tok * n_head * hd).map(|_| rng.gen_range(-1.0f32..1.0) * spread).collect();
+                    for kv_head in 0..n_kv_head {
+                        let g = kv_head * group..(kv_head + 1) * group;
+                        let part = g.start + group / 2..g.end;
+                        for (heads, avx512) in [(g.clone(), true), (g.clone(), false), (part, true), (g.start..g.start + 1, false)] {
+                            if n_tok * heads.len() > BLOCK_MAX_QUERIES {
+                                continue;
+                            }
+                            let nh = heads.len();
+                            let got = attend_block_with(&q, n_head * hd, n_tok, heads.clone(), k, v, kv_head, n_kv0, s, &mut blk, avx512)
+                                .to_vec();
+                            for t in 0..n_tok {
+                                for (hi, h) in heads.clone().enumerate() {
+                                    let mut want = vec![0f32; hd];
+                                    let qrow = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
+                                    attend(qrow, k, v, kv_head, n_kv0 + t, s, &mut one, &mut want);
+                                    let i = t * nh + hi;
+                                    let g: Vec<u32> = got[i * hd..(i + 1) * hd].iter().map(|x| x.to_bits()).collect();
+                                    let w: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+                                    assert_eq!(g, w, "hd {hd} {kt:?}/{vt:?} n_kv0 {n_kv0} tok {t} head {h} avx512 {avx512}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

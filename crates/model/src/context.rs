@@ -376,7 +376,9 @@ impl Context {
     /// evaluation, and before [`Self::set_source`] (whose units are [`Self::units`]).
     pub fn set_ring(&mut self, windows: RingWindows, link: Option<Box<dyn RingLink>>) -> Result<()> {
         if self.n_past.iter().any(|&n| n > 0) || self.split.is_some() || self.source.is_some() || self.n_slots() > 1 {
-            return Err(ModelError::Context("a ring must be set before the first evaluation, without a tensor split, a source or several KV cache slots".into()));
+            return Err(ModelError::Context(
+                "a ring must be set before the first evaluation, without a tensor split, a source or several KV cache slots".into(),
+            ));
         }
         let c = &self.model.config;
         let owned = windows.owned(c.n_layer)?;
@@ -420,7 +422,9 @@ impl Context {
             return Err(ModelError::Context("at least one KV cache slot is needed".into()));
         }
         if self.split.is_some() || self.ring.is_some() {
-            return Err(ModelError::Context("a tensor-parallel or ring context serves one sequence: it cannot have several KV cache slots".into()));
+            return Err(ModelError::Context(
+                "a tensor-parallel or ring context serves one sequence: it cannot have several KV cache slots".into(),
+            ));
         }
         if self.n_past.iter().any(|&n| n > 0) {
             return Err(ModelError::Context("slots must be set before the first evaluation".into()));
@@ -723,8 +727,6 @@ impl Context {
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
         let n: usize = spans.iter().map(|sp| sp.len).sum();
         let n_ctx = self.n_ctx();
-        // The span of each row.
-        let span_of: Vec<usize> = spans.iter().enumerate().flat_map(|(i, sp)| std::iter::repeat_n(i, sp.len)).collect();
         let e = c.n_embd;
         let whole = TensorSplit::whole(c);
         let part = self.split.as_ref().map_or(&whole, |sp| &sp.split).clone();
@@ -747,6 +749,8 @@ impl Context {
         };
 
         let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };
+        // Attention work items, the same for every layer.
+        let attn_work = attn_items(spans, n_head, c.n_head / c.n_head_kv, pool.n_threads());
         let mapped = Unit { bytes: file.as_bytes(), base: 0 };
         for (il, l) in w.layers.iter().enumerate().take(layers.end).skip(layers.start) {
             let unit = match self.source.as_mut() {
@@ -774,29 +778,50 @@ impl Context {
                 trace(tr, "Qrope", il, &s.q[..n * qd]);
                 trace(tr, "Krope", il, &s.k[..n * kvd]);
 
-                // Causal GQA attention against each token's own slot, parallel over
-                // (token, head) pairs.
+                // Causal GQA attention against each token's own slot, blockwise: a work
+                // item is a tile of consecutive tokens of one span × a run of query heads
+                // of one KV head, so each K/V row read serves the whole tile
+                // (`ops::attend_block`, bit-identical to one row at a time).
                 let kv = &self.kv;
                 let caches: Vec<_> = spans.iter().map(|sp| kv.layer_rows(il, sp.slot * n_ctx..(sp.slot + 1) * n_ctx)).collect();
-                let span_of = &span_of;
                 let q = &s.q;
                 let accs = &s.attn_acc;
                 let out = SyncPtr(s.attn.as_mut_ptr());
                 let group = c.n_head / c.n_head_kv;
                 let hd = c.head_dim;
+                let items = &attn_work;
+                let next = std::sync::atomic::AtomicUsize::new(0);
                 let ta = std::time::Instant::now();
-                pool.run(|tid, nth| {
+                pool.run(|tid, _| {
                     let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
                     // Capture the whole SyncPtr (Send + Sync), not its raw-pointer field.
                     #[allow(clippy::redundant_locals)]
                     let out = out;
-                    for item in (tid..n * n_head).step_by(nth) {
-                        let (t, h) = (item / n_head, item % n_head);
-                        let qrow = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                        // SAFETY: each (t, h) output slice is written by exactly one thread.
-                        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * qd + h * hd), hd) };
-                        let (sp, (kc, vc)) = (&spans[span_of[t]], caches[span_of[t]]);
-                        ops::attend(qrow, kc, vc, h / group, sp.pos0 + t - sp.row + 1, shape, &mut acc, o);
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(it) = items.get(i) else { break };
+                        let sp = &spans[it.span];
+                        let (kc, vc) = caches[it.span];
+                        let rows = it.row * qd..(it.row + it.len) * qd;
+                        let o = ops::attend_block(
+                            &q[rows],
+                            qd,
+                            it.len,
+                            it.heads.clone(),
+                            kc,
+                            vc,
+                            it.heads.start / group,
+                            sp.pos0 + it.row - sp.row + 1,
+                            shape,
+                            &mut acc,
+                        );
+                        let w = it.heads.len() * hd;
+                        for (t, src) in o.chunks_exact(w).enumerate() {
+                            // SAFETY: each (token, head) output slice belongs to exactly
+                            // one work item.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add((it.row + t) * qd + it.heads.start * hd), w) };
+                            dst.copy_from_slice(src);
+                        }
                     }
                 });
                 attention += ta.elapsed();
@@ -931,5 +956,76 @@ impl Context {
             }
         }
         Ok(())
+    }
+}
+
+/// One work item of blockwise attention: tokens `row..row + len` of span `span` × query
+/// heads `heads` (all of one KV head).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AttnItem {
+    span: usize,
+    row: usize,
+    len: usize,
+    heads: std::ops::Range<usize>,
+}
+
+/// Splits a batch's attention into [`AttnItem`]s, most expensive (latest tokens) first
+/// for the pool's threads to take in turn: tiles of up to `64 / heads` tokens of one span
+/// × runs of a KV head's `group` query heads (`n_head` local heads); runs are halved while
+/// there are fewer than two items per thread (decode: one token per span).
+fn attn_items(spans: &[Span], n_head: usize, group: usize, n_threads: usize) -> Vec<AttnItem> {
+    let group = group.clamp(1, ops::BLOCK_MAX_QUERIES);
+    let tile = (ops::BLOCK_MAX_QUERIES / group).clamp(1, 16);
+    let n_tiles: usize = spans.iter().map(|sp| sp.len.div_ceil(tile)).sum();
+    let mut run = group;
+    while run > 1 && n_tiles * n_head.div_ceil(run) < 2 * n_threads {
+        run = run.div_ceil(2);
+    }
+    let mut items = Vec::new();
+    for (si, sp) in spans.iter().enumerate() {
+        for o in (0..sp.len).step_by(tile) {
+            for g in (0..n_head).step_by(group) {
+                let end = (g + group).min(n_head);
+                for h in (g..end).step_by(run) {
+                    items.push(AttnItem { span: si, row: sp.row + o, len: tile.min(sp.len - o), heads: h..(h + run).min(end) });
+                }
+            }
+        }
+    }
+    // Longest first: a tile's cost grows with its last position.
+    items.sort_by_key(|it| std::cmp::Reverse(spans[it.span].pos0 + it.row - spans[it.span].row + it.len));
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every (token, head) pair of a batch is in exactly one attention item, each item's
+    /// heads share a KV head and its tokens one span.
+    #[test]
+    fn attn_items_cover_each_query_once() {
+        let spans = [
+            Span { slot: 0, pos0: 0, row: 0, len: 37 },
+            Span { slot: 2, pos0: 90, row: 37, len: 1 },
+            Span { slot: 1, pos0: 5, row: 38, len: 16 },
+        ];
+        let n = 54;
+        for (n_head, group, threads) in [(9, 3, 1), (9, 3, 2), (32, 8, 2), (4, 4, 16), (6, 1, 2), (3, 3, 8)] {
+            let items = attn_items(&spans, n_head, group, threads);
+            let mut seen = vec![0u8; n * n_head];
+            for it in &items {
+                let sp = &spans[it.span];
+                assert!(it.row >= sp.row && it.row + it.len <= sp.row + sp.len, "{it:?}");
+                assert!(it.len * it.heads.len() <= ops::BLOCK_MAX_QUERIES);
+                assert_eq!(it.heads.start / group, (it.heads.end - 1) / group, "{it:?}");
+                for t in it.row..it.row + it.len {
+                    for h in it.heads.clone() {
+                        seen[t * n_head + h] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "n_head {n_head} group {group}");
+        }
     }
 }
