@@ -267,8 +267,8 @@ mod tests {
             use std::arch::x86_64::_mm512_loadu_ps;
             let l = |i: usize| _mm512_loadu_ps(v[i].as_ptr());
             let got = super::hsum512x4(l(0), l(1), l(2), l(3));
-            for i in 0..4 {
-                assert_eq!(got[i].to_bits(), super::hsum512(l(i)).to_bits(), "{v:?}");
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(g.to_bits(), super::hsum512(l(i)).to_bits(), "{v:?}");
             }
         }
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
