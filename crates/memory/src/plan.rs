@@ -441,8 +441,11 @@ mod tests {
         let m = ModelSummary::from_shape(shape, GgmlType::Q4_1, GgmlType::Q4_1).unwrap();
         let pl = plan(&m, p(512, 512), 1 << 40, 10.0);
         assert_eq!(pl.kv_cache_bytes, 11_796_480);
-        // 5760 f32 per row; q8_1 rows of 1536 (n_ff) are 48 blocks of 36 bytes.
-        assert_eq!(pl.scratch_bytes, 4 * 512 * 5760 + 4 * 49152 + 512 * 48 * 36 + 2 * 64 * 2);
+        // 5760 f32 per row; q8_1 rows of 1536 (n_ff) are 48 blocks of 36 bytes; 2 threads'
+        // attention scratch (one-row f16 accumulator and the blockwise tile buffers).
+        let attn = AttnScratch::bytes(64, true) as u64;
+        assert!(attn >= 64 * 2);
+        assert_eq!(pl.scratch_bytes, 4 * 512 * 5760 + 4 * 49152 + 512 * 48 * 36 + 2 * attn);
         assert!(pl.fits && pl.headroom_bytes > 0);
         // Batch is clamped to the context.
         assert_eq!(plan(&m, p(16, 512), 0, 10.0).n_batch, 16);
@@ -454,12 +457,14 @@ mod tests {
         let shape = ModelShape { n_embd: 576, n_layer: 30, n_head: 9, n_head_kv: 3, head_dim: 64, n_ff: 1536, n_vocab: 49152 };
         let m = ModelSummary::from_shape(shape, GgmlType::Q4_1, GgmlType::Q4_1).unwrap();
         let base = scratch_bytes(&m, p(512, 512));
-        for (ty, kv, acc) in [(CacheType::F32, 23_592_960, 4), (CacheType::F16, 11_796_480, 2), (CacheType::Q8_0, 6_266_880, 4)] {
+        for (ty, kv) in [(CacheType::F32, 23_592_960), (CacheType::F16, 11_796_480), (CacheType::Q8_0, 6_266_880)] {
             let pl = plan(&m, PlanParams { cache_type: ty, ..p(512, 512) }, 1 << 40, 10.0);
             assert_eq!(pl.kv_cache_bytes, kv, "{ty}");
             assert_eq!(pl.kv_cache_bytes, KvCache::bytes_for(30, 512, 192, ty) as u64);
-            // Per-thread accumulator: f16 with an f16 V cache, f32 otherwise.
-            assert_eq!(pl.scratch_bytes, base - 2 * 64 * 2 + 2 * 64 * acc, "{ty}");
+            // Per-thread attention scratch: f16 accumulator and tile buffers with an f16 V
+            // cache, an f32 accumulator otherwise.
+            let per_thread = |f16| AttnScratch::bytes(64, f16) as u64;
+            assert_eq!(pl.scratch_bytes, base - 2 * per_thread(true) + 2 * per_thread(ty == CacheType::F16), "{ty}");
         }
     }
 
