@@ -389,8 +389,7 @@ impl ClusterArgs {
 /// Connect to `opts.workers` and make `ctx` compute node 0's share (or its ring
 /// windows). Prints the split.
 pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<ClusterRun> {
-    if let Layout::Ring { windows } = &opts.layout {
-        let _ = windows;
+    if matches!(opts.layout, Layout::Ring { .. }) {
         return crate::ring::apply(model, ctx, opts, None);
     }
     {

@@ -178,6 +178,12 @@ fn secs(d: Duration) -> String {
 }
 
 impl CommError {
+    /// Node `from`'s error report `e`: it blames the node it names, else `from` itself.
+    pub fn remote(from: usize, e: ErrorMsg) -> Self {
+        let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(from);
+        CommError::Remote { from, failed, message: e.message }
+    }
+
     /// The node this error blames, if any: the one to drop before re-splitting.
     pub fn failed_node(&self) -> Option<usize> {
         match self {
@@ -393,10 +399,7 @@ impl Peer {
     fn expect_partial(&self, msg: Message, seq: u64, step: u32, range: &Range<usize>, wire: WireType) -> Result<Partial, CommError> {
         let p = match msg {
             Message::Partial(p) => p,
-            Message::Error(e) => {
-                let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(self.node);
-                return Err(CommError::Remote { from: self.node, failed, message: e.message });
-            }
+            Message::Error(e) => return Err(CommError::remote(self.node, e)),
             Message::Shutdown => return Err(CommError::Shutdown { node: self.node, addr: self.addr.clone() }),
             other => return Err(self.protocol(format!("expected a partial sum, got {}", other.name()))),
         };

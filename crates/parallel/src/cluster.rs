@@ -217,10 +217,7 @@ pub(crate) fn collect_stats(peers: &mut [Peer]) -> Result<Vec<NodeStats>, CommEr
     for p in peers.iter_mut() {
         match p.recv()?.0 {
             Message::Stats(s) => out.push(s),
-            Message::Error(e) => {
-                let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(p.node());
-                return Err(CommError::Remote { from: p.node(), failed, message: e.message });
-            }
+            Message::Error(e) => return Err(CommError::remote(p.node(), e)),
             other => {
                 let why = format!("expected Stats, got {}", other.name());
                 return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why });

@@ -339,11 +339,6 @@ impl RingHandle {
     }
 }
 
-fn remote(from: usize, e: crate::wire::ErrorMsg) -> CommError {
-    let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(from);
-    CommError::Remote { from, failed, message: e.message }
-}
-
 impl RingLink for TcpRing {
     fn pass(&mut self, pos0: usize, round: usize, x: &mut [f32]) -> Result<(), CollectiveError> {
         let t = Instant::now();
@@ -384,7 +379,7 @@ impl RingLink for TcpRing {
             }
             Message::Error(e) => {
                 // Name the failed device by the address we know it by.
-                let mut err = remote(last.node(), e);
+                let mut err = CommError::remote(last.node(), e);
                 if let CommError::Remote { failed, message, .. } = &mut err {
                     if let Some(p) = peers.iter().find(|p| p.node() == *failed) {
                         *message = format!("{message} [node {failed} is {}]", p.addr());

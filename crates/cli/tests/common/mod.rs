@@ -147,3 +147,13 @@ pub fn generate_json(prompt: &str, extra: &[&str]) -> Output {
         .output()
         .unwrap()
 }
+
+/// A run interrupted by [`kill_mid_generation`] failed cleanly within 5 s, naming node
+/// `node` and its address `addr`.
+pub fn assert_failed_naming(out: &(Option<i32>, Duration, String), node: usize, addr: &str) {
+    let (status, took, err) = out;
+    assert_eq!(*status, Some(1), "{err}");
+    assert!(*took < Duration::from_secs(5), "took {took:?}");
+    assert!(err.contains(&format!("node {node}")) && err.contains(addr), "the error must name node {node} ({addr}): {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
