@@ -80,6 +80,10 @@ pub(crate) struct Panel<'a> {
     pub act: &'a [u8],
     pub act_stride: usize,
     pub n_tokens: usize,
+    /// For kernels that ask for them (`Kernels::act_sum_offset`): per token,
+    /// per 32-element block, `-K * sum(a)` as little-endian i32, `[n_tokens,
+    /// cols / 32]`; empty otherwise.
+    pub act_sums: &'a [u8],
 }
 
 /// Rows per panel (with several tokens): the unit of work handed to a thread.
@@ -109,6 +113,9 @@ pub(crate) type QuantFn = fn(&[f32], &mut [u8]);
 /// The kernels of one [`SimdLevel`].
 pub(crate) struct Kernels {
     pub level: SimdLevel,
+    /// Whether the Q4_0 and Q8_0 panels read `Panel::act_sums` (one weight
+    /// row per lane, `arch::x86_64::avx512_rows`).
+    pub row_lanes: bool,
     pub quantize_q8_0: QuantFn,
     pub quantize_q8_1: QuantFn,
     pub quantize_f16: QuantFn,
@@ -166,6 +173,16 @@ impl Kernels {
         match (self.level, wty) {
             (SimdLevel::Avx512, GgmlType::F16) => Some(crate::matmul::quantize_f16_as_f32),
             _ => self.quantize(hearth_quant::vec_dot_type(wty)),
+        }
+    }
+
+    /// `K` when the panel for `wty` reads `-K * sum(a)` per activation block
+    /// (`Panel::act_sums`): its unsigned weights are `w + K`.
+    pub fn act_sum_offset(&self, wty: GgmlType) -> Option<i32> {
+        match (self.row_lanes, wty) {
+            (true, GgmlType::Q4_0) => Some(8),
+            (true, GgmlType::Q8_0) => Some(128),
+            _ => None,
         }
     }
 

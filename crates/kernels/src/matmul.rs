@@ -49,10 +49,11 @@ pub fn quantize_activations(wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<
 fn quantize_activations_with(k: &Kernels, wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
     let aty = vec_dot_type(wty);
     let q = k.quantize(aty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
-    let need = aty
-        .row_bytes(x.len() as u64)
-        .ok_or(KernelError::shape("x length (whole blocks)", x.len().next_multiple_of(aty.block_size()), x.len()))?
-        as usize;
+    let need = aty.row_bytes(x.len() as u64).ok_or(KernelError::shape(
+        "x length (whole blocks)",
+        x.len().next_multiple_of(aty.block_size()),
+        x.len(),
+    ))? as usize;
     if out.len() != need {
         return Err(KernelError::shape("out length", need, out.len()));
     }
@@ -148,10 +149,12 @@ fn matmul_impl(
     let aty = k.act_type(w.ty);
     let quantize = k.act_quantize(w.ty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
     let arb = aty.row_bytes(cols as u64).expect("cols validated as whole blocks") as usize;
-    if scratch.len() < n_tokens * arb {
-        scratch.resize(n_tokens * arb, 0);
+    let sum_offset = k.act_sum_offset(w.ty);
+    let sums_len = if sum_offset.is_some() { 4 * n_tokens * (cols / 32) } else { 0 };
+    if scratch.len() < n_tokens * arb + sums_len {
+        scratch.resize(n_tokens * arb + sums_len, 0);
     }
-    let act = &mut scratch[..n_tokens * arb];
+    let (act, sums) = scratch[..n_tokens * arb + sums_len].split_at_mut(n_tokens * arb);
     if n_tokens * cols >= PAR_QUANTIZE_MIN && pool.n_threads() > 1 && n_tokens > 1 {
         let ap = SendPtr(act.as_mut_ptr());
         pool.run(|i, n| {
@@ -167,7 +170,10 @@ fn matmul_impl(
             quantize(xt, at);
         }
     }
-    let act = &*act;
+    if let Some(k_off) = sum_offset {
+        act_block_sums(k_off, act, arb, cols, sums);
+    }
+    let (act, sums) = (&*act, &*sums);
 
     // 2. Panels of rows, handed out dynamically. A matvec (decode) streams
     // its weights from memory once: panels of about a quarter of a thread's
@@ -203,6 +209,7 @@ fn matmul_impl(
                     act: &act[t0 * arb..],
                     act_stride: arb,
                     n_tokens: nt,
+                    act_sums: if sums.is_empty() { sums } else { &sums[4 * t0 * (cols / 32)..] },
                 };
                 panel(&p, &mut buf[..nr * nt]);
                 for t in 0..nt {
@@ -215,6 +222,20 @@ fn matmul_impl(
         }
     });
     Ok(())
+}
+
+/// `-k_off * sum(q)` of every 32-element Q8_0 block of the activation rows
+/// `act` (row stride `arb`, `cols` elements each), as little-endian i32 in
+/// `out` (`[n_tokens, cols / 32]`): the start of each block's integer dot in
+/// kernels whose weights are unsigned (`Kernels::act_sum_offset`).
+pub(crate) fn act_block_sums(k_off: i32, act: &[u8], arb: usize, cols: usize, out: &mut [u8]) {
+    let nb = cols / 32;
+    for (row, o) in act.chunks_exact(arb).zip(out.chunks_exact_mut(4 * nb)) {
+        for (blk, o) in row.chunks_exact(34).zip(o.chunks_exact_mut(4)) {
+            let s: i32 = blk[2..].iter().map(|&q| q as i8 as i32).sum();
+            o.copy_from_slice(&(-k_off * s).to_le_bytes());
+        }
+    }
 }
 
 /// Decode one row of `ty` into `dst` (e.g. one embedding row); re-export of

@@ -7,20 +7,12 @@ use hearth_quant::{quantize_row, vec_dot_fn, vec_dot_type, GgmlType};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 
-const WTYPES: [GgmlType; 6] =
-    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+const WTYPES: [GgmlType; 6] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 /// Types whose rows are made by quantizing random floats (their scales are
 /// derived data, so random bytes would be unrepresentative).
-const QTYPES: [GgmlType; 7] = [
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const QTYPES: [GgmlType; 7] =
+    [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
@@ -77,9 +69,9 @@ fn raw_row(ty: GgmlType, n: usize, rng: &mut impl Rng, zero: bool) -> Vec<u8> {
         }),
         GgmlType::F32 => b.chunks_mut(4).for_each(|c| c.copy_from_slice(&rng.gen_range(-4f32..4.0).to_le_bytes())),
         GgmlType::F16 => b.chunks_mut(2).for_each(|c| c.copy_from_slice(&f16_bytes(rng.gen_range(-4f32..4.0)))),
-        GgmlType::BF16 => b.chunks_mut(2).for_each(|c| {
-            c.copy_from_slice(&hearth_quant::float::f32_to_bf16(rng.gen_range(-4f32..4.0)).to_le_bytes())
-        }),
+        GgmlType::BF16 => {
+            b.chunks_mut(2).for_each(|c| c.copy_from_slice(&hearth_quant::float::f32_to_bf16(rng.gen_range(-4f32..4.0)).to_le_bytes()))
+        }
         _ => {
             // Quantize random floats at a random magnitude (2^-10 .. 2^10).
             let s = 2f32.powi(rng.gen_range(-10..=10));
@@ -160,7 +152,8 @@ fn check_panels(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usiz
     for level in levels() {
         let k = Kernels::for_level(level).unwrap();
         let (ka, karb) = level_acts(k, wty, &a, cols);
-        let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &ka, act_stride: karb, n_tokens: tokens };
+        let sums = act_sums(k, wty, &ka, karb, cols);
+        let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &ka, act_stride: karb, n_tokens: tokens, act_sums: &sums };
         let mut out = vec![f32::NAN; rows * tokens];
         (k.panel(wty).unwrap())(&p, &mut out);
         for t in 0..tokens {
@@ -176,6 +169,14 @@ fn check_panels(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usiz
             }
         }
     }
+}
+
+/// The activation block sums level `k`'s panel for `wty` reads (`Panel::act_sums`).
+fn act_sums(k: &Kernels, wty: GgmlType, act: &[u8], arb: usize, cols: usize) -> Vec<u8> {
+    let Some(k_off) = k.act_sum_offset(wty) else { return Vec::new() };
+    let mut out = vec![0u8; 4 * (act.len() / arb) * (cols / 32)];
+    crate::matmul::act_block_sums(k_off, act, arb, cols, &mut out);
+    out
 }
 
 /// Activations `a` (`vec_dot_type(wty)` rows of `cols`) in the form level
@@ -268,7 +269,11 @@ const PAIRED: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, G
 
 /// `nb` blocks of 32, or 1..3 blocks of 256 for K-quants.
 fn paired_cols(wty: GgmlType, nb: usize) -> usize {
-    if wty.block_size() == 256 { 256 * (nb % 3 + 1) } else { 32 * nb }
+    if wty.block_size() == 256 {
+        256 * (nb % 3 + 1)
+    } else {
+        32 * nb
+    }
 }
 
 /// Pools of 1, 2 and 3 threads shared by the property tests.
@@ -282,7 +287,8 @@ proptest! {
 
     /// Every level vs the reference around the tile sizes (1..40 rows, 1..13
     /// blocks, tokens 1..26; zero scales and ±65504 come from `raw_row`), and
-    /// avx512 bit-identical to avx2 (ggml's order: SmolLM2's logits need it).
+    /// avx512 bit-identical to avx2 (ggml's order: SmolLM2's logits need it),
+    /// or for the one-row-per-lane kernels to their scalar model.
     #[test]
     fn paired_panels_match_reference_and_avx2(
         seed in any::<u64>(),
@@ -300,11 +306,23 @@ proptest! {
             let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
             let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
             let x: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
-            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens };
+            let (sa, sb) = (act_sums(a, wty, &x, arb, cols), act_sums(b, wty, &x, arb, cols));
+            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens, act_sums: &sa };
+            let pb = Panel { act_sums: &sb, ..p };
             let (mut oa, mut ob) = (vec![0f32; rows * tokens], vec![1f32; rows * tokens]);
             (a.panel(wty).unwrap())(&p, &mut oa);
-            (b.panel(wty).unwrap())(&p, &mut ob);
-            prop_assert!(bits(&oa) == bits(&ob), "{} rows={} cols={} tokens={}: avx512 differs from avx2", wty, rows, cols, tokens);
+            (b.panel(wty).unwrap())(&pb, &mut ob);
+            if b.act_sum_offset(wty).is_none() {
+                prop_assert!(bits(&oa) == bits(&ob), "{} rows={} cols={} tokens={}: avx512 differs from avx2", wty, rows, cols, tokens);
+            } else {
+                // One row per lane: its own order, bit for bit its scalar model.
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let want = crate::arch::x86_64::avx512_rows::reference_dot(wty, &w[r * wrb..][..wrb], &x[t * arb..][..arb], cols);
+                        prop_assert!(want.to_bits() == ob[t * rows + r].to_bits(), "{} rows={} cols={} tokens={} (r={}, t={}): {} vs model {}", wty, rows, cols, tokens, r, t, ob[t * rows + r], want);
+                    }
+                }
+            }
         }
     }
 
@@ -539,7 +557,6 @@ fn q8_k_activations_are_the_reference_on_every_level() {
     assert!(crate::supports(GgmlType::Q4_K) && crate::supports(GgmlType::Q6_K) && crate::supports(GgmlType::Q5_0));
 }
 
-
 /// ggml's `hsum_float_8`: `(s0 + s2) + (s1 + s3)` with `s_i = v_i + v_{i+4}`.
 fn hsum8(v: [f32; 8]) -> f32 {
     let s: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
@@ -622,7 +639,8 @@ fn avx2_k_dots_are_bit_identical_to_ggml_avx2_order() {
             let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(GgmlType::Q8_K, cols, &mut rng, false)).collect();
             for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
                 let k = Kernels::for_level(level).unwrap();
-                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };
+                let p =
+                    Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens, act_sums: &[] };
                 let mut out = vec![f32::NAN; rows * tokens];
                 (k.panel(wty).unwrap())(&p, &mut out);
                 for t in 0..tokens {
@@ -737,7 +755,8 @@ fn avx2_low_k_dots_are_bit_identical_to_ggml_avx2_order() {
             }
             for level in levels().into_iter().filter(|&l| l != SimdLevel::Scalar) {
                 let k = Kernels::for_level(level).unwrap();
-                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens };
+                let p =
+                    Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens, act_sums: &[] };
                 let mut out = vec![f32::NAN; rows * tokens];
                 (k.panel(wty).unwrap())(&p, &mut out);
                 for t in 0..tokens {

@@ -5,7 +5,7 @@
 use crate::dispatch::{Kernels, SimdLevel};
 
 #[cfg(target_arch = "x86_64")]
-mod x86_64;
+pub(crate) mod x86_64;
 
 /// The table for a SIMD `level` if this CPU supports it.
 pub(crate) fn kernels(level: SimdLevel) -> Option<&'static Kernels> {

@@ -25,6 +25,7 @@ use std::arch::x86_64::*;
 
 pub(super) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Avx2,
+    row_lanes: false,
     quantize_q8_0,
     quantize_q8_1,
     quantize_f16,

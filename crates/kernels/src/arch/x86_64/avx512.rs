@@ -8,8 +8,8 @@
 
 use super::avx2::{self, rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;
-use super::{avx512_pair, avx512_pair_k};
 use super::tile::{hsum512, hsum512x4, run_panel, tail_dot, Fmt};
+use super::{avx512_pair, avx512_pair_k, avx512_rows};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
 use std::arch::x86_64::*;
@@ -18,6 +18,7 @@ use std::arch::x86_64::*;
 /// 512-bit float dots. Every quantized dot gives the avx2 level's results.
 pub(super) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Avx512,
+    row_lanes: false,
     quantize_q8_0: avx2::quantize_q8_0,
     quantize_q8_1: avx2::quantize_q8_1,
     quantize_f16: avx2::quantize_f16,
@@ -41,15 +42,27 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q3_k: avx2::KERNELS.panel_q3_k,
 };
 
-/// AVX-512 with VNNI: Q4_0/Q4_1/Q8_0 two rows per vector (`avx512_pair`).
+/// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`), Q4_1 two
+/// rows per vector (`avx512_pair`, ggml's arithmetic: SmolLM2's reference).
 pub(super) static KERNELS_VNNI: Kernels = Kernels {
-    // Prefill: 4 rows (two pairs) × 12 tokens, 24 accumulators: each
-    // unpacked weight pair serves 12 tokens (measured ≈ 5% faster than 8 × 4).
-    panel_q4_0: |p, o| panel_vnni::<avx512_pair::Q4_0, 8, 4, 12>(p, o, GgmlType::Q8_0),
+    row_lanes: true,
+    panel_q4_0: |p, o| rows_or_pairs::<avx512_rows::Q4_0, avx512_pair::Q4_0>(p, o),
     panel_q4_1: |p, o| panel_vnni::<avx512_pair::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| panel_vnni::<avx512_pair::Q8_0, 4, 4, 12>(p, o, GgmlType::Q8_0),
+    panel_q8_0: |p, o| rows_or_pairs::<avx512_rows::Q8_0, avx512_pair::Q8_0>(p, o),
     ..KERNELS
 };
+
+/// The one-row-per-lane panel; rows too long for its 32-bit gather offsets
+/// (over 128 MiB) take the paired kernel, whose arithmetic differs (such a
+/// matrix is always computed that way, so results stay batch-invariant).
+#[inline(always)]
+fn rows_or_pairs<R: avx512_rows::RowFmt, P: Fmt>(p: &Panel<'_>, out: &mut [f32]) {
+    if p.row_stride <= avx512_rows::MAX_ROW_STRIDE {
+        avx512_rows::panel::<R>(p, out)
+    } else {
+        panel_vnni::<P, 8, 4, 12>(p, out, GgmlType::Q8_0)
+    }
+}
 
 // Tiles: MR rows for a matvec (one activation step shared by more rows), R
 // rows × T tokens otherwise; sized (by measurement) so weights, activations

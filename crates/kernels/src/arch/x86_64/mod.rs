@@ -17,6 +17,7 @@ mod avx2_k_low;
 mod avx512;
 mod avx512_pair;
 mod avx512_pair_k;
+pub(crate) mod avx512_rows;
 mod tile;
 
 fn has_avx2() -> bool {

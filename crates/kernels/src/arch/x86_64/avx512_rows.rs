@@ -1,0 +1,249 @@
+//! AVX-512 VNNI dots with one weight row per lane: Q4_0 × Q8_0, Q8_0 × Q8_0.
+//!
+//! The paired kernels (`avx512_pair`) keep ggml's arithmetic: 8 f32 lanes
+//! per (row, token), so every `vpdpbusd` costs three float instructions
+//! (convert, scale, FMA) and a tile is bound by them. Here lane `i` of a
+//! vector is row `i` of a 16-row group instead: a block's 16 rows are
+//! transposed in registers into 8 vectors (group `g`: elements 4g..4g+3 of
+//! each row), and a token's block is 8 `vpdpbusd` against its 4-byte groups
+//! broadcast from memory, then one convert, one scale and one FMA for all 16
+//! rows. The transposition is paid once per block for all the tile's tokens.
+//!
+//! Arithmetic, per (row, token), blocks in order (`reference_dot` below):
+//! `acc = fma(d_w * d_a, float(sum(w * a)), acc)` with the block's integer
+//! dot exact. It is not ggml's order (8 partial lanes then a tree), so
+//! results differ from the avx2 level in the last bits; they are the same
+//! whatever the tile, batch or thread count, which is what batching needs
+//! (a sequence's logits do not depend on what shares its batch). SmolLM2's
+//! llama.cpp logits, which need ggml's order, are Q4_1: not these types.
+//!
+//! `vpdpbusd` multiplies unsigned by signed bytes: weights are made unsigned
+//! (`u = w + K`: Q4_0's nibbles as stored, K = 8; Q8_0's quants xor 0x80,
+//! K = 128) and each token's block starts from `-K * sum(a)`, which
+//! `matmul` computes once per call (`Panel::act_sums`).
+
+use super::tile::f16_at;
+use crate::dispatch::Panel;
+use std::arch::x86_64::*;
+
+/// Rows per lane group.
+const LANES: usize = 16;
+/// Longest row stride the 32-bit gather offsets of a group reach.
+pub(super) const MAX_ROW_STRIDE: usize = i32::MAX as usize / LANES;
+/// Most tokens per tile: 16 accumulators + 8 weight vectors + scales fit the 32 registers.
+const MAX_T: usize = 16;
+
+/// A symmetric block format read 16 rows at a time.
+pub(super) trait RowFmt {
+    /// Bytes per 32-element block. (The offset K of its unsigned quants is
+    /// `Kernels::act_sum_offset`'s, which `matmul` folds into the sums.)
+    const WB: usize;
+    /// Block `b`'s quants of 16 rows (`rows[i]` points at row i's first
+    /// block) as 8 vectors, vector `g` holding elements 4g..4g+3 of row i in
+    /// lane i, unsigned; and the rows' scales.
+    unsafe fn load16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> ([__m512i; 8], __m512);
+}
+
+/// The f16 scales at `rows[i] + off`, as f32 in lane i (`idx[i]` =
+/// `rows[i] - rows[0]`): one gather of the dwords there, their low halves.
+#[inline(always)]
+unsafe fn scales16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> __m512 {
+    let v = _mm512_i32gather_epi32::<1>(idx, rows[0].add(off) as *const i32);
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
+}
+
+/// 4×4 transposes of dwords within each 128-bit lane of `a`: out `h`, lane
+/// L, dword k = dword h of `a[k]`'s lane L.
+#[inline(always)]
+unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
+    let t0 = _mm512_unpacklo_epi32(a[0], a[1]);
+    let t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    let t2 = _mm512_unpacklo_epi32(a[2], a[3]);
+    let t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    [_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)]
+}
+
+/// Four 16-byte rows in the four 128-bit lanes.
+#[inline(always)]
+unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> __m512i {
+    let v = _mm512_castsi128_si512(_mm_loadu_si128(p0 as *const __m128i));
+    let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p1 as *const __m128i));
+    let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p2 as *const __m128i));
+    _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p3 as *const __m128i))
+}
+
+/// Two 32-byte rows in the two 256-bit halves.
+#[inline(always)]
+unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
+    let v = _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i));
+    _mm512_inserti64x4::<1>(v, _mm256_loadu_si256(p1 as *const __m256i))
+}
+
+pub(super) struct Q4_0;
+impl RowFmt for Q4_0 {
+    const WB: usize = 18;
+    #[inline(always)]
+    unsafe fn load16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
+        // (No closures or `array::map` here: they are not reliably inlined
+        // into target-feature code, and a call per vector costs 20x.)
+        let q = off + 2;
+        // Lane L of vector k: row 4L + k, so the transposes put row i in lane i.
+        let u = transpose4([
+            lanes4(rows[0].add(q), rows[4].add(q), rows[8].add(q), rows[12].add(q)),
+            lanes4(rows[1].add(q), rows[5].add(q), rows[9].add(q), rows[13].add(q)),
+            lanes4(rows[2].add(q), rows[6].add(q), rows[10].add(q), rows[14].add(q)),
+            lanes4(rows[3].add(q), rows[7].add(q), rows[11].add(q), rows[15].add(q)),
+        ]);
+        let m = _mm512_set1_epi8(0x0f);
+        let lo = |v: __m512i| _mm512_and_si512(v, m);
+        let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+        let w = [lo(u[0]), lo(u[1]), lo(u[2]), lo(u[3]), hi(u[0]), hi(u[1]), hi(u[2]), hi(u[3])];
+        (w, scales16(rows, idx, off))
+    }
+}
+
+pub(super) struct Q8_0;
+impl RowFmt for Q8_0 {
+    const WB: usize = 34;
+    #[inline(always)]
+    unsafe fn load16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
+        let q = off + 2;
+        let h2 = |a: usize, b: usize| halves2(rows[a].add(q), rows[b].add(q));
+        // Halves of input k (k < 4): rows k and k + 4; of the second four:
+        // rows 8 + k, 12 + k. After the in-lane transposes, u[h] holds dword
+        // h (lanes 0, 2) and 4 + h (lanes 1, 3) of rows 0-3, 4-7; v[h] of
+        // rows 8-11, 12-15.
+        let u = transpose4([h2(0, 4), h2(1, 5), h2(2, 6), h2(3, 7)]);
+        let v = transpose4([h2(8, 12), h2(9, 13), h2(10, 14), h2(11, 15)]);
+        let s = _mm512_set1_epi8(-128);
+        let lo = |h: usize| _mm512_xor_si512(_mm512_shuffle_i32x4::<0x88>(u[h], v[h]), s);
+        let hi = |h: usize| _mm512_xor_si512(_mm512_shuffle_i32x4::<0xdd>(u[h], v[h]), s);
+        ([lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)], scales16(rows, idx, off))
+    }
+}
+
+/// A 16-row group of a panel.
+struct Group {
+    /// Row i's first byte (rows past the panel repeat its last row; their
+    /// lanes are not stored).
+    rows: [*const u8; LANES],
+    /// `rows[i] - rows[0]`, for the scale gather.
+    idx: __m512i,
+    /// The next group's first byte (prefetched; may be past the panel).
+    next: *const u8,
+    /// First row and rows stored (≤ 16).
+    r0: usize,
+    n: usize,
+}
+
+impl Group {
+    #[inline(always)]
+    unsafe fn new(p: &Panel<'_>, r0: usize) -> Self {
+        let last = p.n_rows - 1;
+        let mut rows = [p.w.as_ptr(); LANES];
+        let mut idx = [0i32; LANES];
+        for i in 0..LANES {
+            let r = (r0 + i).min(last);
+            rows[i] = p.w.as_ptr().add(r * p.row_stride);
+            // At most 15 rows apart, each at most MAX_ROW_STRIDE (`panel`).
+            idx[i] = ((r - r0) * p.row_stride) as i32;
+        }
+        Group {
+            rows,
+            idx: _mm512_loadu_si512(idx.as_ptr() as *const _),
+            next: p.w.as_ptr().wrapping_add((r0 + LANES) * p.row_stride),
+            r0,
+            n: LANES.min(p.n_rows - r0),
+        }
+    }
+}
+
+/// Tokens `t0..t0+T` × the group's rows.
+#[inline(always)]
+unsafe fn tile<F: RowFmt, const T: usize>(p: &Panel<'_>, g: &Group, t0: usize, out: &mut [f32]) {
+    let nb = p.cols / 32;
+    let ap = p.act.as_ptr().add(t0 * p.act_stride);
+    let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let off = b * F::WB;
+        // The next group's bytes into L2, spread evenly over this group's
+        // blocks as one sequential stream (its rows are contiguous): for a
+        // matvec, 16 scattered row streams kept less memory in flight.
+        let pf = g.next.wrapping_add(b * LANES * F::WB);
+        for l in (0..LANES * F::WB).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
+        }
+        let (w, dw) = F::load16(&g.rows, g.idx, off);
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let a = ap.add(t * p.act_stride + b * 34);
+            // The block's integer dot: -K sum(a), then sum(u a) 4 bytes a lane.
+            let mut i = _mm512_set1_epi32(std::ptr::read_unaligned(sp.add((t * nb + b) * 4) as *const i32));
+            for (k, w) in w.iter().enumerate() {
+                let x = _mm512_set1_epi32(std::ptr::read_unaligned(a.add(2 + 4 * k) as *const i32));
+                i = _mm512_dpbusd_epi32(i, *w, x);
+            }
+            let d = _mm512_mul_ps(dw, _mm512_set1_ps(f16_at(a)));
+            *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(i), *acc);
+        }
+    }
+    let mask: __mmask16 = if g.n == LANES { !0 } else { (1u16 << g.n) - 1 };
+    for (t, acc) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.as_mut_ptr().add((t0 + t) * p.n_rows + g.r0), mask, *acc);
+    }
+}
+
+/// The whole panel: 16-row groups × tiles of up to 16 tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
+    for r0 in (0..p.n_rows).step_by(LANES) {
+        let g = Group::new(p, r0);
+        let mut t0 = 0;
+        while t0 < p.n_tokens {
+            let nt = MAX_T.min(p.n_tokens - t0);
+            macro_rules! go {
+                ($($t:literal)*) => {
+                    match nt {
+                        $($t => tile::<F, $t>(p, &g, t0, out),)*
+                        _ => unreachable!("tile of {nt} tokens"),
+                    }
+                };
+            }
+            go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+            t0 += nt;
+        }
+    }
+}
+
+/// The panel for `F` weights: checks bounds (including the activation sums) first.
+#[inline(always)]
+pub(super) fn panel<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(hearth_quant::GgmlType::Q8_0, out);
+    assert!(p.act_sums.len() >= p.n_tokens * (p.cols / 32) * 4, "panel activation sums too short");
+    assert!(p.row_stride <= MAX_ROW_STRIDE, "row stride beyond the gather offsets");
+    // SAFETY: this table is only handed out when AVX-512 F/BW/VL and VNNI
+    // were detected; `check` bounds every weight and activation read, the
+    // assert every sum read, and the stores stay inside `out`'s checked size.
+    unsafe { run::<F>(p, out) }
+}
+
+/// One (row, token) dot in exactly the kernels' arithmetic (tests).
+#[cfg(test)]
+pub(crate) fn reference_dot(wty: hearth_quant::GgmlType, w: &[u8], a: &[u8], cols: usize) -> f32 {
+    let h = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let wb = if wty == hearth_quant::GgmlType::Q4_0 { 18 } else { 34 };
+    let mut acc = 0f32;
+    for (wb, ab) in w.chunks(wb).zip(a.chunks(34)).take(cols / 32) {
+        let q = |j: usize| -> i32 {
+            if wty == hearth_quant::GgmlType::Q4_0 {
+                let byte = wb[2 + j % 16];
+                (if j < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+            } else {
+                wb[2 + j] as i8 as i32
+            }
+        };
+        let s: i32 = (0..32).map(|j| q(j) * ab[2 + j] as i8 as i32).sum();
+        acc = (h(wb) * h(ab)).mul_add(s as f32, acc);
+    }
+    acc
+}
