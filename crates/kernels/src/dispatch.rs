@@ -65,7 +65,7 @@ pub fn has_vnni() -> bool {
 }
 
 /// One panel of a matmul: up to [`PANEL_ROWS`] rows × [`PANEL_TOKENS`] tokens,
-/// or for one token up to `PANEL_ROWS * PANEL_TOKENS` rows.
+/// or for a small batch (`matmul`'s `SMALL_BATCH`) more rows × all tokens.
 /// `out[t * n_rows + r]` receives dot(weight row r, activation row t).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Panel<'a> {

@@ -20,6 +20,11 @@ use crate::{KernelError, ThreadPool, WeightView};
 use hearth_quant::{vec_dot_type, GgmlType};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Output elements of one panel (the on-stack buffer of each thread, 16 KiB).
+const PANEL_OUT: usize = 4096;
+/// Batches up to this many tokens are split into panels like a matvec.
+const SMALL_BATCH: usize = PANEL_TOKENS;
+
 /// Activations at least this many elements are quantized on all threads.
 const PAR_QUANTIZE_MIN: usize = 1 << 15;
 
@@ -175,13 +180,15 @@ fn matmul_impl(
     }
     let (act, sums) = (&*act, &*sums);
 
-    // 2. Panels of rows, handed out dynamically. A matvec (decode) streams
-    // its weights from memory once: panels of about a quarter of a thread's
-    // share (the output buffer holds PANEL_ROWS × PANEL_TOKENS) keep each
-    // thread on long contiguous runs, so the kernels' prefetch of the next
-    // tile is mostly of rows the same thread reads next.
-    let panel_rows = if n_tokens == 1 {
-        rows.div_ceil(4 * pool.n_threads()).next_multiple_of(PANEL_ROWS).min(PANEL_ROWS * PANEL_TOKENS)
+    // 2. Panels of rows, handed out dynamically. A matvec (decode) or a
+    // small batch (batched decode: up to SMALL_BATCH tokens, one pass of the
+    // tiles over the weights) streams its weights from memory once: panels of
+    // about a quarter of a thread's share (as many as the output buffer
+    // holds) keep each thread on long contiguous runs, so the kernels'
+    // prefetch of the next tile is mostly of rows the same thread reads next.
+    let panel_rows = if n_tokens <= SMALL_BATCH {
+        let most = (PANEL_OUT / n_tokens) / PANEL_ROWS * PANEL_ROWS;
+        rows.div_ceil(4 * pool.n_threads()).next_multiple_of(PANEL_ROWS).min(most)
     } else {
         PANEL_ROWS
     };
@@ -189,7 +196,7 @@ fn matmul_impl(
     let next = AtomicUsize::new(0);
     let op = SendPtr(out.as_mut_ptr());
     pool.run(|_, _| {
-        let mut buf = [0f32; PANEL_ROWS * PANEL_TOKENS];
+        let mut buf = [0f32; PANEL_OUT];
         loop {
             let pi = next.fetch_add(1, Ordering::Relaxed);
             if pi >= n_panels {
