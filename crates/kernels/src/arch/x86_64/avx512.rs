@@ -2,9 +2,11 @@
 //!
 //! Quantized dots keep the avx2 level's (ggml's) arithmetic, so results are
 //! bit-identical across the two levels: `avx512_pair` / `avx512_pair_k` put
-//! two weight rows in the halves of a 512-bit vector (Q4_0/Q4_1/Q8_0 with
-//! VNNI, Q4_K); the other types run the AVX2 code in the wider tiles the 32
-//! EVEX registers allow. Float dots use 512-bit FMA.
+//! two weight rows in the halves of a 512-bit vector (Q4_0/Q4_1/Q8_0 without
+//! VNNI, Q4_1 with it, Q4_K); the other types run the AVX2 code in the wider
+//! tiles the 32 EVEX registers allow. The exception is Q4_0/Q8_0 with VNNI
+//! (`avx512_rows`: one row per lane, about 2x the prefill speed), whose float
+//! order is its own. Float dots use 512-bit FMA.
 
 use super::avx2::{self, rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;

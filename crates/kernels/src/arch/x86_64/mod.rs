@@ -7,7 +7,9 @@
 //! of instructions whatever the tile shape, so results do not depend on how
 //! rows are split among threads or which tokens share a batch. Some AVX-512
 //! kernels hold two rows per vector (a unit of `Fmt::ROWS` rows): lanes never
-//! mix, so a row's arithmetic is the same in either half, or alone.
+//! mix, so a row's arithmetic is the same in either half, or alone. With
+//! VNNI, Q4_0 and Q8_0 go further ([`avx512_rows`]): one row per lane, 16
+//! rows transposed in registers, with their own (not ggml's) float order.
 
 use crate::dispatch::{Kernels, SimdLevel};
 
