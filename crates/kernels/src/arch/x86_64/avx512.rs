@@ -36,7 +36,16 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_bf16: |p, o| panel::<BF16, 4, 4, 4>(p, o, GgmlType::BF16),
     panel_q5_0: |p, o| panel::<avx2_k::Q5_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_q5_1: |p, o| panel::<avx2_k::Q5_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    panel_q4_k: |p, o| panel::<avx512_pair_k::Q4K, 4, 4, 4>(p, o, GgmlType::Q8_K),
+    // Decode: 4 rows (two pairs) per step; prefill: one pair × 8 tokens with
+    // the weights' unpacking hoisted out of the token loop (`Q4KHoist`, the
+    // same instructions on the same values: results are identical).
+    panel_q4_k: |p, o| {
+        if p.n_tokens == 1 {
+            panel::<avx512_pair_k::Q4K, 4, 4, 4>(p, o, GgmlType::Q8_K)
+        } else {
+            panel::<avx512_pair_k::Q4KHoist, 4, 2, 8>(p, o, GgmlType::Q8_K)
+        }
+    },
     // Q5_K/Q6_K unpack more per pair: 4×4 tiles measured slower than AVX2's 2×4.
     panel_q6_k: avx2::KERNELS.panel_q6_k,
     panel_q5_k: avx2::KERNELS.panel_q5_k,

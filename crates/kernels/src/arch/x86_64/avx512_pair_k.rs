@@ -108,3 +108,76 @@ impl Fmt for Q4K {
         [hsum256(_mm512_castps512_ps256(acc.0)) + hsum4(m0), hsum256(hi) + hsum4(m1)]
     }
 }
+
+/// [`Q4K`] with the weights' per-block work (quant loads, nibble split,
+/// scale shuffles) done once per tile in `load_rows` rather than per token:
+/// the same instructions on the same values, so the same results; it holds
+/// 16 vectors per pair, so tiles are one pair wide.
+pub(super) struct Q4KHoist;
+impl Fmt for Q4KHoist {
+    const EPB: usize = 256;
+    const WB: usize = 144;
+    const AB: usize = 292;
+    const ROWS: usize = 2;
+    /// (low nibbles ×4, high nibbles ×4, low-half scales ×4, high-half
+    /// scales ×4, mins, d, dmin), per 64-element group j as in `Q4K::pair`.
+    type W = ([__m512i; 4], [__m512i; 4], [__m512i; 4], [__m512i; 4], __m256i, __m512, __m256);
+    type A = (*const u8, f32);
+    type Acc = (__m512, __m256);
+    #[inline(always)]
+    unsafe fn zero() -> Self::Acc {
+        Q4K::zero()
+    }
+    #[inline(always)]
+    unsafe fn load_w(p: *const u8) -> Self::W {
+        Self::load_rows(p, 0)
+    }
+    #[inline(always)]
+    unsafe fn load_rows(p: *const u8, next: usize) -> Self::W {
+        let (wp, wq, scales, mins, d, dmin) = Q4K::load_rows(p, next);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let z = _mm512_setzero_si512();
+        let (mut lo, mut hi, mut sl, mut sh) = ([z; 4], [z; 4], [z; 4], [z; 4]);
+        for j in 0..4 {
+            sl[j] = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 1) << 8 | (4 * j)) as i16));
+            sh[j] = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 3) << 8 | (4 * j + 2)) as i16));
+            let o = 16 + 32 * j;
+            let q4 = rows2(wp.add(o), wq.add(o));
+            lo[j] = _mm512_and_si512(q4, m4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4);
+        }
+        (lo, hi, sl, sh, mins, d, dmin)
+    }
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> Self::A {
+        Q4K::load_a(p)
+    }
+    #[inline(always)]
+    unsafe fn pair(acc: Self::Acc, w: Self::W, a: Self::A) -> Self::Acc {
+        let (lo, hi, sl, sh, mins, wd, wdmin) = w;
+        let (ap, ad) = a;
+        let d = _mm512_mul_ps(_mm512_set1_ps(ad), wd);
+        let dmin = _mm256_mul_ps(_mm256_set1_ps(-ad), wdmin);
+        let q8sums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        let prod = _mm256_madd_epi16(mins, _mm256_set_m128i(q8s, q8s));
+        let acc_m = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc.1);
+        let mut sumi = _mm512_setzero_si512();
+        for j in 0..4 {
+            let q8l = both(ap.add(4 + 64 * j));
+            let q8h = both(ap.add(4 + 64 * j + 32));
+            let pl = _mm512_madd_epi16(sl[j], _mm512_maddubs_epi16(lo[j], q8l));
+            let ph = _mm512_madd_epi16(sh[j], _mm512_maddubs_epi16(hi[j], q8h));
+            sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph));
+        }
+        (_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc.0), acc_m)
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: Self::Acc) -> f32 {
+        Q4K::finish(acc)
+    }
+    #[inline(always)]
+    unsafe fn finish_rows(acc: Self::Acc) -> [f32; 2] {
+        Q4K::finish_rows(acc)
+    }
+}
