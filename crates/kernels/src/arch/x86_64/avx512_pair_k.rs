@@ -37,6 +37,26 @@ unsafe fn hsum4(m: __m128) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
 }
 
+/// ggml's min terms of a block pair: `acc_m + (-d_a dmin_w) * (mins · bsums)`
+/// (the activation's 16 bsums summed pairwise to 8).
+#[inline(always)]
+unsafe fn min_terms(ap: *const u8, ad: f32, mins: __m256i, wdmin: __m256, acc_m: __m256) -> __m256 {
+    let dmin = _mm256_mul_ps(_mm256_set1_ps(-ad), wdmin);
+    let q8sums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
+    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+    let prod = _mm256_madd_epi16(mins, _mm256_set_m128i(q8s, q8s));
+    _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc_m)
+}
+
+/// `sumi` plus 64-element group `j`'s scaled integer products: (low nibbles,
+/// high nibbles, their scales as i16 pairs) against the activation's bytes.
+#[inline(always)]
+unsafe fn group_dot(sumi: __m512i, (lo, hi, sl, sh): (__m512i, __m512i, __m512i, __m512i), ap: *const u8, j: usize) -> __m512i {
+    let pl = _mm512_madd_epi16(sl, _mm512_maddubs_epi16(lo, both(ap.add(4 + 64 * j))));
+    let ph = _mm512_madd_epi16(sh, _mm512_maddubs_epi16(hi, both(ap.add(4 + 64 * j + 32))));
+    _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph))
+}
+
 pub(super) struct Q4K;
 impl Fmt for Q4K {
     const EPB: usize = 256;
@@ -75,11 +95,7 @@ impl Fmt for Q4K {
         let (wp, wq, scales, mins, wd, wdmin) = w;
         let (ap, ad) = a;
         let d = _mm512_mul_ps(_mm512_set1_ps(ad), wd);
-        let dmin = _mm256_mul_ps(_mm256_set1_ps(-ad), wdmin);
-        let q8sums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
-        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-        let prod = _mm256_madd_epi16(mins, _mm256_set_m128i(q8s, q8s));
-        let acc_m = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc.1);
+        let acc_m = min_terms(ap, ad, mins, wdmin, acc.1);
         let m4 = _mm512_set1_epi8(0x0f);
         let mut sumi = _mm512_setzero_si512();
         for j in 0..4 {
@@ -89,11 +105,7 @@ impl Fmt for Q4K {
             let q4 = rows2(wp.add(o), wq.add(o));
             let q4l = _mm512_and_si512(q4, m4);
             let q4h = _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4);
-            let q8l = both(ap.add(4 + 64 * j as usize));
-            let q8h = both(ap.add(4 + 64 * j as usize + 32));
-            let pl = _mm512_madd_epi16(sl, _mm512_maddubs_epi16(q4l, q8l));
-            let ph = _mm512_madd_epi16(sh, _mm512_maddubs_epi16(q4h, q8h));
-            sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph));
+            sumi = group_dot(sumi, (q4l, q4h, sl, sh), ap, j as usize);
         }
         (_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc.0), acc_m)
     }
@@ -157,18 +169,10 @@ impl Fmt for Q4KHoist {
         let (lo, hi, sl, sh, mins, wd, wdmin) = w;
         let (ap, ad) = a;
         let d = _mm512_mul_ps(_mm512_set1_ps(ad), wd);
-        let dmin = _mm256_mul_ps(_mm256_set1_ps(-ad), wdmin);
-        let q8sums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
-        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-        let prod = _mm256_madd_epi16(mins, _mm256_set_m128i(q8s, q8s));
-        let acc_m = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc.1);
+        let acc_m = min_terms(ap, ad, mins, wdmin, acc.1);
         let mut sumi = _mm512_setzero_si512();
         for j in 0..4 {
-            let q8l = both(ap.add(4 + 64 * j));
-            let q8h = both(ap.add(4 + 64 * j + 32));
-            let pl = _mm512_madd_epi16(sl[j], _mm512_maddubs_epi16(lo[j], q8l));
-            let ph = _mm512_madd_epi16(sh[j], _mm512_maddubs_epi16(hi[j], q8h));
-            sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph));
+            sumi = group_dot(sumi, (lo[j], hi[j], sl[j], sh[j]), ap, j);
         }
         (_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc.0), acc_m)
     }
