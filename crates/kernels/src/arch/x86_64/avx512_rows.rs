@@ -41,14 +41,57 @@ pub(super) trait RowFmt {
     /// Block `b`'s quants of 16 rows (`rows[i]` points at row i's first
     /// block) as 8 vectors, vector `g` holding elements 4g..4g+3 of row i in
     /// lane i, unsigned; and the rows' scales.
-    unsafe fn load16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> ([__m512i; 8], __m512);
+    unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512);
+}
+
+/// Where the 16 rows of a group start.
+pub(super) trait Rows {
+    /// Row `i`'s byte `off`.
+    unsafe fn at(&self, i: usize, off: usize) -> *const u8;
+}
+
+/// A full group: rows `stride` bytes apart. Addresses are formed as
+/// `quarter + {0,1,2,3}·stride`, which x86 addressing does in the load
+/// itself, so the loop keeps 6 registers instead of 16 spilled pointers.
+struct Strided {
+    base: *const u8,
+    s: usize,
+    s3: usize,
+    s4: usize,
+}
+
+impl Rows for Strided {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, off: usize) -> *const u8 {
+        // Opaque to the optimiser: otherwise loop strength reduction makes
+        // each of the 16 addresses its own induction variable, spilled.
+        let mut b = self.base.add(off);
+        std::arch::asm!("/* {0} */", inout(reg) b, options(pure, nomem, nostack, preserves_flags));
+        let q = b.add((i / 4) * self.s4);
+        match i % 4 {
+            0 => q,
+            1 => q.add(self.s),
+            2 => q.add(2 * self.s),
+            _ => q.add(self.s3),
+        }
+    }
+}
+
+/// A group past the panel's last row: the missing rows repeat the last one.
+struct Listed([*const u8; LANES]);
+
+impl Rows for Listed {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, off: usize) -> *const u8 {
+        self.0[i].add(off)
+    }
 }
 
 /// The f16 scales at `rows[i] + off`, as f32 in lane i (`idx[i]` =
 /// `rows[i] - rows[0]`): one gather of the dwords there, their low halves.
 #[inline(always)]
-unsafe fn scales16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> __m512 {
-    let v = _mm512_i32gather_epi32::<1>(idx, rows[0].add(off) as *const i32);
+unsafe fn scales16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> __m512 {
+    let v = _mm512_i32gather_epi32::<1>(idx, rows.at(0, off) as *const i32);
     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
 }
 
@@ -83,16 +126,16 @@ pub(super) struct Q4_0;
 impl RowFmt for Q4_0 {
     const WB: usize = 18;
     #[inline(always)]
-    unsafe fn load16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
+    unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
         // (No closures or `array::map` here: they are not reliably inlined
         // into target-feature code, and a call per vector costs 20x.)
         let q = off + 2;
         // Lane L of vector k: row 4L + k, so the transposes put row i in lane i.
         let u = transpose4([
-            lanes4(rows[0].add(q), rows[4].add(q), rows[8].add(q), rows[12].add(q)),
-            lanes4(rows[1].add(q), rows[5].add(q), rows[9].add(q), rows[13].add(q)),
-            lanes4(rows[2].add(q), rows[6].add(q), rows[10].add(q), rows[14].add(q)),
-            lanes4(rows[3].add(q), rows[7].add(q), rows[11].add(q), rows[15].add(q)),
+            lanes4(rows.at(0, q), rows.at(4, q), rows.at(8, q), rows.at(12, q)),
+            lanes4(rows.at(1, q), rows.at(5, q), rows.at(9, q), rows.at(13, q)),
+            lanes4(rows.at(2, q), rows.at(6, q), rows.at(10, q), rows.at(14, q)),
+            lanes4(rows.at(3, q), rows.at(7, q), rows.at(11, q), rows.at(15, q)),
         ]);
         let m = _mm512_set1_epi8(0x0f);
         let lo = |v: __m512i| _mm512_and_si512(v, m);
@@ -106,9 +149,9 @@ pub(super) struct Q8_0;
 impl RowFmt for Q8_0 {
     const WB: usize = 34;
     #[inline(always)]
-    unsafe fn load16(rows: &[*const u8; LANES], idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
+    unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
         let q = off + 2;
-        let h2 = |a: usize, b: usize| halves2(rows[a].add(q), rows[b].add(q));
+        let h2 = |a: usize, b: usize| halves2(rows.at(a, q), rows.at(b, q));
         // Halves of input k (k < 4): rows k and k + 4; of the second four:
         // rows 8 + k, 12 + k. After the in-lane transposes, u[h] holds dword
         // h (lanes 0, 2) and 4 + h (lanes 1, 3) of rows 0-3, 4-7; v[h] of
@@ -124,10 +167,8 @@ impl RowFmt for Q8_0 {
 
 /// A 16-row group of a panel.
 struct Group {
-    /// Row i's first byte (rows past the panel repeat its last row; their
-    /// lanes are not stored).
-    rows: [*const u8; LANES],
-    /// `rows[i] - rows[0]`, for the scale gather.
+    /// `rows[i] - rows[0]`, for the scale gather (rows past the panel
+    /// repeat its last row; their lanes are not stored).
     idx: __m512i,
     /// The next group's first byte (prefetched; may be past the panel).
     next: *const u8,
@@ -140,27 +181,40 @@ impl Group {
     #[inline(always)]
     unsafe fn new(p: &Panel<'_>, r0: usize) -> Self {
         let last = p.n_rows - 1;
-        let mut rows = [p.w.as_ptr(); LANES];
         let mut idx = [0i32; LANES];
-        for i in 0..LANES {
-            let r = (r0 + i).min(last);
-            rows[i] = p.w.as_ptr().add(r * p.row_stride);
+        for (i, x) in idx.iter_mut().enumerate() {
             // At most 15 rows apart, each at most MAX_ROW_STRIDE (`panel`).
-            idx[i] = ((r - r0) * p.row_stride) as i32;
+            *x = (((r0 + i).min(last) - r0) * p.row_stride) as i32;
         }
         Group {
-            rows,
             idx: _mm512_loadu_si512(idx.as_ptr() as *const _),
             next: p.w.as_ptr().wrapping_add((r0 + LANES) * p.row_stride),
             r0,
             n: LANES.min(p.n_rows - r0),
         }
     }
+
+    /// Row addresses of a full group.
+    #[inline(always)]
+    unsafe fn strided(&self, p: &Panel<'_>) -> Strided {
+        let s = p.row_stride;
+        Strided { base: p.w.as_ptr().add(self.r0 * s), s, s3: 3 * s, s4: 4 * s }
+    }
+
+    /// Row addresses of a partial group.
+    #[inline(always)]
+    unsafe fn listed(&self, p: &Panel<'_>) -> Listed {
+        let mut rows = [p.w.as_ptr(); LANES];
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = p.w.as_ptr().add((self.r0 + i).min(p.n_rows - 1) * p.row_stride);
+        }
+        Listed(rows)
+    }
 }
 
 /// Tokens `t0..t0+T` × the group's rows.
 #[inline(always)]
-unsafe fn tile<F: RowFmt, const T: usize>(p: &Panel<'_>, g: &Group, t0: usize, out: &mut [f32]) {
+unsafe fn tile<F: RowFmt, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: usize, out: &mut [f32]) {
     let nb = p.cols / 32;
     let ap = p.act.as_ptr().add(t0 * p.act_stride);
     let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
@@ -174,7 +228,7 @@ unsafe fn tile<F: RowFmt, const T: usize>(p: &Panel<'_>, g: &Group, t0: usize, o
         for l in (0..LANES * F::WB).step_by(64) {
             _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
         }
-        let (w, dw) = F::load16(&g.rows, g.idx, off);
+        let (w, dw) = F::load16(rows, g.idx, off);
         for (t, acc) in acc.iter_mut().enumerate() {
             let a = ap.add(t * p.act_stride + b * 34);
             // The block's integer dot: -K sum(a), then sum(u a) 4 bytes a lane.
@@ -198,20 +252,30 @@ unsafe fn tile<F: RowFmt, const T: usize>(p: &Panel<'_>, g: &Group, t0: usize, o
 unsafe fn run<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
     for r0 in (0..p.n_rows).step_by(LANES) {
         let g = Group::new(p, r0);
-        let mut t0 = 0;
-        while t0 < p.n_tokens {
-            let nt = MAX_T.min(p.n_tokens - t0);
-            macro_rules! go {
-                ($($t:literal)*) => {
-                    match nt {
-                        $($t => tile::<F, $t>(p, &g, t0, out),)*
-                        _ => unreachable!("tile of {nt} tokens"),
-                    }
-                };
-            }
-            go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
-            t0 += nt;
+        if g.n == LANES {
+            tiles::<F, _>(p, &g, &g.strided(p), out)
+        } else {
+            tiles::<F, _>(p, &g, &g.listed(p), out)
         }
+    }
+}
+
+/// One group × tiles of up to 16 tokens.
+#[inline(always)]
+unsafe fn tiles<F: RowFmt, R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, out: &mut [f32]) {
+    let mut t0 = 0;
+    while t0 < p.n_tokens {
+        let nt = MAX_T.min(p.n_tokens - t0);
+        macro_rules! go {
+            ($($t:literal)*) => {
+                match nt {
+                    $($t => tile::<F, R, $t>(p, g, rows, t0, out),)*
+                    _ => unreachable!("tile of {nt} tokens"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+        t0 += nt;
     }
 }
 
