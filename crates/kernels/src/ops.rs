@@ -316,13 +316,6 @@ mod x86 {
         _mm256_add_ps(half(1), half(0))
     }
 
-    /// [`dot_f16`] of `q` with one f32 row `k` (f16 values): the same tree.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dot1(nv: usize, q: *const f32, k: *const f32) -> f32 {
-        hsum_t3(dot_t3(nv, q, k))
-    }
-
     /// The end of [`dot_f16`]'s tree from its `t3` vector.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -332,25 +325,8 @@ mod x86 {
         _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(t8, t8))
     }
 
-    /// [`dot1`] for 8 consecutive rows (`k`, stride `8·nv`), the horizontal sums of the 8
-    /// rows done side by side: each lane sees exactly [`dot1`]'s additions, in its order.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dot8(nv: usize, q: *const f32, k: *const f32) -> __m256 {
-        let hd = 8 * nv;
-        combine8([
-            dot_t3(nv, q, k),
-            dot_t3(nv, q, k.add(hd)),
-            dot_t3(nv, q, k.add(2 * hd)),
-            dot_t3(nv, q, k.add(3 * hd)),
-            dot_t3(nv, q, k.add(4 * hd)),
-            dot_t3(nv, q, k.add(5 * hd)),
-            dot_t3(nv, q, k.add(6 * hd)),
-            dot_t3(nv, q, k.add(7 * hd)),
-        ])
-    }
-
-    /// The horizontal sums of 8 rows' `t3` vectors, as [`dot1`] finishes one.
+    /// The horizontal sums of 8 rows' `t3` vectors, each as [`hsum_t3`] finishes one
+    /// (each lane sees exactly its additions, in its order).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn combine8(t: [__m256; 8]) -> __m256 {
@@ -374,20 +350,58 @@ mod x86 {
         resc: &'a [bool],
     }
 
-    /// Scores of `nr` f32 K rows (`kf`, stride `8·nv`) against `q`, times `scale`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scores256(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
+    /// One row's `t3` vector ([`dot_t3`]'s reduction): 256- or 512-bit products.
+    trait RowDot {
+        unsafe fn t3(nv: usize, q: *const f32, k: *const f32) -> __m256;
+    }
+
+    struct Dot256;
+    impl RowDot for Dot256 {
+        #[inline(always)]
+        unsafe fn t3(nv: usize, q: *const f32, k: *const f32) -> __m256 {
+            dot_t3(nv, q, k)
+        }
+    }
+
+    struct Dot512;
+    impl RowDot for Dot512 {
+        #[inline(always)]
+        unsafe fn t3(nv: usize, q: *const f32, k: *const f32) -> __m256 {
+            dot_t3_512(nv, q, k)
+        }
+    }
+
+    /// Scores of `nr` f32 K rows (`kf`, stride `8·nv`) against `q`, times `scale`: 8 rows
+    /// at a time through [`combine8`], then one at a time; each as [`dot_f16`] sums it.
+    #[inline(always)]
+    unsafe fn scores<D: RowDot>(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
         let hd = 8 * nv;
         let mut r = 0;
         while r + 8 <= nr {
-            _mm256_storeu_ps(sc.add(r), _mm256_mul_ps(dot8(nv, q, kf.add(r * hd)), _mm256_set1_ps(scale)));
+            let k = kf.add(r * hd);
+            let d = combine8([
+                D::t3(nv, q, k),
+                D::t3(nv, q, k.add(hd)),
+                D::t3(nv, q, k.add(2 * hd)),
+                D::t3(nv, q, k.add(3 * hd)),
+                D::t3(nv, q, k.add(4 * hd)),
+                D::t3(nv, q, k.add(5 * hd)),
+                D::t3(nv, q, k.add(6 * hd)),
+                D::t3(nv, q, k.add(7 * hd)),
+            ]);
+            _mm256_storeu_ps(sc.add(r), _mm256_mul_ps(d, _mm256_set1_ps(scale)));
             r += 8;
         }
         while r < nr {
-            *sc.add(r) = dot1(nv, q, kf.add(r * hd)) * scale;
+            *sc.add(r) = hsum_t3(D::t3(nv, q, kf.add(r * hd))) * scale;
             r += 1;
         }
+    }
+
+    /// [`scores`] with 256-bit products.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores256(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
+        scores::<Dot256>(nv, q, kf, sc, nr, scale)
     }
 
     /// [`dot_t3`] with 16-lane accumulators (ggml's own AVX-512 `ggml_vec_dot_f16`
@@ -409,30 +423,10 @@ mod x86 {
         _mm256_add_ps(hi, _mm512_castps512_ps256(x))
     }
 
-    /// [`scores256`] with 512-bit products.
+    /// [`scores`] with 512-bit products.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn scores512(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
-        let hd = 8 * nv;
-        let mut r = 0;
-        while r + 8 <= nr {
-            let k = kf.add(r * hd);
-            let d = combine8([
-                dot_t3_512(nv, q, k),
-                dot_t3_512(nv, q, k.add(hd)),
-                dot_t3_512(nv, q, k.add(2 * hd)),
-                dot_t3_512(nv, q, k.add(3 * hd)),
-                dot_t3_512(nv, q, k.add(4 * hd)),
-                dot_t3_512(nv, q, k.add(5 * hd)),
-                dot_t3_512(nv, q, k.add(6 * hd)),
-                dot_t3_512(nv, q, k.add(7 * hd)),
-            ]);
-            _mm256_storeu_ps(sc.add(r), _mm256_mul_ps(d, _mm256_set1_ps(scale)));
-            r += 8;
-        }
-        while r < nr {
-            *sc.add(r) = hsum_t3(dot_t3_512(nv, q, kf.add(r * hd))) * scale;
-            r += 1;
-        }
+        scores::<Dot512>(nv, q, kf, sc, nr, scale)
     }
 
     /// One query's accumulator (`ap`, `8·nv` f32 holding f16 values) through `st`'s steps
@@ -520,7 +514,7 @@ mod x86 {
 
     /// The tile walks the cache in chunks of [`BLOCK_ROWS`] rows: each chunk's K and V rows
     /// are converted to f32 once, then every query that sees rows of the chunk scores them
-    /// ([`dot8`]/[`dot1`]), runs the online-softmax recurrence over them in order (the
+    /// ([`scores`]), runs the online-softmax recurrence over them in order (the
     /// `expf` calls first, then the f16-rounded rescales and multiply-adds with its
     /// accumulator in registers).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -652,37 +646,43 @@ pub enum KvRows<'a> {
     Q8_0(&'a [u8]),
 }
 
-/// Per-thread accumulator of [`attend`]: `head_dim` f16 when V is f16 (ggml's `VKQ16`),
-/// else `head_dim` f32 (`VKQ32`). Allocated once; grows if a call needs the other kind.
+/// Per-thread buffers of [`attend`] and [`attend_block`]: a tile's prepared queries,
+/// accumulators (`[BLOCK_MAX_QUERIES, head_dim]`: f16 when V is f16, ggml's `VKQ16`,
+/// else f32, `VKQ32`), running max and sum, results, and the f16 path's K/V chunk as
+/// f32. Allocated once for the cache type; grows if a call needs another.
 #[derive(Debug, Default)]
 pub struct AttnScratch {
     acc16: Vec<f16>,
-    acc32: Vec<f32>,
+    /// Q8_0 queries (a Q8_0 K cache), `[BLOCK_MAX_QUERIES, head_dim / 32 · 34]` bytes.
+    qq: Vec<u8>,
     /// [`attend_block`]'s results, `[BLOCK_MAX_QUERIES, head_dim]`.
     out: Vec<f32>,
-    /// [`attend_block`]'s f16 K/V buffers.
+    /// Queries, f32 accumulators, max and sum, and the f16 path's buffers.
     block: BlockScratch,
 }
 
 impl AttnScratch {
-    /// Scratch for heads of `head_dim` with an f16 (`v_f16`) or other V cache.
+    /// Scratch for heads of `head_dim` with an f16 (`v_f16`) or other (f32, Q8_0) cache.
     pub fn new(head_dim: usize, v_f16: bool) -> Self {
-        let mut s = Self { out: vec![0.0; BLOCK_MAX_QUERIES * head_dim], ..Self::default() };
+        let mut s = Self { out: vec![0.0; BLOCK_MAX_QUERIES * head_dim], block: BlockScratch::new(head_dim), ..Self::default() };
         if v_f16 {
-            s.acc16 = vec![f16::ZERO; head_dim];
-            s.block = BlockScratch::new(head_dim);
+            s.acc16 = vec![f16::ZERO; BLOCK_MAX_QUERIES * head_dim];
         } else {
-            s.acc32 = vec![0.0; head_dim];
+            s.qq = vec![0; Self::q8_0_bytes(head_dim)];
         }
         s
     }
 
-    /// Bytes [`new`](Self::new) allocates: the one-row accumulator (`head_dim · 2` with an
-    /// f16 V, else `head_dim · 4`), [`attend_block`]'s results (`64 · head_dim · 4`) and,
-    /// with an f16 V, its tile buffers.
+    /// Bytes [`new`](Self::new) allocates: the results (`64 · head_dim · 4`), the
+    /// [`BlockScratch`], and f16 accumulators (`64 · head_dim · 2`, f16 cache) or Q8_0
+    /// queries (`64 · head_dim / 32 · 34`, other caches).
     pub fn bytes(head_dim: usize, v_f16: bool) -> usize {
         let out = BLOCK_MAX_QUERIES * head_dim * 4;
-        out + if v_f16 { head_dim * 2 + BlockScratch::bytes(head_dim) } else { head_dim * 4 }
+        out + BlockScratch::bytes(head_dim) + if v_f16 { BLOCK_MAX_QUERIES * head_dim * 2 } else { Self::q8_0_bytes(head_dim) }
+    }
+
+    fn q8_0_bytes(head_dim: usize) -> usize {
+        BLOCK_MAX_QUERIES * head_dim / QK8_0 * Q8_0_BYTES
     }
 }
 
@@ -708,30 +708,33 @@ pub fn attend(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    match k {
-        KvRows::F16(k) => attend_v(&KeyF16::new(q, k, kv_head, s), v, kv_head, n_kv, s, scratch, out),
-        KvRows::F32(k) => attend_v(&KeyF32::new(q, k, kv_head, s), v, kv_head, n_kv, s, scratch, out),
-        KvRows::Q8_0(k) => attend_v(&KeyQ8_0::new(q, k, kv_head, s), v, kv_head, n_kv, s, scratch, out),
-    }
+    let tile = Tile { n_tok: 1, nh: 1, kv_head, n_kv0: n_kv, s };
+    attend_tile(&q[..s.head_dim], s.head_dim, 0, tile, k, v, scratch, &mut out[..s.head_dim]);
 }
 
 /// [`attend`] with the f16 cache (the default): the path whose logits are bit-identical
 /// to llama.cpp's. `acc` is scratch of `head_dim` f16 values.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_one(q: &[f32], k: &[f16], v: &[f16], kv_head: usize, n_kv: usize, s: AttnShape, acc: &mut [f16], out: &mut [f32]) {
-    let key = KeyF16::new(q, k, kv_head, s);
-    online_softmax(n_kv, s, &key, &mut ValF16::new(v, kv_head, s, acc), out);
+    let hd = s.head_dim;
+    let mut qh = [0f32; MAX_HEAD_DIM];
+    round_f16(&q[..hd], &mut qh[..hd]);
+    let key = KeyF16 { q: &qh[..hd], k, kv_head, s };
+    let tile = Tile { n_tok: 1, nh: 1, kv_head, n_kv0: n_kv, s };
+    let val = &mut ValF16 { acc: &mut acc[..hd], v, kv_head, s };
+    online_softmax(tile, &key, val, &mut [0.0], &mut [0.0], &mut out[..hd]);
 }
 
 /// Most queries (tokens × heads) of one [`attend_block`] tile that share the converted
 /// K/V rows (the caller picks tiles of at most this many).
 pub const BLOCK_MAX_QUERIES: usize = 64;
 
-/// K/V cache rows converted to f32 at a time by [`attend_block`].
+/// K/V cache rows a tile's queries go through together.
 const BLOCK_ROWS: usize = 32;
 
-/// Per-thread buffers of [`attend_block`] (the f16 K and V path): the tile's queries
-/// rounded to f16, their accumulators, running max and sum, and a chunk of K/V rows as f32.
+/// Per-thread buffers of a tile: its queries (rounded to f16 for an f16 K, as they are
+/// for f32 K), f32 accumulators, running max and sum, and (the f16 path) a chunk of K/V
+/// rows as f32 and their scores.
 #[derive(Debug, Default)]
 struct BlockScratch {
     qh: Vec<f32>,
@@ -762,19 +765,28 @@ impl BlockScratch {
     }
 }
 
+/// `dst[i] = f32(f16(src[i]))`: a query as an f16 K's `vec_dot_type` holds it.
+fn round_f16(src: &[f32], dst: &mut [f32]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(x).to_f32();
+    }
+}
+
 /// Causal attention of a tile of queries: `n_tok` consecutive tokens of one sequence ×
 /// query heads `heads`, all served by KV head `kv_head`; token `t` of the tile sees cache
 /// rows `0..n_kv0 + t`. Query `(t, h)` is `q[t·q_stride + h·head_dim..][..head_dim]`; its
 /// result is `ret[(t·heads.len() + h − heads.start)·head_dim..][..head_dim]` of the
 /// returned slice (held by `scratch`). At most [`BLOCK_MAX_QUERIES`] queries.
 ///
-/// Every query's result is bit-identical to [`attend`] on it: with an f16 K and V cache
-/// (and `head_dim` a multiple of 64, AVX2/FMA/F16C) a chunk of K/V rows is converted to f32
-/// once and serves every query of the tile, each query doing [`attend`]'s exact sequence
-/// of operations (same dot-product order, max/rescale steps, f16 rounding of the
-/// accumulator after every step, libm `expf`), with 512-bit vectors where the CPU has
-/// AVX-512F (then up to 4 heads of a token step through the V rows together); other
-/// caches run [`attend`] per query.
+/// Blockwise: the tile walks the cache in chunks of 32 rows and every query that sees
+/// rows of a chunk goes through them before the next chunk is read, so each K/V row is
+/// read from memory once per tile, not once per query. Every query's result is
+/// bit-identical to [`attend`] on it: each query does [`attend`]'s exact sequence of
+/// operations (same dot-product order, max/rescale steps, rounding of the accumulator,
+/// libm `expf`). With an f16 K and V cache (and `head_dim` a multiple of 64,
+/// AVX2/FMA/F16C) a chunk is also converted to f32 once for the whole tile and scored
+/// with 512-bit vectors where the CPU has AVX-512F (then up to 4 heads of a token step
+/// through the V rows together).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_block<'s>(
     q: &[f32],
@@ -815,6 +827,7 @@ fn attend_block_with<'s>(
     assert!(nq <= BLOCK_MAX_QUERIES, "attend_block: {nq} queries, at most {BLOCK_MAX_QUERIES}");
     let mut out = std::mem::take(&mut scratch.out);
     out.resize((nq * hd).max(out.len()), 0.0);
+    let tile = Tile { n_tok, nh, kv_head, n_kv0, s };
     #[cfg(target_arch = "x86_64")]
     if let (KvRows::F16(kc), KvRows::F16(vc)) = (k, v) {
         if nq > 1
@@ -824,20 +837,14 @@ fn attend_block_with<'s>(
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
-            if scratch.block.kf.len() < BLOCK_ROWS * hd {
+            if scratch.block.kf.len() < BLOCK_ROWS * hd || scratch.block.qh.len() < nq * hd {
                 scratch.block = BlockScratch::new(hd);
             }
             let b = &mut scratch.block;
-            for t in 0..n_tok {
-                for (hi, h) in heads.clone().enumerate() {
-                    let src = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
-                    let i = t * nh + hi;
-                    for (d, &x) in b.qh[i * hd..(i + 1) * hd].iter_mut().zip(src) {
-                        *d = f16::from_f32(x).to_f32();
-                    }
-                }
+            for i in 0..nq {
+                let src = &q[(i / nh) * q_stride + (heads.start + i % nh) * hd..][..hd];
+                round_f16(src, &mut b.qh[i * hd..(i + 1) * hd]);
             }
-            let tile = Tile { n_tok, nh, kv_head, n_kv0, s };
             // SAFETY: the features were just detected; the buffers hold `nq` queries and
             // BLOCK_ROWS rows of `hd` values.
             unsafe {
@@ -852,20 +859,14 @@ fn attend_block_with<'s>(
             return &scratch.out[..nq * hd];
         }
     }
-    for t in 0..n_tok {
-        for (hi, h) in heads.clone().enumerate() {
-            let i = t * nh + hi;
-            let qrow = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
-            attend(qrow, k, v, kv_head, n_kv0 + t, s, scratch, &mut out[i * hd..(i + 1) * hd]);
-        }
-    }
+    attend_tile(q, q_stride, heads.start, tile, k, v, scratch, &mut out);
     scratch.out = out;
     &scratch.out[..nq * hd]
 }
 
-/// The shape of one [`attend_block`] tile.
+/// The shape of one [`attend_block`] tile: query `i` is token `i / nh`, head `i % nh`
+/// of the tile, and sees cache rows `0..n_kv0 + i / nh`.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Tile {
     n_tok: usize,
     nh: usize,
@@ -874,22 +875,73 @@ struct Tile {
     s: AttnShape,
 }
 
-/// The V half of [`attend`]: picks the accumulator for V's type.
-fn attend_v<K: KeyRows>(key: &K, v: KvRows<'_>, kv_head: usize, n_kv: usize, s: AttnShape, scratch: &mut AttnScratch, out: &mut [f32]) {
-    let hd = s.head_dim;
+/// A tile for any cache types: its queries converted to K's `vec_dot_type` once, then
+/// [`online_softmax`] with the accumulator for V's type. Query `i` is
+/// `q[(i / nh)·q_stride + (h0 + i % nh)·head_dim..][..head_dim]`; results to `out`
+/// (`[n_tok · nh, head_dim]`).
+#[allow(clippy::too_many_arguments)]
+fn attend_tile(q: &[f32], q_stride: usize, h0: usize, t: Tile, k: KvRows<'_>, v: KvRows<'_>, scratch: &mut AttnScratch, out: &mut [f32]) {
+    let (hd, nq) = (t.s.head_dim, t.n_tok * t.nh);
+    assert!(hd <= MAX_HEAD_DIM, "head_dim {hd} above {MAX_HEAD_DIM}");
+    let query = |i: usize| &q[(i / t.nh) * q_stride + (h0 + i % t.nh) * hd..][..hd];
+    let AttnScratch { acc16, qq, block: b, .. } = scratch;
+    for buf in [&mut b.qh, &mut b.acc] {
+        buf.resize((nq * hd).max(buf.len()), 0.0);
+    }
+    b.vf.resize((BLOCK_ROWS * hd).max(b.vf.len()), 0.0);
+    for buf in [&mut b.m, &mut b.sum] {
+        buf.resize(nq.max(buf.len()), 0.0);
+    }
+    let (kv_head, s) = (t.kv_head, t.s);
+    let vals = Vals { acc16, acc32: &mut b.acc[..nq * hd], rows_f32: &mut b.vf, m: &mut b.m[..nq], sum: &mut b.sum[..nq] };
+    let out = &mut out[..nq * hd];
+    match k {
+        KvRows::F16(k) => {
+            for i in 0..nq {
+                round_f16(query(i), &mut b.qh[i * hd..(i + 1) * hd]);
+            }
+            attend_v(t, &KeyF16 { q: &b.qh[..nq * hd], k, kv_head, s }, v, vals, out)
+        }
+        KvRows::F32(k) => {
+            for i in 0..nq {
+                b.qh[i * hd..(i + 1) * hd].copy_from_slice(query(i));
+            }
+            attend_v(t, &KeyF32 { q: &b.qh[..nq * hd], k, kv_head, s }, v, vals, out)
+        }
+        KvRows::Q8_0(k) => {
+            assert!(hd.is_multiple_of(QK8_0), "a Q8_0 cache needs head_dim a multiple of 32, got {hd}");
+            let qb = hd / QK8_0 * Q8_0_BYTES;
+            qq.resize((nq * qb).max(qq.len()), 0);
+            for i in 0..nq {
+                hearth_quant::q8::quantize_row_q8_0_act(query(i), &mut qq[i * qb..(i + 1) * qb]);
+            }
+            attend_v(t, &KeyQ8_0 { q: &qq[..nq * qb], k, kv_head, s }, v, vals, out)
+        }
+    }
+}
+
+/// A tile's accumulator buffers, handed to [`attend_v`].
+struct Vals<'a> {
+    acc16: &'a mut Vec<f16>,
+    acc32: &'a mut [f32],
+    /// A chunk of converted V rows, `[BLOCK_ROWS, head_dim]`.
+    rows_f32: &'a mut [f32],
+    m: &'a mut [f32],
+    sum: &'a mut [f32],
+}
+
+/// The V half of [`attend_tile`]: picks the accumulator for V's type.
+fn attend_v<K: KeyRows>(t: Tile, key: &K, v: KvRows<'_>, vals: Vals<'_>, out: &mut [f32]) {
+    let (kv_head, s) = (t.kv_head, t.s);
+    let n = t.n_tok * t.nh * s.head_dim;
+    let Vals { acc16, acc32, rows_f32, m, sum } = vals;
     match v {
         KvRows::F16(v) => {
-            scratch.acc16.resize(hd.max(scratch.acc16.len()), f16::ZERO);
-            online_softmax(n_kv, s, key, &mut ValF16::new(v, kv_head, s, &mut scratch.acc16), out)
+            acc16.resize(n.max(acc16.len()), f16::ZERO);
+            online_softmax(t, key, &mut ValF16 { acc: &mut acc16[..n], v, kv_head, s }, m, sum, out)
         }
-        KvRows::F32(v) => {
-            scratch.acc32.resize(hd.max(scratch.acc32.len()), 0.0);
-            online_softmax(n_kv, s, key, &mut ValF32::new(RowsF32 { v, kv_head, s }, &mut scratch.acc32, hd), out)
-        }
-        KvRows::Q8_0(v) => {
-            scratch.acc32.resize(hd.max(scratch.acc32.len()), 0.0);
-            online_softmax(n_kv, s, key, &mut ValF32::new(RowsQ8_0 { v, kv_head, s }, &mut scratch.acc32, hd), out)
-        }
+        KvRows::F32(v) => online_softmax(t, key, &mut ValF32::new(RowsF32 { v, kv_head, s }, acc32, s.head_dim, rows_f32), m, sum, out),
+        KvRows::Q8_0(v) => online_softmax(t, key, &mut ValF32::new(RowsQ8_0 { v, kv_head, s }, acc32, s.head_dim, rows_f32), m, sum, out),
     }
 }
 
@@ -911,75 +963,86 @@ fn row_q8_0(j: usize, kv_head: usize, s: AttnShape) -> std::ops::Range<usize> {
 const QK8_0: usize = 32;
 const Q8_0_BYTES: usize = 34;
 
-/// The online-softmax skeleton shared by every cache type: for each row `j`, score
-/// `s = dot(q, k_j) · scale`; on a new maximum rescale the accumulator by `e^(M_old − M)`,
-/// else weight the row by `e^(s − M)`; accumulate `v_j`; `S = S·ms + vs`. Finally
-/// `out = acc / S`.
+/// The online softmax shared by every cache type, for each query `i` of the tile
+/// (running max `m[i]`, sum `sum[i]`): for each row `j` it sees, score
+/// `s = dot(q_i, k_j) · scale`; on a new maximum rescale the accumulator by
+/// `e^(M_old − M)`, else weight the row by `e^(s − M)`; accumulate `v_j`;
+/// `S = S·ms + vs`. Finally `out_i = acc_i / S`.
+///
+/// Rows are taken in chunks of [`BLOCK_ROWS`], every query through a chunk before the
+/// next (the chunk stays in cache); a query's own steps keep their order, so its
+/// result does not depend on the tile around it.
 #[inline(always)]
-fn online_softmax<K: KeyRows, V: ValueAcc>(n_kv: usize, s: AttnShape, key: &K, val: &mut V, out: &mut [f32]) {
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for j in 0..n_kv {
-        let score = key.dot(j) * scale;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if score > m {
-            let m_old = m;
-            m = score;
-            ms = (m_old - m).exp();
-            val.rescale(ms);
-        } else {
-            vs = (score - m).exp();
+fn online_softmax<K: KeyRows, V: ValueAcc>(t: Tile, key: &K, val: &mut V, m: &mut [f32], sum: &mut [f32], out: &mut [f32]) {
+    let (nq, hd) = (t.n_tok * t.nh, t.s.head_dim);
+    let scale = 1.0 / (hd as f32).sqrt();
+    m[..nq].fill(f32::NEG_INFINITY);
+    sum[..nq].fill(0.0);
+    val.zero();
+    let n_kv_max = t.n_kv0 + t.n_tok - 1;
+    for j0 in (0..n_kv_max).step_by(BLOCK_ROWS) {
+        let j1 = (j0 + BLOCK_ROWS).min(n_kv_max);
+        val.chunk(j0, j1);
+        for i in 0..nq {
+            for j in j0..(t.n_kv0 + i / t.nh).min(j1) {
+                let score = key.dot(i, j) * scale;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if score > m[i] {
+                    let m_old = m[i];
+                    m[i] = score;
+                    ms = (m_old - score).exp();
+                    val.rescale(i, ms);
+                } else {
+                    vs = (score - m[i]).exp();
+                }
+                val.mad(i, j, vs);
+                sum[i] = sum[i].mul_add(ms, vs);
+            }
         }
-        val.mad(j, vs);
-        sum = sum.mul_add(ms, vs);
     }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    val.finish(inv, out);
+    for i in 0..nq {
+        let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
+        val.finish(i, inv, &mut out[i * hd..(i + 1) * hd]);
+    }
 }
 
-/// "Score of row j": the query, converted to the K type's `vec_dot_type`, dotted with
-/// cache row `j` (unscaled).
+/// "Score of row j": a tile's query `i`, converted to the K type's `vec_dot_type`,
+/// dotted with cache row `j` (unscaled).
 trait KeyRows {
-    fn dot(&self, j: usize) -> f32;
+    fn dot(&self, i: usize, j: usize) -> f32;
 }
 
-/// "Accumulate row j": the running weighted sum of V rows.
+/// "Accumulate row j": each query's running weighted sum of V rows.
 trait ValueAcc {
-    /// `acc *= ms` (the max grew).
-    fn rescale(&mut self, ms: f32);
-    /// `acc += vs · v_j`.
-    fn mad(&mut self, j: usize, vs: f32);
-    /// `out = acc · inv`.
-    fn finish(&mut self, inv: f32, out: &mut [f32]);
+    /// Every accumulator = 0.
+    fn zero(&mut self);
+    /// Rows `j0..j1` are next (a chunk every query goes through).
+    fn chunk(&mut self, _j0: usize, _j1: usize) {}
+    /// `acc_i *= ms` (the max grew).
+    fn rescale(&mut self, i: usize, ms: f32);
+    /// `acc_i += vs · v_j`.
+    fn mad(&mut self, i: usize, j: usize, vs: f32);
+    /// `out = acc_i · inv`.
+    fn finish(&mut self, i: usize, inv: f32, out: &mut [f32]);
 }
 
-/// f16 K: Q rounded to f16, `ggml_vec_dot_f16`.
+/// f16 K: queries rounded to f16 (`[nq, head_dim]`), `ggml_vec_dot_f16`.
 struct KeyF16<'a> {
-    q: [f32; MAX_HEAD_DIM],
+    q: &'a [f32],
     k: &'a [f16],
     kv_head: usize,
     s: AttnShape,
 }
 
-impl<'a> KeyF16<'a> {
-    #[inline(always)]
-    fn new(q: &[f32], k: &'a [f16], kv_head: usize, s: AttnShape) -> Self {
-        let mut qh = [0f32; MAX_HEAD_DIM];
-        for (d, &x) in qh[..s.head_dim].iter_mut().zip(q) {
-            *d = f16::from_f32(x).to_f32();
-        }
-        Self { q: qh, k, kv_head, s }
-    }
-}
-
 impl KeyRows for KeyF16<'_> {
     #[inline(always)]
-    fn dot(&self, j: usize) -> f32 {
-        dot_f16(&self.q[..self.s.head_dim], &self.k[row_elems(j, self.kv_head, self.s)])
+    fn dot(&self, i: usize, j: usize) -> f32 {
+        let hd = self.s.head_dim;
+        dot_f16(&self.q[i * hd..(i + 1) * hd], &self.k[row_elems(j, self.kv_head, self.s)])
     }
 }
 
-/// f32 K: Q as is, `ggml_vec_dot_f32`.
+/// f32 K: queries as they are (`[nq, head_dim]`), `ggml_vec_dot_f32`.
 struct KeyF32<'a> {
     q: &'a [f32],
     k: &'a [f32],
@@ -987,50 +1050,33 @@ struct KeyF32<'a> {
     s: AttnShape,
 }
 
-impl<'a> KeyF32<'a> {
-    #[inline(always)]
-    fn new(q: &'a [f32], k: &'a [f32], kv_head: usize, s: AttnShape) -> Self {
-        Self { q: &q[..s.head_dim], k, kv_head, s }
-    }
-}
-
 impl KeyRows for KeyF32<'_> {
     #[inline(always)]
-    fn dot(&self, j: usize) -> f32 {
-        dot_f32(self.q, &self.k[row_elems(j, self.kv_head, self.s)])
+    fn dot(&self, i: usize, j: usize) -> f32 {
+        let hd = self.s.head_dim;
+        dot_f32(&self.q[i * hd..(i + 1) * hd], &self.k[row_elems(j, self.kv_head, self.s)])
     }
 }
 
-/// Q8_0 K: Q quantized to Q8_0 as ggml's x86 `quantize_row_q8_0` does,
-/// `ggml_vec_dot_q8_0_q8_0`.
+/// Q8_0 K: queries quantized to Q8_0 as ggml's x86 `quantize_row_q8_0` does
+/// (`[nq, head_dim / 32 · 34]` bytes), `ggml_vec_dot_q8_0_q8_0`.
 struct KeyQ8_0<'a> {
-    q: [u8; MAX_HEAD_DIM / QK8_0 * Q8_0_BYTES],
+    q: &'a [u8],
     k: &'a [u8],
     kv_head: usize,
     s: AttnShape,
 }
 
-impl<'a> KeyQ8_0<'a> {
-    #[inline(always)]
-    fn new(q: &[f32], k: &'a [u8], kv_head: usize, s: AttnShape) -> Self {
-        assert!(s.head_dim.is_multiple_of(QK8_0), "a Q8_0 cache needs head_dim a multiple of 32, got {}", s.head_dim);
-        let mut qq = [0u8; MAX_HEAD_DIM / QK8_0 * Q8_0_BYTES];
-        let n = s.head_dim / QK8_0 * Q8_0_BYTES;
-        hearth_quant::q8::quantize_row_q8_0_act(&q[..s.head_dim], &mut qq[..n]);
-        Self { q: qq, k, kv_head, s }
-    }
-}
-
 impl KeyRows for KeyQ8_0<'_> {
     #[inline(always)]
-    fn dot(&self, j: usize) -> f32 {
+    fn dot(&self, i: usize, j: usize) -> f32 {
         let r = row_q8_0(j, self.kv_head, self.s);
         let n = r.len();
-        dot_q8_0(&self.k[r], &self.q[..n])
+        dot_q8_0(&self.k[r], &self.q[i * n..(i + 1) * n])
     }
 }
 
-/// f16 V: f16 accumulator (`VKQ16`).
+/// f16 V: f16 accumulators (`VKQ16`), `[nq, head_dim]`.
 struct ValF16<'a> {
     acc: &'a mut [f16],
     v: &'a [f16],
@@ -1038,27 +1084,31 @@ struct ValF16<'a> {
     s: AttnShape,
 }
 
-impl<'a> ValF16<'a> {
+impl ValF16<'_> {
     #[inline(always)]
-    fn new(v: &'a [f16], kv_head: usize, s: AttnShape, acc: &'a mut [f16]) -> Self {
-        let acc = &mut acc[..s.head_dim];
-        acc.fill(f16::ZERO);
-        Self { acc, v, kv_head, s }
+    fn acc(&mut self, i: usize) -> &mut [f16] {
+        let hd = self.s.head_dim;
+        &mut self.acc[i * hd..(i + 1) * hd]
     }
 }
 
 impl ValueAcc for ValF16<'_> {
     #[inline(always)]
-    fn rescale(&mut self, ms: f32) {
-        scale_f16(self.acc, ms);
+    fn zero(&mut self) {
+        self.acc.fill(f16::ZERO);
     }
     #[inline(always)]
-    fn mad(&mut self, j: usize, vs: f32) {
-        mad_f16(self.acc, &self.v[row_elems(j, self.kv_head, self.s)], vs);
+    fn rescale(&mut self, i: usize, ms: f32) {
+        scale_f16(self.acc(i), ms);
     }
     #[inline(always)]
-    fn finish(&mut self, inv: f32, out: &mut [f32]) {
-        for (o, a) in out.iter_mut().zip(self.acc.iter()) {
+    fn mad(&mut self, i: usize, j: usize, vs: f32) {
+        let v = &self.v[row_elems(j, self.kv_head, self.s)];
+        mad_f16(self.acc(i), v, vs);
+    }
+    #[inline(always)]
+    fn finish(&mut self, i: usize, inv: f32, out: &mut [f32]) {
+        for (o, a) in out.iter_mut().zip(self.acc(i).iter()) {
             *o = a.to_f32() * inv;
         }
     }
@@ -1066,6 +1116,8 @@ impl ValueAcc for ValF16<'_> {
 
 /// V rows as f32 (`to_float` of ggml's type traits; none for f32).
 trait F32Rows {
+    /// Whether [`row`](Self::row) converts (fills `tmp`) rather than borrows.
+    const CONVERTS: bool;
     /// Row `j` of this head as f32: a slice of the cache, or `tmp` filled.
     fn row<'s>(&'s self, j: usize, tmp: &'s mut [f32]) -> &'s [f32];
 }
@@ -1077,6 +1129,7 @@ struct RowsF32<'a> {
 }
 
 impl F32Rows for RowsF32<'_> {
+    const CONVERTS: bool = false;
     #[inline(always)]
     fn row<'s>(&'s self, j: usize, _: &'s mut [f32]) -> &'s [f32] {
         &self.v[row_elems(j, self.kv_head, self.s)]
@@ -1090,6 +1143,7 @@ struct RowsQ8_0<'a> {
 }
 
 impl F32Rows for RowsQ8_0<'_> {
+    const CONVERTS: bool = true;
     #[inline(always)]
     fn row<'s>(&'s self, j: usize, tmp: &'s mut [f32]) -> &'s [f32] {
         hearth_quant::q8::dequantize_row_q8_0(&self.v[row_q8_0(j, self.kv_head, self.s)], tmp);
@@ -1097,37 +1151,56 @@ impl F32Rows for RowsQ8_0<'_> {
     }
 }
 
-/// Any V but f16: rows converted to f32, f32 accumulator (`VKQ32`).
+/// Any V but f16: rows converted to f32 (once per chunk, into `rows_f32`, when the
+/// type converts), f32 accumulators (`VKQ32`), `[nq, head_dim]`.
 struct ValF32<'a, R: F32Rows> {
     acc: &'a mut [f32],
     rows: R,
-    tmp: [f32; MAX_HEAD_DIM],
+    hd: usize,
+    /// The current chunk's rows as f32, `[BLOCK_ROWS, head_dim]` (converting types).
+    rows_f32: &'a mut [f32],
+    j0: usize,
 }
 
 impl<'a, R: F32Rows> ValF32<'a, R> {
+    /// Accumulators `acc` (`[nq, head_dim]`) over `rows`, chunks converted into `buf`.
     #[inline(always)]
-    fn new(rows: R, acc: &'a mut [f32], head_dim: usize) -> Self {
-        let acc = &mut acc[..head_dim];
-        acc.fill(0.0);
-        Self { acc, rows, tmp: [0f32; MAX_HEAD_DIM] }
+    fn new(rows: R, acc: &'a mut [f32], hd: usize, buf: &'a mut [f32]) -> Self {
+        Self { acc, rows, hd, rows_f32: &mut buf[..BLOCK_ROWS * hd], j0: 0 }
     }
 }
 
 impl<R: F32Rows> ValueAcc for ValF32<'_, R> {
     #[inline(always)]
-    fn rescale(&mut self, ms: f32) {
-        scale_f32(self.acc, ms);
+    fn zero(&mut self) {
+        self.acc.fill(0.0);
     }
     #[inline(always)]
-    fn mad(&mut self, j: usize, vs: f32) {
-        let n = self.acc.len();
-        let v = self.rows.row(j, &mut self.tmp[..n]);
-        mad_f32(self.acc, v, vs);
+    fn chunk(&mut self, j0: usize, j1: usize) {
+        self.j0 = j0;
+        if R::CONVERTS {
+            let hd = self.hd;
+            for j in j0..j1 {
+                let tmp = &mut self.rows_f32[(j - j0) * hd..(j - j0 + 1) * hd];
+                self.rows.row(j, tmp);
+            }
+        }
     }
     #[inline(always)]
-    fn finish(&mut self, inv: f32, out: &mut [f32]) {
-        scale_f32(self.acc, inv);
-        out[..self.acc.len()].copy_from_slice(self.acc);
+    fn rescale(&mut self, i: usize, ms: f32) {
+        scale_f32(&mut self.acc[i * self.hd..(i + 1) * self.hd], ms);
+    }
+    #[inline(always)]
+    fn mad(&mut self, i: usize, j: usize, vs: f32) {
+        let hd = self.hd;
+        let v = if R::CONVERTS { &self.rows_f32[(j - self.j0) * hd..(j - self.j0 + 1) * hd] } else { self.rows.row(j, &mut []) };
+        mad_f32(&mut self.acc[i * hd..(i + 1) * hd], v, vs);
+    }
+    #[inline(always)]
+    fn finish(&mut self, i: usize, inv: f32, out: &mut [f32]) {
+        let acc = &mut self.acc[i * self.hd..(i + 1) * self.hd];
+        scale_f32(acc, inv);
+        out[..acc.len()].copy_from_slice(acc);
     }
 }
 
