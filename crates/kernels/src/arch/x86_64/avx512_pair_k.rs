@@ -48,6 +48,18 @@ unsafe fn min_terms(ap: *const u8, ad: f32, mins: __m256i, wdmin: __m256, acc_m:
     _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc_m)
 }
 
+/// 64-element group `j` of a block pair (`wp`, `wq`: the two rows' blocks):
+/// (low nibbles, high nibbles, their scales as i16 pairs from `scales`).
+#[inline(always)]
+unsafe fn unpack_group(wp: *const u8, wq: *const u8, scales: __m512i, j: usize) -> (__m512i, __m512i, __m512i, __m512i) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let sl = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 1) << 8 | (4 * j)) as i16));
+    let sh = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 3) << 8 | (4 * j + 2)) as i16));
+    let o = 16 + 32 * j;
+    let q4 = rows2(wp.add(o), wq.add(o));
+    (_mm512_and_si512(q4, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4), sl, sh)
+}
+
 /// `sumi` plus 64-element group `j`'s scaled integer products: (low nibbles,
 /// high nibbles, their scales as i16 pairs) against the activation's bytes.
 #[inline(always)]
@@ -96,16 +108,9 @@ impl Fmt for Q4K {
         let (ap, ad) = a;
         let d = _mm512_mul_ps(_mm512_set1_ps(ad), wd);
         let acc_m = min_terms(ap, ad, mins, wdmin, acc.1);
-        let m4 = _mm512_set1_epi8(0x0f);
         let mut sumi = _mm512_setzero_si512();
         for j in 0..4 {
-            let sl = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 1) << 8 | (4 * j)) as i16));
-            let sh = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 3) << 8 | (4 * j + 2)) as i16));
-            let o = 16 + 32 * j as usize;
-            let q4 = rows2(wp.add(o), wq.add(o));
-            let q4l = _mm512_and_si512(q4, m4);
-            let q4h = _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4);
-            sumi = group_dot(sumi, (q4l, q4h, sl, sh), ap, j as usize);
+            sumi = group_dot(sumi, unpack_group(wp, wq, scales, j), ap, j);
         }
         (_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc.0), acc_m)
     }
@@ -147,16 +152,10 @@ impl Fmt for Q4KHoist {
     #[inline(always)]
     unsafe fn load_rows(p: *const u8, next: usize) -> Self::W {
         let (wp, wq, scales, mins, d, dmin) = Q4K::load_rows(p, next);
-        let m4 = _mm512_set1_epi8(0x0f);
         let z = _mm512_setzero_si512();
         let (mut lo, mut hi, mut sl, mut sh) = ([z; 4], [z; 4], [z; 4], [z; 4]);
         for j in 0..4 {
-            sl[j] = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 1) << 8 | (4 * j)) as i16));
-            sh[j] = _mm512_shuffle_epi8(scales, _mm512_set1_epi16(((4 * j + 3) << 8 | (4 * j + 2)) as i16));
-            let o = 16 + 32 * j;
-            let q4 = rows2(wp.add(o), wq.add(o));
-            lo[j] = _mm512_and_si512(q4, m4);
-            hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4);
+            (lo[j], hi[j], sl[j], sh[j]) = unpack_group(wp, wq, scales, j);
         }
         (lo, hi, sl, sh, mins, d, dmin)
     }
