@@ -842,8 +842,7 @@ fn attend_block_with<'s>(
             }
             let b = &mut scratch.block;
             for i in 0..nq {
-                let src = &q[(i / nh) * q_stride + (heads.start + i % nh) * hd..][..hd];
-                round_f16(src, &mut b.qh[i * hd..(i + 1) * hd]);
+                round_f16(tile.query(q, q_stride, heads.start, i), &mut b.qh[i * hd..(i + 1) * hd]);
             }
             // SAFETY: the features were just detected; the buffers hold `nq` queries and
             // BLOCK_ROWS rows of `hd` values.
@@ -875,6 +874,15 @@ struct Tile {
     s: AttnShape,
 }
 
+impl Tile {
+    /// Query `i`'s row: token `i / nh`, head `h0 + i % nh` of `q` (rows `q_stride` apart).
+    #[inline(always)]
+    fn query<'q>(&self, q: &'q [f32], q_stride: usize, h0: usize, i: usize) -> &'q [f32] {
+        let hd = self.s.head_dim;
+        &q[(i / self.nh) * q_stride + (h0 + i % self.nh) * hd..][..hd]
+    }
+}
+
 /// A tile for any cache types: its queries converted to K's `vec_dot_type` once, then
 /// [`online_softmax`] with the accumulator for V's type. Query `i` is
 /// `q[(i / nh)·q_stride + (h0 + i % nh)·head_dim..][..head_dim]`; results to `out`
@@ -883,7 +891,7 @@ struct Tile {
 fn attend_tile(q: &[f32], q_stride: usize, h0: usize, t: Tile, k: KvRows<'_>, v: KvRows<'_>, scratch: &mut AttnScratch, out: &mut [f32]) {
     let (hd, nq) = (t.s.head_dim, t.n_tok * t.nh);
     assert!(hd <= MAX_HEAD_DIM, "head_dim {hd} above {MAX_HEAD_DIM}");
-    let query = |i: usize| &q[(i / t.nh) * q_stride + (h0 + i % t.nh) * hd..][..hd];
+    let query = |i: usize| t.query(q, q_stride, h0, i);
     let AttnScratch { acc16, qq, block: b, .. } = scratch;
     for buf in [&mut b.qh, &mut b.acc] {
         buf.resize((nq * hd).max(buf.len()), 0.0);
