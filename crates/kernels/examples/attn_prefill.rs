@@ -14,7 +14,7 @@ fn main() {
     let reps = args.get(1).copied().unwrap_or(5);
     // (name, n_head, n_head_kv, head_dim)
     for (name, n_head, n_kv_head, hd) in [("SmolLM2 9/3/64", 9, 3, 64), ("1B 32/4/64", 32, 4, 64)] {
-        let s = AttnShape { n_head, n_head_kv: n_kv_head, head_dim: hd };
+        let s = AttnShape::causal(n_head, n_kv_head, hd);
         let group = n_head / n_kv_head;
         let mut seed = 0x2545f491u64;
         let mut rnd = move || {

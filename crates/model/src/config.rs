@@ -1,17 +1,73 @@
 //! Hyperparameters of a decoder-only transformer, read from GGUF metadata
 //! (`{arch}.embedding_length`, `{arch}.block_count`, … as named in ggml's GGUF spec).
+//! The keys every architecture shares are read here, RoPE scaling included (as
+//! llama.cpp's `llama_model::load_hparams` and `llama_context` derive it); each
+//! architecture's file reads its own on top ([`crate::Arch`]).
 
+use crate::arch::Arch;
 use crate::error::{ModelError, Result};
 use hearth_gguf::GgufFile;
+use hearth_kernels::ops::{Rope, RopeLayout};
 
-/// Architectures whose forward pass hearth implements.
-pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
+/// Architectures whose forward pass hearth implements (`general.architecture`).
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "phi3"];
+
+/// How positions are scaled before RoPE (`{arch}.rope.scaling.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeScaling {
+    /// Unscaled.
+    None,
+    /// Position interpolation by `1 / factor` (Chen et al., arXiv 2306.15595).
+    Linear,
+    /// YaRN (Peng et al., arXiv 2309.00071).
+    Yarn,
+    /// Per-dimension frequency factors from the file (Llama 3.1's `rope_freqs`,
+    /// Phi-3's LongRoPE `rope_factors_short/long`).
+    Factors,
+}
+
+/// RoPE as the global (non-sliding-window) layers apply it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeConfig {
+    /// Pair layout: llama's adjacent pairs or NeoX halves.
+    pub layout: RopeLayout,
+    /// Rotated dimensions of each head (`rope.dimension_count`).
+    pub dims: usize,
+    /// Base θ (`rope.freq_base`, default 10000).
+    pub freq_base: f32,
+    /// `1 / rope.scaling.factor` (1 unscaled).
+    pub freq_scale: f32,
+    /// YaRN's extrapolation mix: 1 with YaRN, else 0.
+    pub ext_factor: f32,
+    /// Scale of cos/sin (YaRN's magnitude correction as llama.cpp cancels it, times
+    /// `rope.scaling.attn_factor`).
+    pub attn_factor: f32,
+    /// `rope.scaling.original_context_length` (default: the training context).
+    pub n_ctx_orig: usize,
+    /// Which scaling the file asks for (for display; the numbers above are what runs).
+    pub scaling: RopeScaling,
+}
+
+impl RopeConfig {
+    /// The kernel's description at base `freq_base`, with per-pair `factors`.
+    pub fn kernel<'a>(&self, freq_base: f32, factors: Option<&'a [f32]>) -> Rope<'a> {
+        Rope {
+            freq_base,
+            freq_scale: self.freq_scale,
+            ext_factor: self.ext_factor,
+            attn_factor: self.attn_factor,
+            n_ctx_orig: self.n_ctx_orig,
+            freq_factors: factors,
+            ..Rope::plain(self.layout, self.dims, freq_base)
+        }
+    }
+}
 
 /// Shapes and constants of the model. All sizes are element counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     /// `general.architecture`.
-    pub arch: String,
+    pub arch: Arch,
     /// Residual stream width (`n_embd`).
     pub n_embd: usize,
     /// Number of transformer blocks.
@@ -20,7 +76,7 @@ pub struct ModelConfig {
     pub n_head: usize,
     /// Key/value heads (GQA: `n_head` is a multiple of it).
     pub n_head_kv: usize,
-    /// Width of one attention head.
+    /// Width of one attention head (`attention.key_length`, default `n_embd / n_head`).
     pub head_dim: usize,
     /// FFN hidden width.
     pub n_ff: usize,
@@ -30,76 +86,96 @@ pub struct ModelConfig {
     pub n_ctx_train: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
-    /// RoPE base frequency θ.
-    pub rope_freq_base: f32,
-    /// Number of leading dimensions of each head that RoPE rotates.
-    pub rope_dims: usize,
+    /// RoPE of the global layers.
+    pub rope: RopeConfig,
+    /// RoPE base of the sliding-window layers (Gemma 3's `rope.freq_base_swa`, 10000 by
+    /// default); the global base elsewhere.
+    pub rope_base_swa: f32,
+    /// Sliding window in positions (`attention.sliding_window`); 0 for none.
+    pub sliding_window: usize,
+    /// Which layers attend through the window (all `false` without one).
+    pub swa_layers: Vec<bool>,
+    /// Factor of the attention scores (`1/√head_dim`, or 1 where Q is scaled instead).
+    pub attn_scale: f32,
+    /// Factor applied to Q after RoPE, before attention (Gemma 3, Phi-3), as llama.cpp
+    /// does, so the rounding of Q to the KV cache's type is the same.
+    pub q_scale: Option<f32>,
+    /// Factor of the input embeddings (Gemma: `√n_embd`).
+    pub embd_scale: Option<f32>,
+    /// `final_logit_softcapping`: logits become `c·tanh(logits / c)`.
+    pub logit_softcap: Option<f32>,
 }
 
 impl ModelConfig {
     /// Read and check the hyperparameters.
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
-        let arch = f.get_str("general.architecture")?.to_string();
-        if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
-            return Err(ModelError::UnsupportedArchitecture(arch));
+        let name = f.get_str("general.architecture")?.to_string();
+        let arch = Arch::from_name(&name).ok_or_else(|| ModelError::UnsupportedArchitecture(name.clone()))?;
+        let k = Keys { f, arch: name };
+        let n_embd = k.int("embedding_length")?;
+        let n_head = k.int("attention.head_count")?;
+        let n_head_kv = k.int_or("attention.head_count_kv", n_head)?;
+        let head_dim = k.int_or("attention.key_length", n_embd / n_head)?;
+        if k.has("attention.value_length") && k.int("attention.value_length")? != head_dim {
+            return k.bad("attention.value_length", "a value width other than the key width is not supported".into());
         }
-        let key = |k: &str| format!("{arch}.{k}");
-        let int = |k: &str| -> Result<usize> {
-            let v = f.get_u64(&key(k))?;
-            usize::try_from(v).ok().filter(|&v| v > 0 && v < (1 << 32)).ok_or_else(|| ModelError::BadConfig {
-                key: key(k),
-                reason: format!("{v} is out of range"),
-            })
-        };
-        let n_embd = int("embedding_length")?;
-        let n_head = int("attention.head_count")?;
-        let n_head_kv = if f.get(&key("attention.head_count_kv")).is_some() {
-            int("attention.head_count_kv")?
-        } else {
-            n_head
-        };
-        let head_dim = if f.get(&key("attention.key_length")).is_some() { int("attention.key_length")? } else { n_embd / n_head };
-        let n_vocab = match f.get(&key("vocab_size")) {
-            Some(_) => int("vocab_size")?,
+        let n_vocab = match f.get(&k.key("vocab_size")) {
+            Some(_) => k.int("vocab_size")?,
             None => f.get_array("tokenizer.ggml.tokens")?.len(),
         };
-        let rope_dims = if f.get(&key("rope.dimension_count")).is_some() { int("rope.dimension_count")? } else { head_dim };
-        let cfg = Self {
+        let n_layer = k.int("block_count")?;
+        let n_ctx_train = k.int("context_length")?;
+        let rope = k.rope(head_dim, n_ctx_train, arch)?;
+        let mut cfg = Self {
+            arch,
             n_embd,
-            n_layer: int("block_count")?,
+            n_layer,
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: int("feed_forward_length")?,
+            n_ff: k.int("feed_forward_length")?,
             n_vocab,
-            n_ctx_train: int("context_length")?,
-            rms_eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_freq_base: match f.get(&key("rope.freq_base")) {
-                Some(_) => f.get_f32(&key("rope.freq_base"))?,
-                None => 10000.0,
-            },
-            rope_dims,
-            arch: arch.clone(),
+            n_ctx_train,
+            rms_eps: f.get_f32(&k.key("attention.layer_norm_rms_epsilon"))?,
+            rope_base_swa: rope.freq_base,
+            rope,
+            sliding_window: 0,
+            swa_layers: vec![false; n_layer],
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            q_scale: None,
+            embd_scale: None,
+            logit_softcap: None,
         };
-        let bad = |k: &str, reason: String| Err(ModelError::BadConfig { key: key(k), reason });
-        if let Some(t) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
-            if t != "none" {
-                return bad("rope.scaling.type", format!("RoPE scaling {t:?} is not supported yet"));
+        arch.hparams(f, &mut cfg)?;
+        cfg.check(&k)?;
+        Ok(cfg)
+    }
+
+    fn check(&self, k: &Keys<'_>) -> Result<()> {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
+            return k.bad("attention.head_count_kv", format!("{} query heads are not a multiple of {} KV heads", self.n_head, self.n_head_kv));
+        }
+        let r = &self.rope;
+        if r.dims > self.head_dim || !r.dims.is_multiple_of(2) {
+            return k.bad("rope.dimension_count", format!("{} must be even and at most head_dim {}", r.dims, self.head_dim));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return k.bad("attention.layer_norm_rms_epsilon", format!("{} is not a positive number", self.rms_eps));
+        }
+        for (key, v) in [("rope.freq_base", r.freq_base), ("rope.freq_base_swa", self.rope_base_swa)] {
+            if !(v.is_finite() && v > 0.0) {
+                return k.bad(key, format!("{v} is not a positive number"));
             }
         }
-        if !cfg.n_head.is_multiple_of(cfg.n_head_kv) {
-            return bad("attention.head_count_kv", format!("{} query heads are not a multiple of {} KV heads", n_head, n_head_kv));
+        if !(r.freq_scale.is_finite() && r.freq_scale > 0.0 && r.attn_factor.is_finite()) {
+            return k.bad("rope.scaling.factor", format!("scale {} / attention factor {} are not usable", r.freq_scale, r.attn_factor));
         }
-        if cfg.rope_dims > cfg.head_dim || !cfg.rope_dims.is_multiple_of(2) {
-            return bad("rope.dimension_count", format!("{} must be even and at most head_dim {}", rope_dims, head_dim));
+        if let Some(c) = self.logit_softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return k.bad("final_logit_softcapping", format!("{c} is not a positive number"));
+            }
         }
-        if !(cfg.rms_eps.is_finite() && cfg.rms_eps > 0.0) {
-            return bad("attention.layer_norm_rms_epsilon", format!("{} is not a positive number", cfg.rms_eps));
-        }
-        if !(cfg.rope_freq_base.is_finite() && cfg.rope_freq_base > 0.0) {
-            return bad("rope.freq_base", format!("{} is not a positive number", cfg.rope_freq_base));
-        }
-        Ok(cfg)
+        Ok(())
     }
 
     /// Query width `n_head * head_dim`.
@@ -110,5 +186,97 @@ impl ModelConfig {
     /// Key/value width `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Layer `il`'s attention window in positions (`usize::MAX`: full causal).
+    pub fn window(&self, il: usize) -> usize {
+        if self.swa_layers.get(il).copied().unwrap_or(false) && self.sliding_window > 0 {
+            self.sliding_window
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// Layer `il`'s RoPE base (the sliding-window layers' own, or the global one).
+    pub fn rope_base(&self, il: usize) -> f32 {
+        if self.window(il) != usize::MAX { self.rope_base_swa } else { self.rope.freq_base }
+    }
+}
+
+/// Typed access to `{arch}.*` keys with the errors naming the key.
+pub(crate) struct Keys<'a> {
+    pub f: &'a GgufFile,
+    pub arch: String,
+}
+
+impl Keys<'_> {
+    pub fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    pub fn has(&self, k: &str) -> bool {
+        self.f.get(&self.key(k)).is_some()
+    }
+
+    pub fn bad<T>(&self, k: &str, reason: String) -> Result<T> {
+        Err(ModelError::BadConfig { key: self.key(k), reason })
+    }
+
+    /// A positive integer below 2^32.
+    pub fn int(&self, k: &str) -> Result<usize> {
+        let v = self.f.get_u64(&self.key(k))?;
+        usize::try_from(v).ok().filter(|&v| v > 0 && v < (1 << 32)).ok_or_else(|| ModelError::BadConfig {
+            key: self.key(k),
+            reason: format!("{v} is out of range"),
+        })
+    }
+
+    pub fn int_or(&self, k: &str, default: usize) -> Result<usize> {
+        if self.has(k) { self.int(k) } else { Ok(default) }
+    }
+
+    pub fn f32_or(&self, k: &str, default: f32) -> Result<f32> {
+        if self.has(k) { Ok(self.f.get_f32(&self.key(k))?) } else { Ok(default) }
+    }
+
+    /// RoPE of the global layers: `rope.*` keys as llama.cpp reads them for every
+    /// architecture (`llama_model::load_hparams`), and the YaRN factors as
+    /// `llama_context` derives them.
+    fn rope(&self, head_dim: usize, n_ctx_train: usize, arch: Arch) -> Result<RopeConfig> {
+        let layout = if arch == Arch::Llama { RopeLayout::Norm } else { RopeLayout::Neox };
+        let dims = self.int_or("rope.dimension_count", head_dim)?;
+        let freq_base = self.f32_or("rope.freq_base", 10000.0)?;
+        let ty = match self.f.get(&self.key("rope.scaling.type")) {
+            None => "linear".to_string(),
+            Some(v) => match v.as_str() {
+                Some(s) => s.to_string(),
+                None => return self.bad("rope.scaling.type", "not a string".into()),
+            },
+        };
+        let factor = if self.has("rope.scaling.factor") { self.f32_or("rope.scaling.factor", 0.0)? } else { self.f32_or("rope.scale_linear", 0.0)? };
+        let mut freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+        let n_ctx_orig = self.int_or("rope.scaling.original_context_length", n_ctx_train)?;
+        let rope_attn_factor = self.f32_or("rope.scaling.attn_factor", 1.0)?;
+        let (scaling, ext_factor, mut attn_factor) = match ty.as_str() {
+            "none" => {
+                freq_scale = 1.0;
+                (RopeScaling::None, 0.0, 1.0)
+            }
+            "linear" => (if freq_scale == 1.0 { RopeScaling::None } else { RopeScaling::Linear }, 0.0, 1.0),
+            "yarn" => {
+                if self.has("rope.scaling.yarn_log_multiplier") {
+                    return self.bad("rope.scaling.yarn_log_multiplier", "YaRN with a log multiplier (DeepSeek V2-style) is not supported".into());
+                }
+                // llama_context: attn_factor = mscale(factor) / (1 + 0.1·ln factor),
+                // which cancels the mscale `rope_yarn` applies.
+                let factor = 1.0 / freq_scale;
+                let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                (RopeScaling::Yarn, 1.0, mscale * (1.0 / (1.0 + 0.1 * factor.ln())))
+            }
+            "longrope" if arch == Arch::Phi3 => (RopeScaling::Factors, 0.0, 1.0),
+            other => return self.bad("rope.scaling.type", format!("RoPE scaling {other:?} is not supported (none, linear, yarn)")),
+        };
+        attn_factor *= rope_attn_factor;
+        Ok(RopeConfig { layout, dims, freq_base, freq_scale, ext_factor, attn_factor, n_ctx_orig, scaling })
     }
 }

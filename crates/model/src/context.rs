@@ -1,14 +1,17 @@
 //! [`Context`]: one inference stream — KV cache, scratch buffers, thread pool — and the
-//! llama forward pass over a batch of tokens.
+//! forward pass over a batch of tokens: embedding, the architecture's blocks
+//! ([`crate::Arch`], through [`crate::block::Block`]), the output head; with the
+//! schedules around them (tensor parallelism, the pipelined ring, a sliding window).
 
+use crate::block::{Acts, Block, Share};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{CacheType, KvCache};
 use crate::model::Model;
 use crate::ring::{RingLink, RingWindows};
 use crate::source::{LayerSource, SourceStats, Unit};
 use crate::split::{Collective, TensorSplit};
-use hearth_kernels::ops::{self, AttnScratch, AttnShape};
-use hearth_kernels::{matmul, ThreadPool, WeightView};
+use hearth_kernels::ops::{self, AttnScratch};
+use hearth_kernels::{matmul, ThreadPool};
 use std::sync::{Arc, Mutex};
 
 /// Which positions of a batch need logits.
@@ -35,11 +38,11 @@ pub struct Segment<'a> {
 
 /// Rows `row..row + len` of a batch: one sequence's tokens at positions `pos0..` of slot `slot`.
 #[derive(Debug, Clone, Copy)]
-struct Span {
-    slot: usize,
-    pos0: usize,
-    row: usize,
-    len: usize,
+pub(crate) struct Span {
+    pub slot: usize,
+    pub pos0: usize,
+    pub row: usize,
+    pub len: usize,
 }
 
 /// Scratch activations for up to `n_batch` tokens, allocated once.
@@ -55,6 +58,7 @@ struct Scratch {
     logits: Vec<f32>,                  // [n_batch or 1, n_vocab]
     quant: Vec<u8>,                    // activations quantized for the current matmul
     part: Vec<f32>,                    // [n_batch, gathered rows] tensor parallel, gather schedule
+    gathered: Vec<f32>,                // [n_batch, q_dim or n_ff] gather schedule: every node's inputs
     emb_row: Vec<u8>,                  // one token_embd row read through a LayerSource
     attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
 }
@@ -117,6 +121,10 @@ pub struct Context {
     /// and of the first output-head chunk: a ring device's source holds only its units.
     layer_unit: Vec<usize>,
     head_unit0: usize,
+    /// Phi-3 LongRoPE: whether this context uses the long factors (it is longer than the
+    /// original training context), as llama.cpp's `get_rope_factors` decides; `None`
+    /// when the model has no such factors.
+    rope_factors: Option<bool>,
 }
 
 struct RingState {
@@ -127,18 +135,10 @@ struct RingState {
 }
 
 /// One block's matrices as this node computes them (shapes as in `blocks`).
-struct ShardBlock {
-    m: [Vec<u8>; 7],
+pub(crate) struct ShardBlock {
+    /// By [`crate::arch::Mat`] index.
+    pub m: [Vec<u8>; 7],
 }
-
-/// Index of each matrix in [`ShardBlock::m`] (the order of `LayerWeights`).
-const WQ: usize = 0;
-const WK: usize = 1;
-const WV: usize = 2;
-const WO: usize = 3;
-const W_GATE: usize = 4;
-const W_UP: usize = 5;
-const W_DOWN: usize = 6;
 
 struct SplitState {
     split: TensorSplit,
@@ -182,57 +182,6 @@ impl Drop for Context {
     }
 }
 
-fn trace(on: bool, name: &str, il: usize, x: &[f32]) {
-    if on {
-        let sum: f64 = x.iter().map(|&v| v as f64).sum();
-        eprintln!("trace {name}-{il} {sum:.6}");
-    }
-}
-
-/// A matrix as this node computes with it: its compact copy when it has one, else rows
-/// `rows` × columns `cols` of the tensor in `unit` — or the whole tensor when it already
-/// has that shape (a shard file's matrices are stored cut; a range as long as the
-/// dimension is the whole of it).
-fn matrix<'a>(
-    own: Option<&'a ShardBlock>,
-    which: usize,
-    unit: &Unit<'a>,
-    t: &crate::TensorRef,
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-) -> Result<WeightView<'a>> {
-    Ok(match own {
-        Some(b) => WeightView::new(t.ty, &b.m[which], rows.len(), cols.len())?,
-        None if t.rows == rows.len() && t.cols == cols.len() => unit.view(t)?,
-        None => unit.view(t)?.rows(rows).cols(cols)?,
-    })
-}
-
-/// `buf` holds `[n, w]` (this node's columns); rewrite it in place as `[n, full]` with
-/// those columns at `start` and zeros elsewhere (for an exact gather by summing).
-fn spread(buf: &mut [f32], n: usize, w: usize, full: usize, start: usize) {
-    for t in (0..n).rev() {
-        buf.copy_within(t * w..(t + 1) * w, t * full + start);
-        buf[t * full..t * full + start].fill(0.0);
-        buf[t * full + start + w..(t + 1) * full].fill(0.0);
-    }
-}
-
-/// `part: [n, rows.len()]` into columns `rows` of `out: [n, e]`, zeros elsewhere.
-fn place(part: &[f32], out: &mut [f32], n: usize, rows: &std::ops::Range<usize>, e: usize) {
-    let k = rows.len();
-    out[..n * e].fill(0.0);
-    for t in 0..n {
-        out[t * e + rows.start..t * e + rows.end].copy_from_slice(&part[t * k..(t + 1) * k]);
-    }
-}
-
-/// Lets pool threads write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
-
 impl Context {
     /// A context of `n_ctx` positions computing batches of up to `n_batch` tokens on
     /// `n_threads` threads, with the default f16 KV cache.
@@ -270,11 +219,13 @@ impl Context {
             logits: Vec::new(),
             quant: Vec::new(),
             part: Vec::new(),
+            gathered: Vec::new(),
             emb_row: Vec::new(),
             attn_acc: (0..n_threads).map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16))).collect(),
         };
         let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
         let n_layer = c.n_layer;
+        let rope_factors = model.weights.rope_factors.as_ref().map(|_| n_ctx > c.rope.n_ctx_orig);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
         let profile = std::env::var_os("HEARTH_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Profile::default());
         Ok(Self {
@@ -292,6 +243,7 @@ impl Context {
             ring: None,
             layer_unit: (0..n_layer).collect(),
             head_unit0: n_layer,
+            rope_factors,
         })
     }
 
@@ -352,6 +304,7 @@ impl Context {
         self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
+            self.s.gathered = vec![0.0; self.n_batch * c.q_dim().max(c.n_ff)];
         }
         let mut shard = Vec::new();
         if split != TensorSplit::whole(c) && self.model.shard.is_none() {
@@ -493,7 +446,7 @@ impl Context {
     /// What this context's buffers hold now, by category.
     pub fn buffers(&self) -> ContextBuffers {
         let s = &self.s;
-        let f32s = [&s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up, &s.part].iter().map(|b| b.capacity()).sum::<usize>();
+        let f32s = [&s.x, &s.xb, &s.q, &s.k, &s.v, &s.attn, &s.gate, &s.up, &s.part, &s.gathered].iter().map(|b| b.capacity()).sum::<usize>();
         let v_f16 = self.kv.cache_type() == CacheType::F16;
         ContextBuffers {
             kv_cache_bytes: self.kv.bytes(),
@@ -712,15 +665,20 @@ impl Context {
                 }
                 None => &file.as_bytes()[at..at + row_bytes],
             };
-            hearth_kernels::dequantize_row(emb.ty, row, &mut self.s.x[t * e..(t + 1) * e])?;
+            let x = &mut self.s.x[t * e..(t + 1) * e];
+            hearth_kernels::dequantize_row(emb.ty, row, x)?;
+            if let Some(s) = model.config.embd_scale {
+                ops::scale(x, s);
+            }
         }
         Ok(())
     }
 
     /// `x: [n, n_embd]` through blocks `layers`, each span's rows at its slot's positions
     /// `pos0..` (the slots' cached positions end there afterwards); returns the time spent
-    /// in attention. With a split, this node's rows and columns only, and the two partial
-    /// products of each block summed across nodes.
+    /// in attention. Each block is the architecture's ([`crate::Arch`]); with a split,
+    /// this node's rows and columns only, and the two partial products of each block
+    /// summed across nodes (inside [`Block::matmul`]).
     fn blocks(&mut self, spans: &[Span], layers: std::ops::Range<usize>) -> Result<std::time::Duration> {
         let mut attention = std::time::Duration::ZERO;
         let model = Arc::clone(&self.model);
@@ -729,165 +687,67 @@ impl Context {
         let n_ctx = self.n_ctx();
         let e = c.n_embd;
         let whole = TensorSplit::whole(c);
-        let part = self.split.as_ref().map_or(&whole, |sp| &sp.split).clone();
-        let (qr, kvr, fr) = (part.q_rows(c), part.kv_rows(c), part.ffn_rows.clone());
-        let (qd, kvd, ff) = (qr.len(), kvr.len(), fr.len());
-        let n_head = part.n_head(c);
-        let gather = part.gather_rows.clone();
-        let s = &mut self.s;
-        let pool = &self.pool;
-        let tr = self.trace;
+        let part = self.split.as_ref().map_or(&whole, |sp| &sp.split);
+        let share = Share {
+            shapes: part.matrix_shapes(c),
+            n_head: part.n_head(c),
+            n_head_kv: part.kv_heads.len(),
+            gather: part.gather_rows.clone(),
+        };
+        let (qd, kvd, ff) = (share.n_head * c.head_dim, share.n_head_kv * c.head_dim, part.ffn_rows.len());
+        // Attention work items, the same for every layer.
+        let items = crate::attn::attn_items(spans, share.n_head, c.n_head / c.n_head_kv, self.pool.n_threads());
+        let Scratch { x, xb, q, k, v, attn, gate, up, quant, part: part_buf, gathered, attn_acc, .. } = &mut self.s;
         let (shard, mut comm) = match self.split.as_mut() {
             Some(SplitState { shard, comm, .. }) => (&shard[..], Some(comm)),
             None => (&[][..], None),
         };
-        let mut allreduce = |buf: &mut [f32]| -> Result<()> {
-            match comm.as_mut() {
-                Some(comm) => comm.allreduce(buf).map_err(ModelError::Collective),
-                None => Ok(()),
-            }
-        };
-
-        let shape = AttnShape { n_head, n_head_kv: part.kv_heads.len(), head_dim: c.head_dim };
-        // Attention work items, the same for every layer.
-        let attn_work = attn_items(spans, n_head, c.n_head / c.n_head_kv, pool.n_threads());
+        let rope_factors = self.rope_factors.and_then(|long| match &w.rope_factors {
+            Some(f) => Some(&f[long as usize][..]),
+            None => None,
+        });
+        let rope_factors = rope_factors.or(w.rope_freqs.as_deref());
+        let block = c.arch.block();
         let mapped = Unit { bytes: file.as_bytes(), base: 0 };
-        for (il, l) in w.layers.iter().enumerate().take(layers.end).skip(layers.start) {
+        for il in layers {
+            let l = &w.layers[il];
             let unit = match self.source.as_mut() {
                 Some(src) => src.acquire(self.layer_unit[il])?,
                 None => mapped,
             };
-            let own = shard.get(il);
-            let all = |n: usize| 0..n;
-            // Attention block: xb = rmsnorm(x) · attn_norm; q,k,v = xb·Wqᵀ, xb·Wkᵀ, xb·Wvᵀ.
-            ops::rmsnorm(&s.x[..n * e], &l.attn_norm, c.rms_eps, &mut s.xb[..n * e]);
-            trace(tr, "attn_norm", il, &s.xb[..n * e]);
-            if n_head > 0 {
-                matmul(pool, &matrix(own, WQ, &unit, &l.wq, qr.clone(), all(e))?, &s.xb[..n * e], n, &mut s.q[..n * qd], &mut s.quant)?;
-                matmul(pool, &matrix(own, WK, &unit, &l.wk, kvr.clone(), all(e))?, &s.xb[..n * e], n, &mut s.k[..n * kvd], &mut s.quant)?;
-                matmul(pool, &matrix(own, WV, &unit, &l.wv, kvr.clone(), all(e))?, &s.xb[..n * e], n, &mut s.v[..n * kvd], &mut s.quant)?;
-                trace(tr, "Qcur", il, &s.q[..n * qd]);
-                trace(tr, "Kcur", il, &s.k[..n * kvd]);
-                trace(tr, "Vcur", il, &s.v[..n * kvd]);
-                for sp in spans {
-                    let (q, k) = (sp.row * qd..(sp.row + sp.len) * qd, sp.row * kvd..(sp.row + sp.len) * kvd);
-                    ops::rope_norm(&mut s.q[q], n_head, c.head_dim, c.rope_dims, sp.pos0, c.rope_freq_base);
-                    ops::rope_norm(&mut s.k[k.clone()], shape.n_head_kv, c.head_dim, c.rope_dims, sp.pos0, c.rope_freq_base);
-                    self.kv.store(il, sp.slot * n_ctx + sp.pos0, &s.k[k.clone()], &s.v[k]);
-                }
-                trace(tr, "Qrope", il, &s.q[..n * qd]);
-                trace(tr, "Krope", il, &s.k[..n * kvd]);
-
-                // Causal GQA attention against each token's own slot, blockwise: a work
-                // item is a tile of consecutive tokens of one span × a run of query heads
-                // of one KV head, so each K/V row read serves the whole tile
-                // (`ops::attend_block`, bit-identical to one row at a time).
-                let kv = &self.kv;
-                let caches: Vec<_> = spans.iter().map(|sp| kv.layer_rows(il, sp.slot * n_ctx..(sp.slot + 1) * n_ctx)).collect();
-                let q = &s.q;
-                let accs = &s.attn_acc;
-                let out = SyncPtr(s.attn.as_mut_ptr());
-                let group = c.n_head / c.n_head_kv;
-                let hd = c.head_dim;
-                let items = &attn_work;
-                let next = std::sync::atomic::AtomicUsize::new(0);
-                let ta = std::time::Instant::now();
-                pool.run(|tid, _| {
-                    let mut acc = accs[tid].lock().unwrap_or_else(|p| p.into_inner());
-                    // Capture the whole SyncPtr (Send + Sync), not its raw-pointer field.
-                    #[allow(clippy::redundant_locals)]
-                    let out = out;
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(it) = items.get(i) else { break };
-                        let sp = &spans[it.span];
-                        let (kc, vc) = caches[it.span];
-                        let rows = it.row * qd..(it.row + it.len) * qd;
-                        let o = ops::attend_block(
-                            &q[rows],
-                            qd,
-                            it.len,
-                            it.heads.clone(),
-                            kc,
-                            vc,
-                            it.heads.start / group,
-                            sp.pos0 + it.row - sp.row + 1,
-                            shape,
-                            &mut acc,
-                        );
-                        let w = it.heads.len() * hd;
-                        for (t, src) in o.chunks_exact(w).enumerate() {
-                            // SAFETY: each (token, head) output slice belongs to exactly
-                            // one work item.
-                            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add((it.row + t) * qd + it.heads.start * hd), w) };
-                            dst.copy_from_slice(src);
-                        }
-                    }
-                });
-                attention += ta.elapsed();
-                trace(tr, "kqv_out", il, &s.attn[..n * qd]);
-                if gather.is_none() {
-                    let wo = matrix(own, WO, &unit, &l.wo, all(e), qr.clone())?;
-                    matmul(pool, &wo, &s.attn[..n * qd], n, &mut s.xb[..n * e], &mut s.quant)?;
-                }
-            } else {
-                s.xb[..n * e].fill(0.0);
-            }
-            if let Some(rows) = &gather {
-                // Exact: gather every node's heads, then whole dot products for our rows.
-                spread(&mut s.attn, n, qd, c.q_dim(), qr.start);
-                allreduce(&mut s.attn[..n * c.q_dim()])?;
-                let wo = matrix(own, WO, &unit, &l.wo, rows.clone(), all(c.q_dim()))?;
-                matmul(pool, &wo, &s.attn[..n * c.q_dim()], n, &mut s.part[..n * rows.len()], &mut s.quant)?;
-                place(&s.part, &mut s.xb, n, rows, e);
-            }
-            allreduce(&mut s.xb[..n * e])?;
-            ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
-            trace(tr, "attn_out", il, &s.xb[..n * e]);
-            trace(tr, "ffn_inp", il, &s.x[..n * e]);
-
-            // FFN block (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb).
-            ops::rmsnorm(&s.x[..n * e], &l.ffn_norm, c.rms_eps, &mut s.xb[..n * e]);
-            trace(tr, "ffn_norm", il, &s.xb[..n * e]);
-            if ff > 0 {
-                matmul(
-                    pool,
-                    &matrix(own, W_GATE, &unit, &l.w_gate, fr.clone(), all(e))?,
-                    &s.xb[..n * e],
-                    n,
-                    &mut s.gate[..n * ff],
-                    &mut s.quant,
-                )?;
-                matmul(
-                    pool,
-                    &matrix(own, W_UP, &unit, &l.w_up, fr.clone(), all(e))?,
-                    &s.xb[..n * e],
-                    n,
-                    &mut s.up[..n * ff],
-                    &mut s.quant,
-                )?;
-                trace(tr, "ffn_gate", il, &s.gate[..n * ff]);
-                trace(tr, "ffn_up", il, &s.up[..n * ff]);
-                ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
-                trace(tr, "ffn_swiglu", il, &s.gate[..n * ff]);
-                if gather.is_none() {
-                    let down = matrix(own, W_DOWN, &unit, &l.w_down, all(e), fr.clone())?;
-                    matmul(pool, &down, &s.gate[..n * ff], n, &mut s.xb[..n * e], &mut s.quant)?;
-                }
-            } else {
-                s.xb[..n * e].fill(0.0);
-            }
-            if let Some(rows) = &gather {
-                spread(&mut s.gate, n, ff, c.n_ff, fr.start);
-                allreduce(&mut s.gate[..n * c.n_ff])?;
-                let down = matrix(own, W_DOWN, &unit, &l.w_down, rows.clone(), all(c.n_ff))?;
-                matmul(pool, &down, &s.gate[..n * c.n_ff], n, &mut s.part[..n * rows.len()], &mut s.quant)?;
-                place(&s.part, &mut s.xb, n, rows, e);
-            }
-            allreduce(&mut s.xb[..n * e])?;
-            ops::add_assign(&mut s.x[..n * e], &s.xb[..n * e]);
-            trace(tr, "ffn_out", il, &s.xb[..n * e]);
-            trace(tr, "l_out", il, &s.x[..n * e]);
+            let mut b = Block {
+                c,
+                il,
+                n,
+                share: &share,
+                l,
+                unit,
+                own: shard.get(il),
+                pool: &self.pool,
+                comm: comm.as_mut().map(|b| &mut ***b as &mut dyn Collective),
+                kv: &mut self.kv,
+                n_ctx,
+                spans,
+                items: &items,
+                quant,
+                part: part_buf,
+                gathered,
+                attn_acc,
+                rope_factors,
+                trace: self.trace,
+                attention: &mut attention,
+            };
+            let mut a = Acts {
+                x: &mut x[..n * e],
+                xb: &mut xb[..n * e],
+                q: &mut q[..n * qd],
+                k: &mut k[..n * kvd],
+                v: &mut v[..n * kvd],
+                attn: &mut attn[..n * qd],
+                gate: &mut gate[..n * ff],
+                up: &mut up[..n * ff],
+            };
+            block(&mut b, &mut a, l)?;
             if let Some(src) = self.source.as_mut() {
                 src.release(self.layer_unit[il]);
             }
@@ -955,77 +815,13 @@ impl Context {
                 src.release(self.head_unit0 + k);
             }
         }
+        if let Some(cap) = c.logit_softcap {
+            // ggml: scale by 1/cap, tanh, scale by cap.
+            let v = c.n_vocab;
+            for x in &mut s.logits[out_row * v..(out_row + m) * v] {
+                *x = (*x * (1.0 / cap)).tanh() * cap;
+            }
+        }
         Ok(())
-    }
-}
-
-/// One work item of blockwise attention: tokens `row..row + len` of span `span` × query
-/// heads `heads` (all of one KV head).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct AttnItem {
-    span: usize,
-    row: usize,
-    len: usize,
-    heads: std::ops::Range<usize>,
-}
-
-/// Splits a batch's attention into [`AttnItem`]s, most expensive (latest tokens) first
-/// for the pool's threads to take in turn: tiles of up to `64 / heads` tokens of one span
-/// × runs of a KV head's `group` query heads (`n_head` local heads); runs are halved while
-/// there are fewer than two items per thread (decode: one token per span).
-fn attn_items(spans: &[Span], n_head: usize, group: usize, n_threads: usize) -> Vec<AttnItem> {
-    let group = group.clamp(1, ops::BLOCK_MAX_QUERIES);
-    let tile = (ops::BLOCK_MAX_QUERIES / group).clamp(1, 16);
-    let n_tiles: usize = spans.iter().map(|sp| sp.len.div_ceil(tile)).sum();
-    let mut run = group;
-    while run > 1 && n_tiles * n_head.div_ceil(run) < 2 * n_threads {
-        run = run.div_ceil(2);
-    }
-    let mut items = Vec::new();
-    for (si, sp) in spans.iter().enumerate() {
-        for o in (0..sp.len).step_by(tile) {
-            for g in (0..n_head).step_by(group) {
-                let end = (g + group).min(n_head);
-                for h in (g..end).step_by(run) {
-                    items.push(AttnItem { span: si, row: sp.row + o, len: tile.min(sp.len - o), heads: h..(h + run).min(end) });
-                }
-            }
-        }
-    }
-    // Longest first: a tile's cost grows with its last position.
-    items.sort_by_key(|it| std::cmp::Reverse(spans[it.span].pos0 + it.row - spans[it.span].row + it.len));
-    items
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every (token, head) pair of a batch is in exactly one attention item, each item's
-    /// heads share a KV head and its tokens one span.
-    #[test]
-    fn attn_items_cover_each_query_once() {
-        let spans = [
-            Span { slot: 0, pos0: 0, row: 0, len: 37 },
-            Span { slot: 2, pos0: 90, row: 37, len: 1 },
-            Span { slot: 1, pos0: 5, row: 38, len: 16 },
-        ];
-        let n = 54;
-        for (n_head, group, threads) in [(9, 3, 1), (9, 3, 2), (32, 8, 2), (4, 4, 16), (6, 1, 2), (3, 3, 8)] {
-            let items = attn_items(&spans, n_head, group, threads);
-            let mut seen = vec![0u8; n * n_head];
-            for it in &items {
-                let sp = &spans[it.span];
-                assert!(it.row >= sp.row && it.row + it.len <= sp.row + sp.len, "{it:?}");
-                assert!(it.len * it.heads.len() <= ops::BLOCK_MAX_QUERIES);
-                assert_eq!(it.heads.start / group, (it.heads.end - 1) / group, "{it:?}");
-                for t in it.row..it.row + it.len {
-                    for h in it.heads.clone() {
-                        seen[t * n_head + h] += 1;
-                    }
-                }
-            }
-            assert!(seen.iter().all(|&c| c == 1), "n_head {n_head} group {group}");
-        }
     }
 }

@@ -1,5 +1,8 @@
 //! Model architectures and the forward pass.
 //!
+//! - [`Arch`]: the architectures (llama, qwen2, qwen3, gemma3, phi3), each one file under
+//!   `arch/` with its hyperparameters, tensor table and block.
+//!
 //! - [`Model`]: a GGUF file opened for inference (config, tokenizer, weight views).
 //! - [`Context`]: one inference stream (KV cache, scratch, thread pool); [`Context::eval`]
 //!   runs a batch of tokens and returns logits.
@@ -16,6 +19,9 @@
 //! ```
 #![deny(missing_docs)]
 
+mod arch;
+mod attn;
+mod block;
 mod config;
 mod context;
 mod error;
@@ -28,7 +34,8 @@ pub mod sampler;
 mod weights;
 pub mod quantize;
 
-pub use config::{ModelConfig, SUPPORTED_ARCHS};
+pub use arch::{Arch, Holds, LayerTensor, Mat, Vector, ARCHS};
+pub use config::{ModelConfig, RopeConfig, RopeScaling, SUPPORTED_ARCHS};
 pub use context::{Context, ContextBuffers, Logits, Segment};
 pub use error::{ModelError, Result};
 pub use kv_cache::{CacheType, KvCache};
@@ -36,6 +43,6 @@ pub use model::Model;
 pub use ring::{RingLink, RingWindows};
 pub use source::{split_rows, unit_ranges, LayerSource, SourceStats, Unit};
 pub use split::{keys as shard_keys, slice_matrix, Collective, CollectiveError, TensorSplit};
-pub use weights::{LayerWeights, TensorRef, Weights, MATMUL_TYPES};
+pub use weights::{layer_table, LayerWeights, TensorRef, Weights, MATMUL_TYPES};
 mod generate;
 pub use generate::{generate, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};

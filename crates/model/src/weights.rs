@@ -1,11 +1,14 @@
-//! Named weight tensors of a llama-style model, as references into the mapped GGUF file.
+//! Named weight tensors of a model, as references into the mapped GGUF file, found
+//! through the architecture's tensor table ([`crate::Arch::layer_tensors`]).
 //!
 //! Nothing here copies a matrix: a [`TensorRef`] is (type, byte range, shape) and
 //! becomes a `WeightView` (over the mapping, or a sliding window's buffer: see
 //! [`crate::Unit::view`]) only while a kernel runs. This is what
 //! lets later layers take views of row/column ranges (tensor parallelism) or of a
-//! window of layers (the sliding-window scheduler) without touching the rest.
+//! window of layers (the sliding-window scheduler) without touching the rest. A fused
+//! tensor (Phi-3's `attn_qkv`) is several matrices that are row ranges of one tensor.
 
+use crate::arch::{Holds, LayerTensor, Mat, Vector};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use hearth_gguf::GgufFile;
@@ -45,11 +48,12 @@ impl TensorRef {
     }
 }
 
+/// Number of [`Vector`] kinds.
+const N_VECTORS: usize = 9;
+
 /// One transformer block's tensors. Shapes in `[rows, cols]` = `[out, in]` order.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    /// RMSNorm weight before attention, `[n_embd]`.
-    pub attn_norm: Vec<f32>,
     /// `wq: [n_head*head_dim, n_embd]`.
     pub wq: TensorRef,
     /// `wk: [n_head_kv*head_dim, n_embd]`.
@@ -58,20 +62,35 @@ pub struct LayerWeights {
     pub wv: TensorRef,
     /// `wo: [n_embd, n_head*head_dim]`.
     pub wo: TensorRef,
-    /// RMSNorm weight before the FFN, `[n_embd]`.
-    pub ffn_norm: Vec<f32>,
     /// `w_gate: [n_ff, n_embd]`.
     pub w_gate: TensorRef,
     /// `w_up: [n_ff, n_embd]`.
     pub w_up: TensorRef,
     /// `w_down: [n_embd, n_ff]`.
     pub w_down: TensorRef,
+    /// Norm weights and biases the file has, by [`Vector`] kind (f32, copied at load).
+    vectors: [Option<Vec<f32>>; N_VECTORS],
 }
 
 impl LayerWeights {
     /// The seven matrices: `attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down`.
     pub fn matrices(&self) -> [&TensorRef; 7] {
         [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
+    }
+
+    /// The matrix playing role `m`.
+    pub fn matrix(&self, m: Mat) -> &TensorRef {
+        self.matrices()[m as usize]
+    }
+
+    /// A vector the file has (`None`: an optional one it left out).
+    pub fn opt(&self, v: Vector) -> Option<&[f32]> {
+        self.vectors[v as usize].as_deref()
+    }
+
+    /// A vector the architecture requires (checked at load; empty if absent).
+    pub fn v(&self, v: Vector) -> &[f32] {
+        self.opt(v).unwrap_or(&[])
     }
 }
 
@@ -87,6 +106,31 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// Output head `[n_vocab, n_embd]`: `output.weight`, or `token_embd` when tied.
     pub output: TensorRef,
+    /// RoPE frequency divisors `[rope_dims / 2]`: Llama 3.1's `rope_freqs.weight`.
+    pub rope_freqs: Option<Vec<f32>>,
+    /// Phi-3 LongRoPE: `rope_factors_short.weight` and `rope_factors_long.weight`
+    /// (the long ones serve contexts beyond the original training length).
+    pub rope_factors: Option<[Vec<f32>; 2]>,
+}
+
+/// The per-layer tensors to look for: the architecture's table, with fused matrices
+/// listed as separate ones in a shard file (which stores them cut, unfused).
+pub fn layer_table(c: &ModelConfig, shard: bool) -> Vec<LayerTensor> {
+    let mut out = Vec::new();
+    for t in c.arch.layer_tensors() {
+        match t.holds {
+            Holds::Fused(ms) if shard => {
+                out.extend(ms.iter().map(|&m| LayerTensor { name: unfused_name(m), holds: Holds::Matrix(m), optional: t.optional }))
+            }
+            _ => out.push(*t),
+        }
+    }
+    out
+}
+
+/// `attn_q.weight`, …
+fn unfused_name(m: Mat) -> &'static str {
+    ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"][m as usize]
 }
 
 impl Weights {
@@ -110,34 +154,60 @@ impl Weights {
             };
             (token_embd, output)
         };
-        let layers = (0..c.n_layer)
-            .map(|i| {
-                let m = |k: usize, n: &str| matrix(f, &format!("blk.{i}.{n}.weight"), shapes[k].0, shapes[k].1);
-                Ok(LayerWeights {
-                    attn_norm: vector(f, &format!("blk.{i}.attn_norm.weight"), e)?,
-                    wq: m(0, "attn_q")?,
-                    wk: m(1, "attn_k")?,
-                    wv: m(2, "attn_v")?,
-                    wo: m(3, "attn_output")?,
-                    ffn_norm: vector(f, &format!("blk.{i}.ffn_norm.weight"), e)?,
-                    w_gate: m(4, "ffn_gate")?,
-                    w_up: m(5, "ffn_up")?,
-                    w_down: m(6, "ffn_down")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let w = Self { token_embd, layers, output_norm: vector(f, "output_norm.weight", e)?, output };
-        // Every tensor in the file must be one we use: an extra one means the file is a
-        // variant we would silently run wrong (e.g. Llama 3.1's rope_freqs).
-        let mut used: std::collections::HashSet<&str> =
-            [w.token_embd.name.as_str(), w.output.name.as_str(), "output_norm.weight"].into();
-        let norms: Vec<String> =
-            (0..c.n_layer).flat_map(|i| [format!("blk.{i}.attn_norm.weight"), format!("blk.{i}.ffn_norm.weight")]).collect();
-        used.extend(norms.iter().map(String::as_str));
-        for l in &w.layers {
-            used.extend(l.matrices().map(|t| t.name.as_str()));
+        let table = layer_table(c, shard.is_some());
+        let mut used: std::collections::HashSet<String> =
+            [token_embd.name.clone(), output.name.clone(), "output_norm.weight".to_string()].into();
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let mut mats: [Option<TensorRef>; 7] = Default::default();
+            let mut vectors: [Option<Vec<f32>>; N_VECTORS] = Default::default();
+            for t in &table {
+                let name = format!("blk.{i}.{}", t.name);
+                if t.optional && f.tensor(&name).is_none() {
+                    continue;
+                }
+                match t.holds {
+                    Holds::Vector(k) => vectors[k as usize] = Some(vector(f, &name, k.len(c))?),
+                    Holds::Matrix(m) => mats[m as usize] = Some(matrix(f, &name, shapes[m as usize].0, shapes[m as usize].1)?),
+                    Holds::Fused(ms) => {
+                        let rows: usize = ms.iter().map(|&m| shapes[m as usize].0).sum();
+                        let whole = matrix(f, &name, rows, shapes[ms[0] as usize].1)?;
+                        let mut r0 = 0;
+                        for &m in ms {
+                            let n = shapes[m as usize].0;
+                            mats[m as usize] = Some(whole.rows(r0..r0 + n));
+                            r0 += n;
+                        }
+                    }
+                }
+                used.insert(name);
+            }
+            let [wq, wk, wv, wo, w_gate, w_up, w_down] = mats.map(|m| m.expect("the table names all seven matrices"));
+            layers.push(LayerWeights { wq, wk, wv, wo, w_gate, w_up, w_down, vectors });
         }
-        if let Some(t) = f.tensors().iter().find(|t| !used.contains(t.name.as_str())) {
+        let rope_dims = c.rope.dims / 2;
+        let mut opt_vector = |name: &str| -> Result<Option<Vec<f32>>> {
+            if f.tensor(name).is_none() {
+                return Ok(None);
+            }
+            used.insert(name.to_string());
+            vector(f, name, rope_dims).map(Some)
+        };
+        let rope_freqs = opt_vector("rope_freqs.weight")?;
+        let rope_factors = match (opt_vector("rope_factors_short.weight")?, opt_vector("rope_factors_long.weight")?) {
+            (Some(s), Some(l)) => Some([s, l]),
+            (None, None) => None,
+            _ => return Err(ModelError::MissingTensor("rope_factors_short.weight and rope_factors_long.weight (both or neither)".into())),
+        };
+        for factors in rope_freqs.iter().chain(rope_factors.iter().flatten()) {
+            if let Some(bad) = factors.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                return Err(ModelError::Weights(format!("a RoPE frequency factor is {bad}: factors must be positive")));
+            }
+        }
+        let w = Self { token_embd, layers, output_norm: vector(f, "output_norm.weight", e)?, output, rope_freqs, rope_factors };
+        // Every tensor in the file must be one we use: an extra one means the file is a
+        // variant we would silently run wrong (e.g. biases this architecture has none of).
+        if let Some(t) = f.tensors().iter().find(|t| !used.contains(&t.name)) {
             return Err(ModelError::UnusedTensor(t.name.clone()));
         }
         Ok(w)
@@ -177,7 +247,7 @@ fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<TensorRe
     })
 }
 
-/// Norm weights are tiny vectors: converted to f32 once at load.
+/// Norm weights and biases are tiny vectors: converted to f32 once at load.
 fn vector(f: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
     if t.dims != [n as u64] {

@@ -261,7 +261,7 @@ impl ModelInfo {
         let ftype = f.get("general.file_type").and_then(|v| v.as_int()).map(|v| file_type_name(v as u32)).unwrap_or_else(|| "?".into());
         Self {
             filename: path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-            arch: model.config.arch.clone(),
+            arch: model.config.arch.to_string(),
             ftype,
             size_bytes: f.tensors().iter().map(|t| t.size).sum(),
             n_params: model.n_params(),

@@ -8,6 +8,11 @@
 
 use half::f16;
 
+mod act;
+mod rope;
+pub use act::{add_rows, geglu, rmsnorm_inplace, scale};
+pub use rope::{rope, rope_norm, Rope, RopeLayout};
+
 /// `out = x / sqrt(mean(x²) + eps) * w` for each row of `x: [n, w.len()]`.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
@@ -16,45 +21,6 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         let scale = 1.0 / ((ss / n as f64) as f32 + eps).sqrt();
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
             *o = v * scale * g;
-        }
-    }
-}
-
-/// Rotary position embedding, "normal" layout (adjacent pairs rotate), as ggml's
-/// `GGML_ROPE_TYPE_NORM` used by the llama architecture.
-///
-/// `x: [n_tokens, n_heads * head_dim]`; token `t` sits at position `pos0 + t`; the first
-/// `n_rot` dims of each head rotate with θ_i = pos · base^(−2i/n_rot) (RoFormer, eq. 15).
-pub fn rope_norm(x: &mut [f32], n_heads: usize, head_dim: usize, n_rot: usize, pos0: usize, base: f32) {
-    let theta_scale = base.powf(-2.0 / n_rot as f32);
-    let mut cache = vec![0f32; n_rot];
-    for (t, row) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
-        let mut theta = (pos0 + t) as f32;
-        for i in (0..n_rot).step_by(2) {
-            cache[i] = theta.cos();
-            cache[i + 1] = theta.sin();
-            theta *= theta_scale;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the feature was just detected.
-            unsafe { x86::rotate(row, head_dim, &cache) };
-            continue;
-        }
-        rotate(row, head_dim, &cache);
-    }
-}
-
-/// Rotates the first `cache.len()` dims of each head of `row` by the `(cos, sin)` pairs in
-/// `cache`. As GCC contracts ggml's `rotate_pairs` (-ffp-contract=fast, seen in the
-/// reference build's code): the x0 products fuse, the x1 products round first.
-#[inline(always)]
-fn rotate(row: &mut [f32], head_dim: usize, cache: &[f32]) {
-    for head in row.chunks_exact_mut(head_dim) {
-        for (p, cs) in head.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
-            let (a, b, c, s) = (p[0], p[1], cs[0], cs[1]);
-            p[0] = a.mul_add(c, -(b * s));
-            p[1] = a.mul_add(s, b * c);
         }
     }
 }
@@ -185,12 +151,6 @@ mod x86 {
         let le0 = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
         let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le0);
         _mm256_blendv_ps(res, alt, d)
-    }
-
-    /// [`super::rotate`] with `mul_add` as an inline FMA instruction.
-    #[target_feature(enable = "fma")]
-    pub unsafe fn rotate(row: &mut [f32], head_dim: usize, cache: &[f32]) {
-        super::rotate(row, head_dim, cache)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -524,12 +484,12 @@ mod x86 {
         let Tile { n_tok, nh, kv_head, n_kv0, s } = t;
         let hd = 8 * nv;
         let nq = n_tok * nh;
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let scale = s.scale;
         b.m[..nq].fill(f32::NEG_INFINITY);
         b.sum[..nq].fill(0.0);
         b.acc[..nq * hd].fill(0.0);
         let n_kv_max = n_kv0 + n_tok - 1;
-        let mut j0 = 0;
+        let mut j0 = n_kv0.saturating_sub(s.window);
         while j0 < n_kv_max {
             let j1 = (j0 + BLOCK_ROWS).min(n_kv_max);
             for j in j0..j1 {
@@ -543,10 +503,12 @@ mod x86 {
             }
             for tt in 0..n_tok {
                 let lim = (n_kv0 + tt).min(j1);
-                if lim <= j0 {
+                // A sliding window: this token sees rows from `lo` on.
+                let lo = (n_kv0 + tt).saturating_sub(s.window).max(j0);
+                if lim <= lo {
                     continue;
                 }
-                let nr = lim - j0;
+                let (nr, r0) = (lim - lo, lo - j0);
                 // Heads of one token see the same rows: with 512-bit vectors up to 4
                 // (head_dim 64) or 2 (128) accumulators step through the rows together,
                 // each V row load serving all of them (independent f16 rounding chains).
@@ -565,7 +527,7 @@ mod x86 {
                     for qi in 0..cnt {
                         let i = tt * nh + h0 + qi;
                         let qp = b.qh.as_ptr().add(i * hd);
-                        let kf = b.kf.as_ptr();
+                        let kf = b.kf.as_ptr().add(r0 * hd);
                         let sc = b.score.as_mut_ptr();
                         if w512 {
                             scores512(nv, qp, kf, sc, nr, scale);
@@ -594,7 +556,7 @@ mod x86 {
                     // The accumulators, rounded to f16 after every step (`VKQ16`).
                     let st: [Steps<'_>; 4] =
                         std::array::from_fn(|qi| Steps { ms: &ms[qi][..nr], vs: &vs[qi][..nr], resc: &resc[qi][..nr] });
-                    let vf = b.vf.as_ptr();
+                    let vf = b.vf.as_ptr().add(r0 * hd);
                     match (w512, nv, cnt) {
                         (true, 8, 4) => mad512::<4, 4>(4, aps, vf, st),
                         (true, 8, 3) => mad512::<4, 3>(4, aps, vf, st),
@@ -629,6 +591,19 @@ pub struct AttnShape {
     pub n_head_kv: usize,
     /// Head width.
     pub head_dim: usize,
+    /// Factor of the scores `q·k` before the softmax: `1/√head_dim` for most models;
+    /// 1 where the architecture scales Q itself (Gemma 3).
+    pub scale: f32,
+    /// Sliding window: a query at position `p` sees keys `p − window + 1 ..= p`
+    /// (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`); `usize::MAX` for full causal attention.
+    pub window: usize,
+}
+
+impl AttnShape {
+    /// Full causal attention, scores scaled by `1/√head_dim`.
+    pub fn causal(n_head: usize, n_head_kv: usize, head_dim: usize) -> Self {
+        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX }
+    }
 }
 
 /// Widest head the attention kernels take (their per-call buffers live on the stack).
@@ -774,7 +749,7 @@ fn round_f16(src: &[f32], dst: &mut [f32]) {
 
 /// Causal attention of a tile of queries: `n_tok` consecutive tokens of one sequence ×
 /// query heads `heads`, all served by KV head `kv_head`; token `t` of the tile sees cache
-/// rows `0..n_kv0 + t`. Query `(t, h)` is `q[t·q_stride + h·head_dim..][..head_dim]`; its
+/// rows `0..n_kv0 + t` (the last `s.window` of them). Query `(t, h)` is `q[t·q_stride + h·head_dim..][..head_dim]`; its
 /// result is `ret[(t·heads.len() + h − heads.start)·head_dim..][..head_dim]` of the
 /// returned slice (held by `scratch`). At most [`BLOCK_MAX_QUERIES`] queries.
 ///
@@ -864,7 +839,7 @@ fn attend_block_with<'s>(
 }
 
 /// The shape of one [`attend_block`] tile: query `i` is token `i / nh`, head `i % nh`
-/// of the tile, and sees cache rows `0..n_kv0 + i / nh`.
+/// of the tile, and sees cache rows `0..n_kv0 + i / nh` (the last `s.window` of them).
 #[derive(Clone, Copy)]
 struct Tile {
     n_tok: usize,
@@ -983,16 +958,17 @@ const Q8_0_BYTES: usize = 34;
 #[inline(always)]
 fn online_softmax<K: KeyRows, V: ValueAcc>(t: Tile, key: &K, val: &mut V, m: &mut [f32], sum: &mut [f32], out: &mut [f32]) {
     let (nq, hd) = (t.n_tok * t.nh, t.s.head_dim);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = t.s.scale;
     m[..nq].fill(f32::NEG_INFINITY);
     sum[..nq].fill(0.0);
     val.zero();
     let n_kv_max = t.n_kv0 + t.n_tok - 1;
-    for j0 in (0..n_kv_max).step_by(BLOCK_ROWS) {
+    for j0 in (t.n_kv0.saturating_sub(t.s.window)..n_kv_max).step_by(BLOCK_ROWS) {
         let j1 = (j0 + BLOCK_ROWS).min(n_kv_max);
         val.chunk(j0, j1);
         for i in 0..nq {
-            for j in j0..(t.n_kv0 + i / t.nh).min(j1) {
+            let hi = t.n_kv0 + i / t.nh;
+            for j in j0.max(hi.saturating_sub(t.s.window))..hi.min(j1) {
                 let score = key.dot(i, j) * scale;
                 let (mut ms, mut vs) = (1f32, 1f32);
                 if score > m[i] {
@@ -1390,31 +1366,6 @@ mod tests {
     }
 
     #[test]
-    fn rope_at_position_zero_is_identity_and_preserves_norm() {
-        let mut x: Vec<f32> = (0..128).map(|i| i as f32 * 0.1).collect();
-        let orig = x.clone();
-        rope_norm(&mut x, 2, 64, 64, 0, 10000.0);
-        assert_eq!(x, orig);
-        let mut portable = x.clone();
-        rope_norm(&mut x, 2, 64, 64, 7, 10000.0);
-        // The FMA-instruction path and the portable one round identically.
-        let ts = 10000f32.powf(-2.0 / 64.0);
-        let cache: Vec<f32> = (0..32)
-            .scan(7f32, |th, _| {
-                let cs = [th.cos(), th.sin()];
-                *th *= ts;
-                Some(cs)
-            })
-            .flatten()
-            .collect();
-        rotate(&mut portable, 64, &cache);
-        assert_eq!(x, portable);
-        let n0: f32 = orig.iter().map(|v| v * v).sum();
-        let n1: f32 = x.iter().map(|v| v * v).sum();
-        assert!((n0 - n1).abs() / n0 < 1e-5);
-    }
-
-    #[test]
     fn rmsnorm_unit_rms() {
         let x = vec![3.0f32, -4.0, 0.0, 5.0];
         let mut o = vec![0f32; 4];
@@ -1438,7 +1389,7 @@ mod tests {
 
     #[test]
     fn attention_every_cache_type_tracks_exact_softmax() {
-        let s = AttnShape { n_head: 4, n_head_kv: 2, head_dim: 64 };
+        let s = AttnShape::causal(4, 2, 64);
         let (n_ctx, kvd) = (37, 128);
         let k: Vec<f32> = (0..n_ctx * kvd).map(|i| ((i as f32) * 0.731).sin() * 1.5).collect();
         let v: Vec<f32> = (0..n_ctx * kvd).map(|i| ((i as f32) * 0.377).cos() * 2.0).collect();
@@ -1506,7 +1457,7 @@ mod tests {
 
     #[test]
     fn attention_single_position_returns_v() {
-        let s = AttnShape { n_head: 1, n_head_kv: 1, head_dim: 4 };
+        let s = AttnShape::causal(1, 1, 4);
         let k: Vec<f16> = [1.0, 0.0, 0.0, 0.0].iter().map(|&x| f16::from_f32(x)).collect();
         let v: Vec<f16> = [0.5, 1.0, -2.0, 3.0].iter().map(|&x| f16::from_f32(x)).collect();
         let mut acc = vec![f16::ZERO; 4];
@@ -1542,7 +1493,9 @@ mod tests {
         ];
         for &(hd, n_kv_head, group, kt, vt) in cases {
             let n_head = n_kv_head * group;
-            let s = AttnShape { n_head, n_head_kv: n_kv_head, head_dim: hd };
+            // Full causal attention, and a sliding window shorter than most contexts here.
+            let full = AttnShape::causal(n_head, n_kv_head, hd);
+            for s in [full, AttnShape { window: 20, ..full }] {
             let n_ctx = 157;
             let w = n_kv_head * hd;
             for spread in [0.3f32, 4.0] {
@@ -1591,13 +1544,34 @@ mod tests {
                                     let i = t * nh + hi;
                                     let g: Vec<u32> = got[i * hd..(i + 1) * hd].iter().map(|x| x.to_bits()).collect();
                                     let w: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
-                                    assert_eq!(g, w, "hd {hd} {kt:?}/{vt:?} n_kv0 {n_kv0} tok {t} head {h} avx512 {avx512}");
+                                    assert_eq!(g, w, "hd {hd} {kt:?}/{vt:?} n_kv0 {n_kv0} tok {t} head {h} avx512 {avx512} window {}", s.window);
                                 }
                             }
                         }
                     }
                 }
             }
+            }
         }
+    }
+
+    /// A sliding window of `w` is attention over the last `w` rows alone: the same
+    /// result as full attention on a cache that starts `n_kv − w` rows later.
+    #[test]
+    fn sliding_window_sees_only_the_last_rows() {
+        let (hd, n_kv, w) = (64, 90, 24);
+        let full = AttnShape::causal(1, 1, hd);
+        let k: Vec<f16> = (0..n_kv * hd).map(|i| f16::from_f32(((i * 7919) % 113) as f32 / 113.0 - 0.5)).collect();
+        let v: Vec<f16> = (0..n_kv * hd).map(|i| f16::from_f32(((i * 104729) % 97) as f32 / 97.0 - 0.5)).collect();
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.3).sin()).collect();
+        let mut sc = AttnScratch::new(hd, true);
+        let (mut a, mut b, mut c) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        attend(&q, KvRows::F16(&k), KvRows::F16(&v), 0, n_kv, AttnShape { window: w, ..full }, &mut sc, &mut a);
+        let tail = (n_kv - w) * hd..;
+        attend(&q, KvRows::F16(&k[tail.clone()]), KvRows::F16(&v[tail]), 0, w, full, &mut sc, &mut b);
+        assert_eq!(a, b);
+        // Control: without the window the result differs.
+        attend(&q, KvRows::F16(&k), KvRows::F16(&v), 0, n_kv, full, &mut sc, &mut c);
+        assert_ne!(a, c);
     }
 }

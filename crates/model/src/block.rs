@@ -1,0 +1,250 @@
+//! The ops an architecture's block is written against ([`Block`]), and the activations
+//! it works on ([`Acts`]).
+//!
+//! An architecture file sees whole-model operations: "Q = attn_norm(x) · Wqᵀ",
+//! "attention", "xb = attn · Woᵀ". What this node actually computes hides behind them:
+//! - [`Block::matmul`] takes a matrix by role ([`Mat`]) and finds it where this node
+//!   keeps it (the mapping, a sliding window's unit, a tensor-parallel shard copy);
+//!   with tensor parallelism Q/K/V/gate/up give this node's rows only (the activations
+//!   are this node's heads and FFN rows), and the two output projections O and down
+//!   come back complete: partial products summed across nodes (one allreduce), or, with
+//!   the gather schedule, inputs gathered, this node's output rows computed, gathered.
+//! - [`Block::attention`] stores K and V in this node's KV cache and attends over it
+//!   with the layer's window, tiled over the thread pool.
+//!
+//! So a block reads like the model's definition, and a schedule never enters it.
+
+use crate::arch::Mat;
+use crate::config::ModelConfig;
+use crate::attn::{self, AttnItem};
+use crate::context::{ShardBlock, Span};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::source::Unit;
+use crate::split::Collective;
+use crate::weights::LayerWeights;
+use hearth_kernels::ops::{self, AttnScratch, AttnShape};
+use hearth_kernels::{matmul, ThreadPool, WeightView};
+use std::ops::Range;
+use std::sync::Mutex;
+
+/// One layer's activations for the `n` tokens of a pass, each `[n, width]` with this
+/// node's widths (all of them on one machine).
+pub(crate) struct Acts<'a> {
+    /// Residual stream `[n, n_embd]`.
+    pub x: &'a mut [f32],
+    /// Normed input, projection outputs `[n, n_embd]`.
+    pub xb: &'a mut [f32],
+    /// Queries `[n, n_head·head_dim]` (this node's heads).
+    pub q: &'a mut [f32],
+    /// Keys `[n, n_head_kv·head_dim]`.
+    pub k: &'a mut [f32],
+    /// Values `[n, n_head_kv·head_dim]`.
+    pub v: &'a mut [f32],
+    /// Attention output `[n, n_head·head_dim]`.
+    pub attn: &'a mut [f32],
+    /// FFN gate `[n, n_ff]` (this node's rows).
+    pub gate: &'a mut [f32],
+    /// FFN up `[n, n_ff]`.
+    pub up: &'a mut [f32],
+}
+
+/// This node's part of every block: the row and column ranges of each matrix and the
+/// heads it computes.
+#[derive(Debug, Clone)]
+pub(crate) struct Share {
+    /// `[rows, cols]` of each matrix as this node computes with it (by [`Mat`] index).
+    pub shapes: [(Range<usize>, Range<usize>); 7],
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// The gather schedule's output rows of O and down (`None`: partial sums).
+    pub gather: Option<Range<usize>>,
+}
+
+/// Everything one layer's ops need (see the module docs).
+pub(crate) struct Block<'a> {
+    pub c: &'a ModelConfig,
+    /// Layer index.
+    pub il: usize,
+    /// Tokens in this pass.
+    pub n: usize,
+    pub(crate) share: &'a Share,
+    pub(crate) l: &'a LayerWeights,
+    pub(crate) unit: Unit<'a>,
+    pub(crate) own: Option<&'a ShardBlock>,
+    pub(crate) pool: &'a ThreadPool,
+    pub(crate) comm: Option<&'a mut dyn Collective>,
+    pub(crate) kv: &'a mut KvCache,
+    /// Positions of each KV cache slot.
+    pub(crate) n_ctx: usize,
+    pub(crate) spans: &'a [Span],
+    pub(crate) items: &'a [AttnItem],
+    pub(crate) quant: &'a mut Vec<u8>,
+    /// Gather schedule: `[n, rows]` this node's output rows; `[n, q_dim or n_ff]` the
+    /// gathered inputs.
+    pub(crate) part: &'a mut Vec<f32>,
+    pub(crate) gathered: &'a mut Vec<f32>,
+    pub(crate) attn_acc: &'a [Mutex<AttnScratch>],
+    /// Per-pair RoPE frequency factors (Llama 3.1, LongRoPE), if any.
+    pub(crate) rope_factors: Option<&'a [f32]>,
+    pub(crate) trace: bool,
+    /// Time spent in attention (`HEARTH_PROFILE`).
+    pub(crate) attention: &'a mut std::time::Duration,
+}
+
+impl<'a> Block<'a> {
+    /// Print `x`'s sum as llama.cpp's eval-callback names it (`HEARTH_TRACE=1`).
+    pub fn trace(&self, name: &str, x: &[f32]) {
+        if self.trace {
+            let sum: f64 = x.iter().map(|&v| v as f64).sum();
+            eprintln!("trace {name}-{} {sum:.6}", self.il);
+        }
+    }
+
+    /// `out = rmsnorm(x) · w`, rows of `n_embd`.
+    pub fn norm(&self, x: &[f32], w: &[f32], out: &mut [f32], name: &str) {
+        ops::rmsnorm(x, w, self.c.rms_eps, out);
+        self.trace(name, out);
+    }
+
+    /// `x = rmsnorm(x) · w` in place, rows of `w.len()` (`n_embd`, or one head).
+    pub fn norm_inplace(&self, x: &mut [f32], w: &[f32], name: &str) {
+        ops::rmsnorm_inplace(x, w, self.c.rms_eps);
+        self.trace(name, x);
+    }
+
+    /// `out += b` for this node's part of a bias of matrix `m`'s outputs (Q, K or V).
+    pub fn bias(&self, m: Mat, b: Option<&[f32]>, out: &mut [f32]) {
+        if let Some(b) = b {
+            let rows = self.share.shapes[m as usize].0.clone();
+            if !rows.is_empty() {
+                ops::add_rows(out, &b[rows]);
+            }
+        }
+    }
+
+    /// RoPE of Q and K at each token's position, with the layer's base and the model's
+    /// scaling.
+    pub fn rope(&self, q: &mut [f32], k: &mut [f32]) {
+        let c = self.c;
+        let r = c.rope.kernel(c.rope_base(self.il), self.rope_factors);
+        let (qd, kvd) = (self.share.n_head * c.head_dim, self.share.n_head_kv * c.head_dim);
+        if qd == 0 {
+            return;
+        }
+        for sp in self.spans {
+            ops::rope(&mut q[sp.row * qd..(sp.row + sp.len) * qd], self.share.n_head, c.head_dim, sp.pos0, &r);
+            ops::rope(&mut k[sp.row * kvd..(sp.row + sp.len) * kvd], self.share.n_head_kv, c.head_dim, sp.pos0, &r);
+        }
+        self.trace("Qrope", q);
+        self.trace("Krope", k);
+    }
+
+    /// The view of matrix `m`: this node's compact copy when it has one, else rows ×
+    /// columns of the tensor in the unit (or the whole tensor when it already has that
+    /// shape: a shard file's matrices are stored cut).
+    fn view(&self, m: Mat, rows: Range<usize>, cols: Range<usize>) -> Result<WeightView<'a>> {
+        let t = self.l.matrix(m);
+        Ok(match self.own {
+            Some(b) => WeightView::new(t.ty, &b.m[m as usize], rows.len(), cols.len())?,
+            None if t.rows == rows.len() && t.cols == cols.len() => self.unit.view(t)?,
+            None => self.unit.view(t)?.rows(rows).cols(cols)?,
+        })
+    }
+
+    fn allreduce(&mut self, buf: &mut [f32]) -> Result<()> {
+        match self.comm.as_mut() {
+            Some(comm) => comm.allreduce(buf).map_err(ModelError::Collective),
+            None => Ok(()),
+        }
+    }
+
+    /// `out = x · mᵀ` for the pass's `n` tokens. Q, K, V, gate and up: this node's
+    /// output rows (`x: [n, n_embd]`). O and down: `x` is this node's part of the input
+    /// (`[n, n_head·head_dim]` or `[n, n_ff]`) and `out: [n, n_embd]` the complete
+    /// product, the same on every node.
+    pub fn matmul(&mut self, m: Mat, x: &[f32], out: &mut [f32]) -> Result<()> {
+        let n = self.n;
+        let (rows, cols) = self.share.shapes[m as usize].clone();
+        if !matches!(m, Mat::O | Mat::Down) {
+            if !rows.is_empty() {
+                let w = self.view(m, rows, cols)?;
+                matmul(self.pool, &w, x, n, out, self.quant)?;
+            }
+            self.trace(["Qcur", "Kcur", "Vcur", "", "ffn_gate", "ffn_up", ""][m as usize], out);
+            return Ok(());
+        }
+        let e = self.c.n_embd;
+        let full = if m == Mat::O { self.c.q_dim() } else { self.c.n_ff };
+        // This node's input columns (its heads or FFN rows) within the full input.
+        let local = self.share.shapes[if m == Mat::O { Mat::Q } else { Mat::Gate } as usize].0.clone();
+        match self.share.gather.clone() {
+            None => {
+                if local.is_empty() {
+                    out.fill(0.0);
+                } else {
+                    let w = self.view(m, rows, cols)?;
+                    matmul(self.pool, &w, x, n, out, self.quant)?;
+                }
+            }
+            Some(own_rows) => {
+                // Exact: gather every node's inputs, then whole dot products for our
+                // output rows, gathered again (each element comes from one node).
+                let mut g = std::mem::take(self.gathered);
+                let mut part = std::mem::take(self.part);
+                g.resize(n * full, 0.0);
+                place(x, &mut g, n, &local, full);
+                let r = (|| {
+                    self.allreduce(&mut g)?;
+                    let w = self.view(m, own_rows.clone(), 0..full)?;
+                    part.resize(n * own_rows.len(), 0.0);
+                    matmul(self.pool, &w, &g, n, &mut part, self.quant)?;
+                    place(&part, out, n, &own_rows, e);
+                    Ok::<_, ModelError>(())
+                })();
+                *self.gathered = g;
+                *self.part = part;
+                r?;
+            }
+        }
+        self.allreduce(out)?;
+        self.trace(if m == Mat::O { "attn_out" } else { "ffn_out" }, out);
+        Ok(())
+    }
+
+    /// Causal GQA attention of this layer (its window, if it has one) for every span:
+    /// K and V are stored at the span's positions of its slot, then each query attends
+    /// to its own slot's cache. `q: [n, n_head·head_dim]`, `out` the same shape.
+    pub fn attention(&mut self, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<()> {
+        let c = self.c;
+        let (hd, nh) = (c.head_dim, self.share.n_head);
+        if nh == 0 {
+            return Ok(());
+        }
+        let (qd, kvd) = (nh * hd, self.share.n_head_kv * hd);
+        let (il, n_ctx) = (self.il, self.n_ctx);
+        for sp in self.spans {
+            let r = sp.row * kvd..(sp.row + sp.len) * kvd;
+            self.kv.store(il, sp.slot * n_ctx + sp.pos0, &k[r.clone()], &v[r]);
+        }
+        let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
+        let kv = &*self.kv;
+        let caches: Vec<_> = self.spans.iter().map(|sp| kv.layer_rows(il, sp.slot * n_ctx..(sp.slot + 1) * n_ctx)).collect();
+        let t = std::time::Instant::now();
+        attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.attn_acc, out);
+        *self.attention += t.elapsed();
+        self.trace("kqv_out", out);
+        Ok(())
+    }
+}
+
+/// `part: [n, cols.len()]` into columns `cols` of `out: [n, width]`, zeros elsewhere.
+pub(crate) fn place(part: &[f32], out: &mut [f32], n: usize, cols: &Range<usize>, width: usize) {
+    let k = cols.len();
+    out[..n * width].fill(0.0);
+    for t in 0..n {
+        out[t * width + cols.start..t * width + cols.end].copy_from_slice(&part[t * k..(t + 1) * k]);
+    }
+}
