@@ -308,6 +308,8 @@ mod x86 {
         ms: &'a [f32],
         vs: &'a [f32],
         resc: &'a [bool],
+        /// Round the accumulators to f16 after every step (`VKQ16`); off on the f32 path.
+        round: bool,
     }
 
     /// One row's `t3` vector ([`dot_t3`]'s reduction): 256- or 512-bit products.
@@ -402,13 +404,19 @@ mod x86 {
             if st.resc[r] {
                 let w = _mm256_set1_ps(st.ms[r]);
                 for a in acc.iter_mut().take(nv) {
-                    *a = round16(_mm256_mul_ps(*a, w));
+                    *a = _mm256_mul_ps(*a, w);
+                    if st.round {
+                        *a = round16(*a);
+                    }
                 }
             }
             let w = _mm256_set1_ps(st.vs[r]);
             let vp = vf.add(r * 8 * nv);
             for (c, a) in acc.iter_mut().enumerate().take(nv) {
-                *a = round16(_mm256_fmadd_ps(_mm256_loadu_ps(vp.add(8 * c)), w, *a));
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(vp.add(8 * c)), w, *a);
+                if st.round {
+                    *a = round16(*a);
+                }
             }
         }
         for (c, a) in acc.iter().enumerate().take(nv) {
@@ -444,12 +452,18 @@ mod x86 {
                 if sq.resc[r] {
                     let w = _mm512_set1_ps(sq.ms[r]);
                     for a in qa.iter_mut().take(nz) {
-                        *a = round16_512(_mm512_mul_ps(*a, w));
+                        *a = _mm512_mul_ps(*a, w);
+                        if sq.round {
+                            *a = round16_512(*a);
+                        }
                     }
                 }
                 let w = _mm512_set1_ps(sq.vs[r]);
                 for (a, &x) in qa.iter_mut().zip(&vr).take(nz) {
-                    *a = round16_512(_mm512_fmadd_ps(x, w, *a));
+                    *a = _mm512_fmadd_ps(x, w, *a);
+                    if sq.round {
+                        *a = round16_512(*a);
+                    }
                 }
             }
         }
@@ -555,7 +569,7 @@ mod x86 {
                     }
                     // The accumulators, rounded to f16 after every step (`VKQ16`).
                     let st: [Steps<'_>; 4] =
-                        std::array::from_fn(|qi| Steps { ms: &ms[qi][..nr], vs: &vs[qi][..nr], resc: &resc[qi][..nr] });
+                        std::array::from_fn(|qi| Steps { ms: &ms[qi][..nr], vs: &vs[qi][..nr], resc: &resc[qi][..nr], round: !s.f32_path });
                     let vf = b.vf.as_ptr().add(r0 * hd);
                     match (w512, nv, cnt) {
                         (true, 8, 4) => mad512::<4, 4>(4, aps, vf, st),
@@ -597,12 +611,21 @@ pub struct AttnShape {
     /// Sliding window: a query at position `p` sees keys `p − window + 1 ..= p`
     /// (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`); `usize::MAX` for full causal attention.
     pub window: usize,
+    /// With an f16 cache: compute in f32 (queries unrounded, K and V widened, f32
+    /// accumulators), as llama.cpp's tiled flash attention does for batches of at least
+    /// [`F32_PATH_MIN_TOKENS`] tokens; else ggml's per-query path (queries rounded to
+    /// f16, f16 accumulators), which llama.cpp runs for smaller batches and decode.
+    pub f32_path: bool,
 }
+
+/// Batches from this many tokens on take llama.cpp's tiled flash-attention path
+/// (`GGML_FA_TILE_Q`).
+pub const F32_PATH_MIN_TOKENS: usize = 64;
 
 impl AttnShape {
     /// Full causal attention, scores scaled by `1/√head_dim`.
     pub fn causal(n_head: usize, n_head_kv: usize, head_dim: usize) -> Self {
-        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX }
+        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX, f32_path: false }
     }
 }
 
@@ -817,7 +840,12 @@ fn attend_block_with<'s>(
             }
             let b = &mut scratch.block;
             for i in 0..nq {
-                round_f16(tile.query(q, q_stride, heads.start, i), &mut b.qh[i * hd..(i + 1) * hd]);
+                let (src, dst) = (tile.query(q, q_stride, heads.start, i), &mut b.qh[i * hd..(i + 1) * hd]);
+                if s.f32_path {
+                    dst.copy_from_slice(src);
+                } else {
+                    round_f16(src, dst);
+                }
             }
             // SAFETY: the features were just detected; the buffers hold `nq` queries and
             // BLOCK_ROWS rows of `hd` values.
@@ -879,6 +907,20 @@ fn attend_tile(q: &[f32], q_stride: usize, h0: usize, t: Tile, k: KvRows<'_>, v:
     let vals = Vals { acc16, acc32: &mut b.acc[..nq * hd], rows_f32: &mut b.vf, m: &mut b.m[..nq], sum: &mut b.sum[..nq] };
     let out = &mut out[..nq * hd];
     match k {
+        KvRows::F16(k) if s.f32_path => {
+            // llama.cpp's tiled path: f32 queries, K rows widened to f32, f32 accumulators.
+            for i in 0..nq {
+                b.qh[i * hd..(i + 1) * hd].copy_from_slice(query(i));
+            }
+            let key = KeyF16Wide { q: &b.qh[..nq * hd], k, kv_head, s };
+            match v {
+                KvRows::F16(v) => {
+                    let Vals { acc32, rows_f32, m, sum, .. } = vals;
+                    online_softmax(t, &key, &mut ValF32::new(RowsF16 { v, kv_head, s }, acc32, hd, rows_f32), m, sum, out)
+                }
+                _ => attend_v(t, &key, v, vals, out),
+            }
+        }
         KvRows::F16(k) => {
             for i in 0..nq {
                 round_f16(query(i), &mut b.qh[i * hd..(i + 1) * hd]);
@@ -1117,6 +1159,41 @@ impl F32Rows for RowsF32<'_> {
     #[inline(always)]
     fn row<'s>(&'s self, j: usize, _: &'s mut [f32]) -> &'s [f32] {
         &self.v[row_elems(j, self.kv_head, self.s)]
+    }
+}
+
+/// f16 V rows widened to f32 (the tiled path).
+struct RowsF16<'a> {
+    v: &'a [f16],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl F32Rows for RowsF16<'_> {
+    const CONVERTS: bool = true;
+    #[inline(always)]
+    fn row<'s>(&'s self, j: usize, tmp: &'s mut [f32]) -> &'s [f32] {
+        for (d, x) in tmp.iter_mut().zip(&self.v[row_elems(j, self.kv_head, self.s)]) {
+            *d = x.to_f32();
+        }
+        tmp
+    }
+}
+
+/// f16 K with f32 queries (the f32 path): each K element widened, f32 products.
+struct KeyF16Wide<'a> {
+    q: &'a [f32],
+    k: &'a [f16],
+    kv_head: usize,
+    s: AttnShape,
+}
+
+impl KeyRows for KeyF16Wide<'_> {
+    #[inline(always)]
+    fn dot(&self, i: usize, j: usize) -> f32 {
+        let hd = self.s.head_dim;
+        // dot_f16's order, as the f16 fast path sums its scores.
+        dot_f16(&self.q[i * hd..(i + 1) * hd], &self.k[row_elems(j, self.kv_head, self.s)])
     }
 }
 
@@ -1495,7 +1572,7 @@ mod tests {
             let n_head = n_kv_head * group;
             // Full causal attention, and a sliding window shorter than most contexts here.
             let full = AttnShape::causal(n_head, n_kv_head, hd);
-            for s in [full, AttnShape { window: 20, ..full }] {
+            for s in [full, AttnShape { window: 20, ..full }, AttnShape { f32_path: true, ..full }] {
             let n_ctx = 157;
             let w = n_kv_head * hd;
             for spread in [0.3f32, 4.0] {
