@@ -151,6 +151,79 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// The configuration a file of architecture `arch` with these dimensions and no
+    /// other keys would have (RoPE base 10000, unscaled; Gemma 3: window 512, local base
+    /// 10000, global base 1e6): what `hearth synth` writes and the planner assumes for a
+    /// named shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_shape(arch: Arch, n_embd: usize, n_layer: usize, n_head: usize, n_head_kv: usize, head_dim: usize, n_ff: usize, n_vocab: usize) -> Self {
+        let layout = if arch == Arch::Llama { RopeLayout::Norm } else { RopeLayout::Neox };
+        let gemma = arch == Arch::Gemma3;
+        let freq_base = if gemma { 1_000_000.0 } else { 10000.0 };
+        let rope = RopeConfig { layout, dims: head_dim, freq_base, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0, n_ctx_orig: 4096, scaling: RopeScaling::None };
+        let q_scale = matches!(arch, Arch::Gemma3 | Arch::Phi3).then(|| 1.0 / (head_dim as f32).sqrt());
+        Self {
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            n_ctx_train: 4096,
+            rms_eps: if gemma { 1e-6 } else { 1e-5 },
+            rope,
+            rope_base_swa: 10000.0,
+            sliding_window: if gemma { 512 } else { 0 },
+            swa_layers: (0..n_layer).map(|il| gemma && il % 6 < 5).collect(),
+            attn_scale: if q_scale.is_some() { 1.0 } else { 1.0 / (head_dim as f32).sqrt() },
+            q_scale,
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            logit_softcap: None,
+        }
+    }
+
+    /// The `{arch}.*` metadata that [`Self::from_gguf`] reads back as this configuration
+    /// (with `n_vocab` from the tokenizer), as llama.cpp's converter names the keys.
+    pub fn to_metadata(&self) -> Vec<(String, hearth_gguf::Value)> {
+        use hearth_gguf::Value;
+        let a = self.arch.name();
+        let k = |s: &str| format!("{a}.{s}");
+        let u = |v: usize| Value::U32(v as u32);
+        let mut m = vec![
+            (k("vocab_size"), u(self.n_vocab)),
+            (k("context_length"), u(self.n_ctx_train)),
+            (k("embedding_length"), u(self.n_embd)),
+            (k("block_count"), u(self.n_layer)),
+            (k("feed_forward_length"), u(self.n_ff)),
+            (k("rope.dimension_count"), u(self.rope.dims)),
+            (k("attention.head_count"), u(self.n_head)),
+            (k("attention.head_count_kv"), u(self.n_head_kv)),
+            (k("attention.layer_norm_rms_epsilon"), Value::F32(self.rms_eps)),
+            (k("rope.freq_base"), Value::F32(self.rope.freq_base)),
+        ];
+        if self.head_dim != self.n_embd / self.n_head {
+            m.push((k("attention.key_length"), u(self.head_dim)));
+            m.push((k("attention.value_length"), u(self.head_dim)));
+        }
+        if self.sliding_window > 0 {
+            m.push((k("attention.sliding_window"), u(self.sliding_window)));
+            m.push((k("rope.freq_base_swa"), Value::F32(self.rope_base_swa)));
+        }
+        let scaling = match self.rope.scaling {
+            RopeScaling::Linear => Some("linear"),
+            RopeScaling::Yarn => Some("yarn"),
+            RopeScaling::None | RopeScaling::Factors => None,
+        };
+        if let Some(t) = scaling {
+            m.push((k("rope.scaling.type"), Value::String(t.into())));
+            m.push((k("rope.scaling.factor"), Value::F32(1.0 / self.rope.freq_scale)));
+            m.push((k("rope.scaling.original_context_length"), u(self.rope.n_ctx_orig)));
+        }
+        m
+    }
+
     fn check(&self, k: &Keys<'_>) -> Result<()> {
         if !self.n_head.is_multiple_of(self.n_head_kv) {
             return k.bad("attention.head_count_kv", format!("{} query heads are not a multiple of {} KV heads", self.n_head, self.n_head_kv));

@@ -1,12 +1,16 @@
-//! `hearth synth`: write a random-weight llama-architecture GGUF of a standard shape, to
-//! benchmark shapes whose real weights we do not have (speed does not depend on values).
+//! `hearth synth`: write a random-weight GGUF of any architecture hearth runs
+//! (`--arch llama|qwen2|qwen3|gemma3|phi3`) and a standard shape, to benchmark shapes
+//! whose real weights we do not have (speed does not depend on values) and to test each
+//! architecture against llama.cpp on the same file.
 //!
-//! The file is what llama.cpp's converter writes for a Llama model: standard tensor names
-//! and order, `llama.*` hyperparameters, `general.file_type`, and the tokenizer copied
-//! from a real model (so the vocabulary, and with it the embedding and output shapes, are
-//! that model's). Norms are 1.0 (F32); every matrix is random f32 values (uniform, σ 0.02
-//! like an initialised model) quantized row by row with `hearth_quant::quantize_row`, so
-//! every block is valid. Rows are seeded from (seed, tensor, row): the output does not
+//! The file is what llama.cpp's converter writes: the architecture's tensor names and
+//! order (from its table, [`hearth_model::Arch::layer_tensors`]), `{arch}.*`
+//! hyperparameters ([`ModelConfig::to_metadata`]), `general.file_type`, and the tokenizer
+//! copied from a real model (so the vocabulary, and with it the embedding and output
+//! shapes, are that model's). Norms are 1.0 (F32); biases random (F32); RoPE frequency
+//! factors a fixed ramp; every matrix is random f32 values (uniform, σ 0.02 like an
+//! initialised model) quantized row by row with `hearth_quant::quantize_row`, so every
+//! block is valid. Rows are seeded from (seed, tensor, row): the output does not
 //! depend on the thread count. Free space is checked before writing, and the writer
 //! renames a finished temporary file into place.
 
@@ -14,6 +18,7 @@ use clap::ValueEnum as _;
 use crate::common::{file_type_of, mib, params_label, print_out, resolve_model};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec, Value};
+use hearth_model::{Arch, ModelConfig, RopeScaling};
 use hearth_quant::GgmlType;
 use indicatif::ProgressBar;
 use std::io::Write;
@@ -58,6 +63,44 @@ impl Shape {
     }
 }
 
+/// `--arch` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArchArg {
+    /// Llama 2/3, Mistral (RoPE on adjacent pairs)
+    Llama,
+    /// Qwen2/2.5: Q/K/V biases, NeoX RoPE
+    Qwen2,
+    /// Qwen3: per-head Q/K norms, NeoX RoPE
+    Qwen3,
+    /// Gemma 3: scaled embeddings, GELU FFN, pre/post norms, Q/K norms, 5 local (512-position window) : 1 global layers
+    Gemma3,
+    /// Phi-3: fused QKV and gate/up, LongRoPE factors
+    Phi3,
+}
+
+impl ArchArg {
+    fn arch(self) -> Arch {
+        match self {
+            ArchArg::Llama => Arch::Llama,
+            ArchArg::Qwen2 => Arch::Qwen2,
+            ArchArg::Qwen3 => Arch::Qwen3,
+            ArchArg::Gemma3 => Arch::Gemma3,
+            ArchArg::Phi3 => Arch::Phi3,
+        }
+    }
+}
+
+/// `--rope-scaling` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScalingArg {
+    /// Unscaled
+    None,
+    /// Position interpolation by 1/--rope-scale
+    Linear,
+    /// YaRN with factor --rope-scale over --rope-orig-ctx
+    Yarn,
+}
+
 fn parse_type(s: &str) -> Result<GgmlType, String> {
     GgmlType::from_name(s).ok_or_else(|| format!("unknown tensor type {s:?} (e.g. f32, f16, bf16, q4_0, q4_1, q8_0)"))
 }
@@ -65,9 +108,30 @@ fn parse_type(s: &str) -> Result<GgmlType, String> {
 /// Flags of `hearth synth`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// Architecture of the file
+    #[arg(long, value_enum, default_value = "llama")]
+    pub arch: ArchArg,
     /// Named shape; --n-embd etc. override single values of it
     #[arg(long, value_enum, default_value = "tiny")]
     pub shape: Shape,
+    /// Width of one attention head [default: n_embd / n_head]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=512))]
+    pub head_dim: Option<u64>,
+    /// RoPE scaling written to {arch}.rope.scaling.*
+    #[arg(long, value_enum, default_value = "none")]
+    pub rope_scaling: ScalingArg,
+    /// RoPE scaling factor (with --rope-scaling linear|yarn)
+    #[arg(long, default_value_t = 4.0)]
+    pub rope_scale: f32,
+    /// Original training context of a YaRN-scaled model
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rope_orig_ctx: u64,
+    /// Write a Llama-3.1-style rope_freqs.weight (per-pair RoPE frequency divisors; llama only)
+    #[arg(long)]
+    pub rope_freqs: bool,
+    /// Tie the output head to the embedding (no output.weight)
+    #[arg(long)]
+    pub tied: bool,
     /// Residual width [default: from --shape]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_embd: Option<u64>,
@@ -110,27 +174,33 @@ pub struct Args {
     pub dry_run: bool,
 }
 
-/// Tensor headers in the order llama.cpp's converter writes them. Norms are F32.
-pub fn tensor_specs(d: &Dims, n_vocab: u64, ty: GgmlType, out_ty: GgmlType) -> Vec<TensorSpec> {
-    let head_dim = d.n_embd / d.n_head;
-    let (q, kv) = (d.n_head * head_dim, d.n_head_kv * head_dim);
+/// Tensor headers in the order llama.cpp's converter writes them: the embedding, RoPE
+/// factors, each block's tensors in the architecture's order, the final norm and (unless
+/// `tied`) the output head. Vectors are F32.
+pub fn tensor_specs(c: &ModelConfig, ty: GgmlType, out_ty: GgmlType, tied: bool, rope_freqs: bool) -> Vec<TensorSpec> {
     let t = |name: String, dims: Vec<u64>, ty| TensorSpec { name, dims, ty };
-    let mut v = vec![t("token_embd.weight".into(), vec![d.n_embd, n_vocab], ty)];
-    for i in 0..d.n_layer {
-        let b = |s: &str| format!("blk.{i}.{s}.weight");
-        v.push(t(b("attn_norm"), vec![d.n_embd], GgmlType::F32));
-        v.push(t(b("attn_q"), vec![d.n_embd, q], ty));
-        v.push(t(b("attn_k"), vec![d.n_embd, kv], ty));
-        v.push(t(b("attn_v"), vec![d.n_embd, kv], ty));
-        v.push(t(b("attn_output"), vec![q, d.n_embd], ty));
-        v.push(t(b("ffn_norm"), vec![d.n_embd], GgmlType::F32));
-        v.push(t(b("ffn_gate"), vec![d.n_embd, d.n_ff], ty));
-        v.push(t(b("ffn_up"), vec![d.n_embd, d.n_ff], ty));
-        v.push(t(b("ffn_down"), vec![d.n_ff, d.n_embd], ty));
+    let (e, v) = (c.n_embd as u64, c.n_vocab as u64);
+    let mut out = vec![t("token_embd.weight".into(), vec![e, v], ty)];
+    let pairs = vec![c.rope.dims as u64 / 2];
+    if rope_freqs {
+        out.push(t("rope_freqs.weight".into(), pairs.clone(), GgmlType::F32));
     }
-    v.push(t("output_norm.weight".into(), vec![d.n_embd], GgmlType::F32));
-    v.push(t("output.weight".into(), vec![d.n_embd, n_vocab], out_ty));
-    v
+    if c.arch == Arch::Phi3 {
+        out.push(t("rope_factors_long.weight".into(), pairs.clone(), GgmlType::F32));
+        out.push(t("rope_factors_short.weight".into(), pairs, GgmlType::F32));
+    }
+    for i in 0..c.n_layer {
+        for lt in c.arch.layer_tensors() {
+            let dims = lt.dims(c);
+            let ty = if dims.len() == 1 { GgmlType::F32 } else { ty };
+            out.push(t(format!("blk.{i}.{}", lt.name), dims, ty));
+        }
+    }
+    out.push(t("output_norm.weight".into(), vec![e], GgmlType::F32));
+    if !tied {
+        out.push(t("output.weight".into(), vec![e, v], out_ty));
+    }
+    out
 }
 
 /// Exact size of the GGUF file `write_gguf` produces for this metadata and these tensors
@@ -219,10 +289,24 @@ fn random_row(seed: u64, row: &mut [f32]) {
 /// Write tensor `ti`'s bytes: rows quantized in parallel, a chunk of rows at a time.
 fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn Write, pb: &ProgressBar) -> std::io::Result<()> {
     if t.dims.len() == 1 {
-        // A norm: all ones.
-        let ones: Vec<u8> = (0..t.dims[0]).flat_map(|_| 1f32.to_le_bytes()).collect();
-        pb.inc(ones.len() as u64);
-        return w.write_all(&ones);
+        // A norm: all ones; a bias: random; RoPE factors: a ramp from 1 (Llama 3.1's run
+        // from 1 to 8; LongRoPE's short factors near 1, long ones up to 4).
+        let n = t.dims[0] as usize;
+        let ramp = |top: f32| (0..n).map(move |i| 1.0 + (top - 1.0) * i as f32 / (n.max(2) - 1) as f32);
+        let vals: Vec<f32> = match t.name.as_str() {
+            name if name.ends_with(".bias") => {
+                let mut b = vec![0f32; n];
+                random_row(splitmix(seed ^ splitmix(ti as u64)), &mut b);
+                b
+            }
+            "rope_freqs.weight" => ramp(8.0).collect(),
+            "rope_factors_short.weight" => ramp(1.5).collect(),
+            "rope_factors_long.weight" => ramp(4.0).collect(),
+            _ => vec![1.0; n],
+        };
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        pb.inc(bytes.len() as u64);
+        return w.write_all(&bytes);
     }
     let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
     let row_bytes = t.ty.row_bytes(cols as u64).expect("checked by TensorSpec::size") as usize;
@@ -276,9 +360,16 @@ pub fn run(a: Args) -> Result<()> {
     if !d.n_head.is_multiple_of(d.n_head_kv) {
         bail!("--n-head {} is not a multiple of --n-head-kv {}", d.n_head, d.n_head_kv);
     }
-    let head_dim = d.n_embd / d.n_head;
+    let head_dim = a.head_dim.unwrap_or(d.n_embd / d.n_head);
     if !head_dim.is_multiple_of(2) {
-        bail!("head size {head_dim} (--n-embd / --n-head) must be even for RoPE");
+        bail!("head size {head_dim} (--head-dim, or --n-embd / --n-head) must be even for RoPE");
+    }
+    let arch = a.arch.arch();
+    if a.rope_freqs && arch != Arch::Llama {
+        bail!("--rope-freqs is a llama-architecture tensor (Llama 3.1); --arch {arch} has none");
+    }
+    if !(a.rope_scale.is_finite() && a.rope_scale >= 1.0) {
+        bail!("--rope-scale {} must be at least 1", a.rope_scale);
     }
     let out_ty = a.output_type.unwrap_or(a.ty);
     for (flag, ty) in [("--type", a.ty), ("--output-type", out_ty)] {
@@ -294,33 +385,33 @@ pub fn run(a: Args) -> Result<()> {
     let src = GgufFile::open(&tok_path).with_context(|| format!("reading the tokenizer from {}", tok_path.display()))?;
     let n_vocab = src.get_array("tokenizer.ggml.tokens").with_context(|| format!("{} has no tokenizer", tok_path.display()))?.len() as u64;
 
-    let u32v = |v: u64| Value::U32(v as u32);
-    let name = format!("hearth-synth {} {}", shape_label(&a, &d), a.ty.name().to_uppercase());
+    let us = |v: u64| v as usize;
+    let mut cfg = ModelConfig::for_shape(arch, us(d.n_embd), us(d.n_layer), us(d.n_head), us(d.n_head_kv), us(head_dim), us(d.n_ff), us(n_vocab));
+    cfg.n_ctx_train = us(a.context_length);
+    match a.rope_scaling {
+        ScalingArg::None => {}
+        ScalingArg::Linear => (cfg.rope.scaling, cfg.rope.freq_scale) = (RopeScaling::Linear, 1.0 / a.rope_scale),
+        ScalingArg::Yarn => {
+            (cfg.rope.scaling, cfg.rope.freq_scale, cfg.rope.n_ctx_orig) = (RopeScaling::Yarn, 1.0 / a.rope_scale, us(a.rope_orig_ctx))
+        }
+    }
+    let name = format!("hearth-synth {arch} {} {}", shape_label(&a, &d), a.ty.name().to_uppercase());
     let mut meta: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String("llama".into())),
+        ("general.architecture".into(), Value::String(arch.name().into())),
         ("general.name".into(), Value::String(name)),
         ("general.file_type".into(), Value::U32(ftype)),
         ("general.quantization_version".into(), Value::U32(2)),
-        ("llama.vocab_size".into(), u32v(n_vocab)),
-        ("llama.context_length".into(), u32v(a.context_length)),
-        ("llama.embedding_length".into(), u32v(d.n_embd)),
-        ("llama.block_count".into(), u32v(d.n_layer)),
-        ("llama.feed_forward_length".into(), u32v(d.n_ff)),
-        ("llama.rope.dimension_count".into(), u32v(head_dim)),
-        ("llama.attention.head_count".into(), u32v(d.n_head)),
-        ("llama.attention.head_count_kv".into(), u32v(d.n_head_kv)),
-        ("llama.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
-        ("llama.rope.freq_base".into(), Value::F32(10000.0)),
     ];
+    meta.extend(cfg.to_metadata());
     meta.extend(src.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned());
-    let tensors = tensor_specs(&d, n_vocab, a.ty, out_ty);
+    let tensors = tensor_specs(&cfg, a.ty, out_ty, a.tied, a.rope_freqs);
     for t in &tensors {
         t.size().with_context(|| format!("{} needs every row to be whole blocks", t.ty))?;
     }
     let needed = file_bytes(&meta, &tensors)?;
     let n_params: u64 = tensors.iter().map(|t| t.dims.iter().product::<u64>()).sum();
     if a.dry_run {
-        let v = serde_json::json!({"n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
+        let v = serde_json::json!({"arch": arch.name(), "head_dim": head_dim, "n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
             "n_ff": d.n_ff, "n_vocab": n_vocab, "type": a.ty.name(), "output_type": out_ty.name(),
             "n_params": n_params, "file_bytes": needed});
         return print_out(&format!("{v}\n"));
@@ -375,12 +466,17 @@ mod tests {
         ]
     }
 
+    fn cfg(arch: Arch, d: &Dims, n_vocab: usize) -> ModelConfig {
+        let u = |v: u64| v as usize;
+        ModelConfig::for_shape(arch, u(d.n_embd), u(d.n_layer), u(d.n_head), u(d.n_head_kv), u(d.n_embd / d.n_head), u(d.n_ff), n_vocab)
+    }
+
     #[test]
     fn file_bytes_is_exact() {
         let d = Shape::Tiny.dims();
         let d = Dims { n_embd: 64, n_ff: 96, ..d };
         for ty in [GgmlType::F32, GgmlType::Q4_0, GgmlType::Q8_0] {
-            let specs = tensor_specs(&d, 32, ty, GgmlType::F16);
+            let specs = tensor_specs(&cfg(Arch::Llama, &d, 32), ty, GgmlType::F16, false, false);
             let bytes = write_gguf(Vec::new(), &meta(), &specs, |i, w| {
                 w.write_all(&vec![0u8; specs[i].size().unwrap() as usize])
             })
@@ -392,7 +488,9 @@ mod tests {
     #[test]
     fn big_shapes_have_the_published_sizes() {
         // llama.cpp baseline: 7B Q4_0 + Q6_K output, vocab 49152 → 6.88 B params; 1B → 1.17 B.
-        let n = |s: Shape| tensor_specs(&s.dims(), 49152, GgmlType::Q4_0, GgmlType::Q4_0).iter().map(|t| t.dims.iter().product::<u64>()).sum::<u64>();
+        let n = |s: Shape| {
+            tensor_specs(&cfg(Arch::Llama, &s.dims(), 49152), GgmlType::Q4_0, GgmlType::Q4_0, false, false).iter().map(|t| t.dims.iter().product::<u64>()).sum::<u64>()
+        };
         assert_eq!((n(Shape::B7) as f64 / 1e7).round(), 688.0);
         assert_eq!((n(Shape::B1) as f64 / 1e7).round(), 117.0);
     }
