@@ -4,8 +4,9 @@
 //!
 //! A shard file has the full model's metadata plus `hearth.shard.*` keys
 //! ([`hearth_model::shard_keys`]: the source file's SHA-256 and the split), every
-//! block's norm vectors and its seven matrices already cut to the node's rows and
-//! columns (named as in the model, shapes of the cut), and `output_norm.weight`. It has
+//! block's vectors (norms, biases) and its seven matrices already cut to the node's rows
+//! and columns (named as in the model, shapes of the cut; fused matrices stored as
+//! separate ones), `output_norm.weight` and any RoPE factors. It has
 //! no embedding and no output head. Loading it with `hearth_model::Model::load` gives a
 //! model whose `shard` is the split; `Context::set_tensor_split` then uses the matrices
 //! as they are.
@@ -57,42 +58,50 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
     if let Some(g) = &split.gather_rows {
         meta.push((shard_keys::GATHER_ROWS.into(), range(g)));
     }
-    // Tensors in file order: per block the attention norm, its matrices, the FFN norm,
-    // so each block's matrices are contiguous (a window reads a block in one go).
+    // Tensors in file order: per block its tensors in the architecture's order (matrices
+    // cut, vectors copied), so each block's matrices are contiguous (a window reads a
+    // block in one go); then the final norm and any RoPE factors.
     enum Src<'a> {
-        Norm(&'a str),
+        Copy(String),
         Cut(&'a hearth_model::TensorRef, std::ops::Range<usize>, std::ops::Range<usize>),
     }
-    let names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
     let mut specs = Vec::new();
     let mut srcs = Vec::new();
-    let norm_names: Vec<[String; 2]> =
-        (0..c.n_layer).map(|i| [format!("blk.{i}.attn_norm.weight"), format!("blk.{i}.ffn_norm.weight")]).collect();
-    let norm_spec = |name: &str| -> Result<TensorSpec, ModelError> {
+    let copy_spec = |name: &str| -> Result<TensorSpec, ModelError> {
         let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.into()))?;
         Ok(TensorSpec { name: name.into(), dims: t.dims.clone(), ty: t.ty })
     };
+    let shapes = split.matrix_shapes(c);
+    let table = hearth_model::layer_table(c, true);
     for (i, l) in model.weights.layers.iter().enumerate() {
-        specs.push(norm_spec(&norm_names[i][0])?);
-        srcs.push(Src::Norm(&norm_names[i][0]));
-        for (k, (t, (rows, cols))) in l.matrices().into_iter().zip(split.matrix_shapes(c)).enumerate() {
-            specs.push(TensorSpec {
-                name: format!("blk.{i}.{}.weight", names[k]),
-                dims: vec![cols.len() as u64, rows.len() as u64],
-                ty: t.ty,
-            });
-            srcs.push(Src::Cut(t, rows, cols));
+        for lt in &table {
+            let name = format!("blk.{i}.{}", lt.name);
+            match lt.holds {
+                hearth_model::Holds::Matrix(m) => {
+                    let (rows, cols) = shapes[m as usize].clone();
+                    let t = l.matrix(m);
+                    specs.push(TensorSpec { name, dims: vec![cols.len() as u64, rows.len() as u64], ty: t.ty });
+                    srcs.push(Src::Cut(t, rows, cols));
+                }
+                _ if f.tensor(&name).is_none() => {}
+                _ => {
+                    specs.push(copy_spec(&name)?);
+                    srcs.push(Src::Copy(name));
+                }
+            }
         }
-        specs.push(norm_spec(&norm_names[i][1])?);
-        srcs.push(Src::Norm(&norm_names[i][1]));
     }
-    specs.push(norm_spec("output_norm.weight")?);
-    srcs.push(Src::Norm("output_norm.weight"));
+    for name in ["output_norm.weight", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
+        if name == "output_norm.weight" || f.tensor(name).is_some() {
+            specs.push(copy_spec(name)?);
+            srcs.push(Src::Copy(name.into()));
+        }
+    }
     let mut buf = Vec::new();
     let mut failed = None;
     let r = write_gguf(out, &meta, &specs, |i, w| {
         let got = match &srcs[i] {
-            Src::Norm(name) => f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string())).and_then(|t| {
+            Src::Copy(name) => f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string())).and_then(|t| {
                 buf = f.read_tensor(t)?;
                 Ok(())
             }),
