@@ -74,6 +74,14 @@ fn every_mode_matches(m: &Path, n_layer: usize, budget: Option<&str>) {
 fn gemma3_runs_in_every_mode() {
     // 200 MiB: below the 241 MiB of weights, so layers and the tied head stream.
     every_mode_matches(&gemma3(), 18, Some("200MiB"));
+    // A worker without the file receives its shard (Gemma 3's extra norms included).
+    let m = gemma3();
+    let sha = String::from_utf8_lossy(&Command::new("sha256sum").arg(&m).output().unwrap().stdout).split_whitespace().next().unwrap().to_string();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("archs-shard-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let w = Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], std::process::Stdio::null());
+    let v = generate(&m, &["--workers", &w.addr, "--tp-schedule", "gather"]);
+    assert_eq!(tokens(&v), tokens(&generate(&m, &[])), "a shard-file worker");
 }
 
 #[test]

@@ -166,6 +166,14 @@ impl Weights {
                 if t.optional && f.tensor(&name).is_none() {
                     continue;
                 }
+                if let Holds::Matrix(m) = t.holds {
+                    let (rows, cols) = shapes[m as usize];
+                    if shard.is_some() && (rows == 0 || cols == 0) {
+                        // A shard file leaves out this node's empty cuts.
+                        mats[m as usize] = Some(TensorRef { name, ty: GgmlType::F32, offset: 0, size: 0, rows, cols });
+                        continue;
+                    }
+                }
                 match t.holds {
                     Holds::Vector(k) => vectors[k as usize] = Some(vector(f, &name, k.len(c))?),
                     Holds::Matrix(m) => mats[m as usize] = Some(matrix(f, &name, shapes[m as usize].0, shapes[m as usize].1)?),

@@ -77,6 +77,9 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
         for lt in &table {
             let name = format!("blk.{i}.{}", lt.name);
             match lt.holds {
+                // A node without KV heads (or FFN rows) has empty cuts: GGUF has no
+                // zero-sized tensors, so they are left out (the loader expects that).
+                hearth_model::Holds::Matrix(m) if shapes[m as usize].0.is_empty() || shapes[m as usize].1.is_empty() => {}
                 hearth_model::Holds::Matrix(m) => {
                     let (rows, cols) = shapes[m as usize].clone();
                     let t = l.matrix(m);

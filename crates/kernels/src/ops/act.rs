@@ -6,11 +6,11 @@ use half::f16;
 use std::sync::OnceLock;
 
 /// GELU, tanh approximation (Hendrycks & Gimpel, arXiv 1606.08415, §2), as ggml's
-/// `ggml_gelu_f32` compiled with GCC's default contraction: `1 + a·x·x` is one FMA.
+/// `ggml_gelu_f32`.
 fn gelu(x: f32) -> f32 {
     const GELU_COEF_A: f32 = 0.044715;
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
 }
 
 /// ggml's `ggml_table_gelu_f16`: GELU of every f16 value, rounded to f16 (what the CPU
