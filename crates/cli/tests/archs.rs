@@ -91,3 +91,17 @@ fn synthetic_architectures_run_in_every_mode() {
         every_mode_matches(&synth(arch), 4, None);
     }
 }
+
+/// Gemma 3 270M has no chat template in its file: `--chat` renders Gemma's turn format
+/// (the built-in default) to exactly the prompt llama.cpp's `gemma` template gives.
+#[test]
+fn gemma3_chat_uses_the_gemma_turn_format() {
+    let m = gemma3();
+    let d: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/gemma3-270m.json")).unwrap(),
+    )
+    .unwrap();
+    let chat = d["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "chat").unwrap();
+    let v = ok(hearth(&["generate", "-m", m.to_str().unwrap(), "--chat", "-p", "What is 2+2?", "-n", "2", "--temperature", "0", "--json"]));
+    assert_eq!(v["prompt_tokens"], chat["prompt_ids"]);
+}

@@ -702,10 +702,8 @@ impl Context {
             Some(SplitState { shard, comm, .. }) => (&shard[..], Some(comm)),
             None => (&[][..], None),
         };
-        let rope_factors = self.rope_factors.and_then(|long| match &w.rope_factors {
-            Some(f) => Some(&f[long as usize][..]),
-            None => None,
-        });
+        // Phi-3's short or long LongRoPE factors, else Llama 3.1's rope_freqs, if any.
+        let rope_factors = self.rope_factors.and_then(|long| w.rope_factors.as_ref().map(|f| &f[long as usize][..]));
         let rope_factors = rope_factors.or(w.rope_freqs.as_deref());
         let block = c.arch.block();
         let mapped = Unit { bytes: file.as_bytes(), base: 0 };

@@ -42,9 +42,10 @@ impl Model {
         Ok(Self { file, config, tokenizer, weights, shard })
     }
 
-    /// The chat template stored in the file (`tokenizer.chat_template`), if any.
+    /// The chat template stored in the file (`tokenizer.chat_template`), else the
+    /// architecture's default ([`crate::Arch::default_chat_template`]), if any.
     pub fn chat_template(&self) -> Option<&str> {
-        self.file.get("tokenizer.chat_template").and_then(|v| v.as_str())
+        self.file.get("tokenizer.chat_template").and_then(|v| v.as_str()).or(self.config.arch.default_chat_template())
     }
 
     /// Parameter count (elements of all tensors in the file).

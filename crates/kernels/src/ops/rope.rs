@@ -168,7 +168,7 @@ mod tests {
             let mut ms = r.attn_factor;
             if r.ext_factor != 0.0 {
                 let y = ((i0 / 2) as f32 - corr[0]) / f32::max(0.001, corr[1] - corr[0]);
-                let mix = (1.0 - f32::min(1.0, f32::max(0.0, y))) * r.ext_factor;
+                let mix = (1.0 - y.clamp(0.0, 1.0)) * r.ext_factor;
                 t = t * (1.0 - mix) + e * mix;
                 ms *= 1.0 + 0.1 * (1.0 / r.freq_scale).ln();
             }

@@ -30,6 +30,16 @@ pub(crate) const TENSORS: [LayerTensor; 13] = [
     LayerTensor::required("post_ffw_norm.weight", Holds::Vector(Vector::PostFfnNorm)),
 ];
 
+/// Gemma's turn format, for files that carry no `tokenizer.chat_template` (the 270M
+/// one does not): what llama.cpp's built-in `gemma` template renders — a system message
+/// is folded into the first user turn, the assistant is `model`, `<bos>` comes from the
+/// tokenizer (`add_bos_token`), not from the template.
+pub(crate) const CHAT_TEMPLATE: &str = "{%- if messages[0]['role'] == 'system' -%}{%- set sys = messages[0]['content'] + '\n\n' -%}{%- set msgs = messages[1:] -%}\
+{%- else -%}{%- set sys = '' -%}{%- set msgs = messages -%}{%- endif -%}\
+{%- for m in msgs -%}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n\
+{{ (sys if loop.first else '') + m['content'] | trim }}<end_of_turn>\n{% endfor -%}\
+{%- if add_generation_prompt -%}<start_of_turn>model\n{% endif -%}";
+
 /// Every sixth layer is global unless `attention.sliding_window_pattern` says otherwise.
 const SWA_PATTERN: usize = 6;
 

@@ -232,6 +232,11 @@ impl Arch {
         }
     }
 
+    /// The chat template to use when a file has none (`None`: no default).
+    pub fn default_chat_template(self) -> Option<&'static str> {
+        (self == Arch::Gemma3).then_some(gemma3::CHAT_TEMPLATE)
+    }
+
     /// Its block.
     pub(crate) fn block(self) -> BlockFn {
         match self {
