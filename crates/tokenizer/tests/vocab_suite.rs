@@ -97,3 +97,27 @@ fn spm_emoji_is_byte_tokens() {
     assert_eq!(outs.concat(), " 🦙");
     assert_eq!(outs.last().map(String::as_str), Some("🦙"));
 }
+
+/// Gemma 3's 262k-token SentencePiece vocabulary (from the real model file, fetched by
+/// scripts/fetch-models.sh) on the llama-spm suite's strings: llama.cpp's ids recorded
+/// in `tests/data/gemma3.out` by `bench/reference/gemma3_vocab.py`.
+#[test]
+fn gemma3_vocabulary_matches_llama_cpp() {
+    let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf");
+    assert!(model.is_file(), "{} is missing: run scripts/fetch-models.sh", model.display());
+    let f = hearth_gguf::GgufFile::open(&model).unwrap();
+    let tok = hearth_tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let strings: Vec<String> = common::load_suite("llama-spm").cases.into_iter().map(|(s, _)| s).collect();
+    let out = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gemma3.out")).unwrap();
+    let want: Vec<Vec<u32>> = out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
+    assert_eq!(strings.len(), want.len());
+    let bad: Vec<String> = strings
+        .iter()
+        .zip(&want)
+        .filter_map(|(s, w)| {
+            let got = tok.encode(s, false, false);
+            (&got != w).then(|| format!("{s:?}\n    want {w:?}\n    got  {got:?}"))
+        })
+        .collect();
+    assert!(bad.is_empty(), "{} of {} strings differ:\n{}", bad.len(), strings.len(), bad.join("\n"));
+}
