@@ -1,7 +1,7 @@
 //! Each architecture variant against llama.cpp on the same random-weight file: `hearth
 //! synth` writes it from the arguments recorded in `crates/model/tests/data/archs.json`
 //! (its SHA-256 must be the recorded one, so both engines saw the same bytes), and
-//! hearth's last-position logits, greedy tokens and perplexity are compared with those
+//! hearth's last-position logits, greedy tokens and (four of them) perplexity are compared with those
 //! llama.cpp computed (`bench/reference/archs.py` says how).
 //!
 //! The weights are F32 (neither engine quantizes activations) and random, so the logits
@@ -134,17 +134,23 @@ fn every_variant_matches_llama_cpp_and_its_control_does_not() {
         }
         assert!(diff < tol, "{name}: max |Δlogit| over llama.cpp's top-100 {diff} (tolerance {tol})");
         check_greedy(name, &m, v);
-        let tokens = m.tokenizer.encode(&text, true, true);
-        let mut ctx = Context::new(m.clone(), 128, 128, 2).unwrap();
-        let ppl = perplexity(&mut ctx, &tokens, |_, _| {}).unwrap();
+        // Perplexity (the whole GPL text) on one variant per block layout, to keep the
+        // test short without SIMD (HEARTH_SIMD=scalar).
         let want = v["perplexity"]["ppl"].as_f64().unwrap();
-        assert_eq!(ppl.running.len() as u64, v["perplexity"]["chunks"].as_u64().unwrap(), "{name}");
-        assert!((ppl.ppl / want - 1.0).abs() < 1e-3, "{name}: perplexity {} vs llama.cpp {want}", ppl.ppl);
+        let ppl = ["llama", "qwen2", "gemma3", "phi3"].contains(&name.as_str()).then(|| {
+            let tokens = m.tokenizer.encode(&text, true, true);
+            let mut ctx = Context::new(m.clone(), 128, 128, 2).unwrap();
+            let ppl = perplexity(&mut ctx, &tokens, |_, _| {}).unwrap();
+            assert_eq!(ppl.running.len() as u64, v["perplexity"]["chunks"].as_u64().unwrap(), "{name}");
+            assert!((ppl.ppl / want - 1.0).abs() < 1e-3, "{name}: perplexity {} vs llama.cpp {want}", ppl.ppl);
+            ppl.ppl
+        });
         let off = control(name, Model::load(&path).unwrap()).map(|c| logit_diff(&Arc::new(c), v));
         if let Some(off) = off {
             assert!(off > 3.0 * tol, "{name}: with the feature off the logits still match ({off})");
         }
-        report.push(format!("{name}: Δ {diff:.1e}, control {}, ppl {:.2} vs {want:.2}", off.map_or("-".into(), |o| format!("{o:.1e}")), ppl.ppl));
+        let ppl = ppl.map_or("-".into(), |p| format!("{p:.2}"));
+        report.push(format!("{name}: Δ {diff:.1e}, control {}, ppl {ppl} vs {want:.2}", off.map_or("-".into(), |o| format!("{o:.1e}"))));
     }
     eprintln!("{}", report.join("\n"));
 }
