@@ -157,7 +157,7 @@ impl ModelConfig {
     /// named shape.
     #[allow(clippy::too_many_arguments)]
     pub fn for_shape(arch: Arch, n_embd: usize, n_layer: usize, n_head: usize, n_head_kv: usize, head_dim: usize, n_ff: usize, n_vocab: usize) -> Self {
-        let layout = if arch == Arch::Llama { RopeLayout::Norm } else { RopeLayout::Neox };
+        let layout = arch.rope_layout();
         let gemma = arch == Arch::Gemma3;
         let freq_base = if gemma { 1_000_000.0 } else { 10000.0 };
         let rope = RopeConfig { layout, dims: head_dim, freq_base, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0, n_ctx_orig: 4096, scaling: RopeScaling::None };
@@ -316,7 +316,7 @@ impl Keys<'_> {
     /// architecture (`llama_model::load_hparams`), and the YaRN factors as
     /// `llama_context` derives them.
     fn rope(&self, head_dim: usize, n_ctx_train: usize, arch: Arch) -> Result<RopeConfig> {
-        let layout = if arch == Arch::Llama { RopeLayout::Norm } else { RopeLayout::Neox };
+        let layout = arch.rope_layout();
         let dims = self.int_or("rope.dimension_count", head_dim)?;
         let freq_base = self.f32_or("rope.freq_base", 10000.0)?;
         let ty = match self.f.get(&self.key("rope.scaling.type")) {

@@ -912,7 +912,8 @@ fn attend_tile(q: &[f32], q_stride: usize, h0: usize, t: Tile, k: KvRows<'_>, v:
             for i in 0..nq {
                 b.qh[i * hd..(i + 1) * hd].copy_from_slice(query(i));
             }
-            let key = KeyF16Wide { q: &b.qh[..nq * hd], k, kv_head, s };
+            // (KeyF16's dot takes any f32 query: here it is not rounded.)
+            let key = KeyF16 { q: &b.qh[..nq * hd], k, kv_head, s };
             match v {
                 KvRows::F16(v) => {
                     let Vals { acc32, rows_f32, m, sum, .. } = vals;
@@ -1052,7 +1053,8 @@ trait ValueAcc {
     fn finish(&mut self, i: usize, inv: f32, out: &mut [f32]);
 }
 
-/// f16 K: queries rounded to f16 (`[nq, head_dim]`), `ggml_vec_dot_f16`.
+/// f16 K: queries (rounded to f16, or as they are on the f32 path; `[nq, head_dim]`),
+/// `ggml_vec_dot_f16`'s order.
 struct KeyF16<'a> {
     q: &'a [f32],
     k: &'a [f16],
@@ -1177,23 +1179,6 @@ impl F32Rows for RowsF16<'_> {
             *d = x.to_f32();
         }
         tmp
-    }
-}
-
-/// f16 K with f32 queries (the f32 path): each K element widened, f32 products.
-struct KeyF16Wide<'a> {
-    q: &'a [f32],
-    k: &'a [f16],
-    kv_head: usize,
-    s: AttnShape,
-}
-
-impl KeyRows for KeyF16Wide<'_> {
-    #[inline(always)]
-    fn dot(&self, i: usize, j: usize) -> f32 {
-        let hd = self.s.head_dim;
-        // dot_f16's order, as the f16 fast path sums its scores.
-        dot_f16(&self.q[i * hd..(i + 1) * hd], &self.k[row_elems(j, self.kv_head, self.s)])
     }
 }
 

@@ -232,6 +232,11 @@ impl Arch {
         }
     }
 
+    /// How its RoPE pairs dimensions: llama's adjacent pairs, everyone else's NeoX halves.
+    pub fn rope_layout(self) -> hearth_kernels::ops::RopeLayout {
+        if self == Arch::Llama { hearth_kernels::ops::RopeLayout::Norm } else { hearth_kernels::ops::RopeLayout::Neox }
+    }
+
     /// The chat template to use when a file has none (`None`: no default).
     pub fn default_chat_template(self) -> Option<&'static str> {
         (self == Arch::Gemma3).then_some(gemma3::CHAT_TEMPLATE)
