@@ -108,6 +108,8 @@ VARIANTS = {
     "qwen3": ["--arch", "qwen3"] + BASE + ["--head-dim", "32"],
     "gemma3": ["--arch", "gemma3"] + override(BASE, n_layer=6) + ["--head-dim", "32"],
     "phi3": ["--arch", "phi3"] + BASE + ["--tokenizer-from", PHI3_VOCAB],
+    # Trained (and so original) context 1024 < the prompts' n_ctx 2048: the long LongRoPE factors.
+    "phi3_long": ["--arch", "phi3"] + override(BASE, context_length=1024) + ["--tokenizer-from", PHI3_VOCAB],
     "llama_q8_0": ["--arch", "llama"] + override(BASE, type="q8_0", output_type="q8_0"),
 }
 

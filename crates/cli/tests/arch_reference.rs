@@ -104,6 +104,8 @@ fn control(name: &str, mut m: Model) -> Option<Model> {
         "llama_yarn" => (m.config.rope.ext_factor, m.config.rope.attn_factor) = (0.0, 1.0),
         "qwen2" | "qwen2_tied" | "qwen3" | "phi3" => m.config.rope.layout = RopeLayout::Norm,
         "gemma3" => m.config.sliding_window = 0,
+        // The short LongRoPE factors, as for a context within the original one.
+        "phi3_long" => m.config.rope.n_ctx_orig = usize::MAX,
         _ => return None,
     }
     Some(m)

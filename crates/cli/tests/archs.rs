@@ -7,17 +7,11 @@
 
 mod common;
 
-use common::{addrs, cache_dir, hearth, model, ok, tokens, Worker};
+use common::{addrs, cache_dir, gemma3, hearth, model, ok, tokens, Worker};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const PROMPT: &str = "The three primary colors are red, blue and";
-
-fn gemma3() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf");
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
-    p
-}
 
 /// A synthetic file of `arch` (Q8_0, 4 layers, 4 heads / 2 KV heads, head_dim 32).
 fn synth(arch: &str) -> PathBuf {

@@ -35,6 +35,21 @@ fn predicts_smollm2_peak_rss() {
     check(m.to_str().unwrap(), "2048");
 }
 
+/// Gemma 3 270M: its 15 sliding-window layers hold a ring of 512 + 256 − 1 positions at
+/// batch 256 and the 3 global ones the whole context; plan, generate's KV cache and
+/// its measured peak RSS agree.
+#[test]
+fn predicts_gemma3_peak_rss_with_window_layers() {
+    let m = gemma3();
+    let (_, meas) = check(m.to_str().unwrap(), "2048");
+    let p = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "-c", "2048", "-b", "256", "--membw", "10", "--json"]));
+    assert_eq!(p["kv_cache_bytes"], 2 * (3 * 2048 + 15 * 767) * 256 * 2);
+    eprintln!("gemma3 -c 2048 -b 256: peak RSS {meas} bytes, KV cache {}", p["kv_cache_bytes"]);
+    // A context within the ring: every layer holds it all.
+    let p = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "-c", "512", "-b", "256", "--membw", "10", "--json"]));
+    assert_eq!(p["kv_cache_bytes"], 2 * 18 * 512 * 256 * 2);
+}
+
 #[test]
 fn predicts_synth_peak_rss() {
     let m = model();

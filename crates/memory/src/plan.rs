@@ -8,9 +8,10 @@
 //!   separate `output.weight`): it is read one row per position, and each read faults in
 //!   at most [`FAULT_AROUND_BYTES`] (or the row, if longer) — see
 //!   [`ModelSummary::resident_file_bytes`].
-//! * **KV cache**: [`hearth_model::KvCache::bytes_for`] (K and V in the cache type:
-//!   `2 · n_layer · n_ctx · row_bytes(kv_dim)`, fully written at allocation, so fully
-//!   resident).
+//! * **KV cache**: [`ModelSummary::kv_cache_bytes`] (K and V in the cache type:
+//!   `2 · Σ_layers held · row_bytes(kv_dim)`, with `held = n_ctx` for full attention and
+//!   `min(n_ctx, window + n_batch − 1)` for a sliding-window layer's ring, fully written
+//!   at allocation, so fully resident).
 //! * **compute scratch**: exactly the buffers `hearth_model::Context::new` and its first
 //!   eval allocate (see [`scratch_bytes`]). The f32 buffers come from zeroed allocations
 //!   whose pages become resident only when written: the full size is reached once a
@@ -24,7 +25,7 @@
 
 use hearth_gguf::GgufFile;
 use hearth_kernels::ops::AttnScratch;
-use hearth_model::{CacheType, KvCache, ModelConfig};
+use hearth_model::{Arch, CacheType, KvLayout, ModelConfig};
 use hearth_quant::{vec_dot_type, GgmlType};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -62,6 +63,11 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
+    /// The shape of `c`, caching `n_head_kv` KV heads (fewer on a tensor-parallel node).
+    pub fn of(c: &ModelConfig, n_head_kv: usize) -> Self {
+        Self { n_embd: c.n_embd, n_layer: c.n_layer, n_head: c.n_head, n_head_kv, head_dim: c.head_dim, n_ff: c.n_ff, n_vocab: c.n_vocab }
+    }
+
     /// `n_head · head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
@@ -114,6 +120,8 @@ pub struct TensorSummary {
 pub struct ModelSummary {
     /// Hyperparameters.
     pub shape: ModelShape,
+    /// Each layer's attention window in positions (`usize::MAX`: full causal).
+    pub windows: Vec<usize>,
     /// Every tensor.
     pub tensors: Vec<TensorSummary>,
     /// Bytes that end up mapped: the file length (or, for a shape, the tensor bytes).
@@ -126,15 +134,7 @@ impl ModelSummary {
         let c = ModelConfig::from_gguf(f)?;
         // A shard file (tensor parallelism) caches only its own KV heads.
         let shard = hearth_model::TensorSplit::from_shard_file(f)?;
-        let shape = ModelShape {
-            n_embd: c.n_embd,
-            n_layer: c.n_layer,
-            n_head: c.n_head,
-            n_head_kv: shard.as_ref().map_or(c.n_head_kv, |s| s.kv_heads.len()),
-            head_dim: c.head_dim,
-            n_ff: c.n_ff,
-            n_vocab: c.n_vocab,
-        };
+        let shape = ModelShape::of(&c, shard.as_ref().map_or(c.n_head_kv, |s| s.kv_heads.len()));
         let tensors = f
             .tensors()
             .iter()
@@ -146,36 +146,47 @@ impl ModelSummary {
                 bytes: t.size,
             })
             .collect();
-        Ok(Self { shape, tensors, file_bytes: f.as_bytes().len() as u64 })
+        Ok(Self { shape, windows: Self::windows_of(&c), tensors, file_bytes: f.as_bytes().len() as u64 })
     }
 
-    /// The tensors `hearth synth` writes for `shape` (norms F32, matrices `ty`, output
-    /// `out_ty`). `None` when a row is not whole blocks of the type.
+    /// The tensors `hearth synth --arch llama` writes for `shape` (norms F32, matrices
+    /// `ty`, output `out_ty`). `None` when a row is not whole blocks of the type.
     pub fn from_shape(shape: ModelShape, ty: GgmlType, out_ty: GgmlType) -> Option<Self> {
-        let s = shape;
-        let (e, q, kv, ff, v) = (s.n_embd as u64, s.q_dim() as u64, s.kv_dim() as u64, s.n_ff as u64, s.n_vocab as u64);
-        let t = |name: String, cols: u64, rows: u64, ty: GgmlType| -> Option<TensorSummary> {
-            let n_dims = if rows == 1 { 1 } else { 2 };
-            Some(TensorSummary { name, ty, cols, n_dims, bytes: ty.row_bytes(cols)?.checked_mul(rows)? })
-        };
-        let mut v_ = vec![t("token_embd.weight".into(), e, v, ty)?];
-        for i in 0..s.n_layer {
-            let b = |n: &str| format!("blk.{i}.{n}.weight");
-            v_.push(t(b("attn_norm"), e, 1, GgmlType::F32)?);
-            v_.push(t(b("attn_q"), e, q, ty)?);
-            v_.push(t(b("attn_k"), e, kv, ty)?);
-            v_.push(t(b("attn_v"), e, kv, ty)?);
-            v_.push(t(b("attn_output"), q, e, ty)?);
-            v_.push(t(b("ffn_norm"), e, 1, GgmlType::F32)?);
-            v_.push(t(b("ffn_gate"), e, ff, ty)?);
-            v_.push(t(b("ffn_up"), e, ff, ty)?);
-            v_.push(t(b("ffn_down"), ff, e, ty)?);
-        }
-        v_.push(t("output_norm.weight".into(), e, 1, GgmlType::F32)?);
-        v_.push(t("output.weight".into(), e, v, out_ty)?);
+        Self::from_config(&Self::config_for(Arch::Llama, shape), ty, out_ty, false)
+    }
+
+    /// The configuration `hearth synth --arch` writes for a shape.
+    pub fn config_for(arch: Arch, s: ModelShape) -> ModelConfig {
+        ModelConfig::for_shape(arch, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff, s.n_vocab)
+    }
+
+    /// The tensors `hearth synth` writes for `c` ([`hearth_model::file_tensors`]: the
+    /// architecture's table, matrices `ty`, the head `out_ty` unless `tied`, vectors F32).
+    /// `None` when a row is not whole blocks of the type.
+    pub fn from_config(c: &ModelConfig, ty: GgmlType, out_ty: GgmlType, tied: bool) -> Option<Self> {
+        let tensors = hearth_model::file_tensors(c, ty, out_ty, tied, false)
+            .into_iter()
+            .map(|t| {
+                let cols = t.dims.first().copied().unwrap_or(1);
+                let rows: u64 = t.dims.iter().skip(1).product();
+                Some(TensorSummary { name: t.name, ty: t.ty, cols, n_dims: t.dims.len(), bytes: t.ty.row_bytes(cols)?.checked_mul(rows)? })
+            })
+            .collect::<Option<Vec<_>>>()?;
         // Each tensor is padded to the default 32-byte alignment in the file.
-        let file_bytes = v_.iter().map(|t| t.bytes.div_ceil(32) * 32).sum();
-        Some(Self { shape, tensors: v_, file_bytes })
+        let file_bytes = tensors.iter().map(|t| t.bytes.div_ceil(32) * 32).sum();
+        Some(Self { shape: ModelShape::of(c, c.n_head_kv), windows: Self::windows_of(c), tensors, file_bytes })
+    }
+
+    /// Each layer's attention window (`usize::MAX`: full causal).
+    fn windows_of(c: &ModelConfig) -> Vec<usize> {
+        (0..c.n_layer).map(|il| c.window(il)).collect()
+    }
+
+    /// Bytes of the KV cache `hearth_model::Context` allocates for this model: every
+    /// position of full-attention layers, a ring of `window + n_batch − 1` positions of
+    /// sliding-window ones ([`KvLayout`]).
+    pub fn kv_cache_bytes(&self, p: PlanParams) -> u64 {
+        KvLayout::new(self.windows.iter().copied(), p.n_ctx, p.n_batch, self.shape.kv_dim(), p.cache_type).bytes() as u64
     }
 
     /// Sum of tensor bytes.
@@ -349,7 +360,7 @@ pub struct Plan {
 /// `available` bytes and `membw_gbps` GB/s of read bandwidth.
 pub fn plan(m: &ModelSummary, p: PlanParams, available: u64, membw_gbps: f64) -> Plan {
     let s = m.shape;
-    let kv = KvCache::bytes_for(s.n_layer, p.n_ctx, s.kv_dim(), p.cache_type) as u64;
+    let kv = m.kv_cache_bytes(p);
     let scratch = scratch_bytes(m, p);
     let overhead = overhead_bytes(s.n_vocab);
     let resident = m.resident_file_bytes(p.n_ctx);
@@ -460,7 +471,7 @@ mod tests {
         for (ty, kv) in [(CacheType::F32, 23_592_960), (CacheType::F16, 11_796_480), (CacheType::Q8_0, 6_266_880)] {
             let pl = plan(&m, PlanParams { cache_type: ty, ..p(512, 512) }, 1 << 40, 10.0);
             assert_eq!(pl.kv_cache_bytes, kv, "{ty}");
-            assert_eq!(pl.kv_cache_bytes, KvCache::bytes_for(30, 512, 192, ty) as u64);
+            assert_eq!(pl.kv_cache_bytes, hearth_model::KvCache::bytes_for(30, 512, 192, ty) as u64);
             // Per-thread attention scratch: f16 accumulator and tile buffers with an f16 V
             // cache, an f32 accumulator otherwise.
             let per_thread = |f16| AttnScratch::bytes(64, f16) as u64;

@@ -77,8 +77,6 @@ pub(crate) struct Block<'a> {
     pub(crate) pool: &'a ThreadPool,
     pub(crate) comm: Option<&'a mut dyn Collective>,
     pub(crate) kv: &'a mut KvCache,
-    /// Positions of each KV cache slot.
-    pub(crate) n_ctx: usize,
     pub(crate) spans: &'a [Span],
     pub(crate) items: &'a [AttnItem],
     pub(crate) quant: &'a mut Vec<u8>,
@@ -224,14 +222,23 @@ impl<'a> Block<'a> {
             return Ok(());
         }
         let (qd, kvd) = (nh * hd, self.share.n_head_kv * hd);
-        let (il, n_ctx) = (self.il, self.n_ctx);
+        let il = self.il;
         for sp in self.spans {
             let r = sp.row * kvd..(sp.row + sp.len) * kvd;
-            self.kv.store(il, sp.slot * n_ctx + sp.pos0, &k[r.clone()], &v[r]);
+            self.kv.store(il, sp.slot, sp.pos0, &k[r.clone()], &v[r]);
         }
-        let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
         let kv = &*self.kv;
-        let caches: Vec<_> = self.spans.iter().map(|sp| kv.layer_rows(il, sp.slot * n_ctx..(sp.slot + 1) * n_ctx)).collect();
+        let mut ring = usize::MAX;
+        let caches: Vec<_> = self
+            .spans
+            .iter()
+            .map(|sp| {
+                let (k, v, held) = kv.layer(il, sp.slot);
+                ring = held;
+                (k, v)
+            })
+            .collect();
+        let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ring, ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
         let t = std::time::Instant::now();
         attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.attn_acc, out);
         *self.attention += t.elapsed();

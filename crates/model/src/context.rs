@@ -5,7 +5,7 @@
 
 use crate::block::{Acts, Block, Share};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{CacheType, KvCache};
+use crate::kv_cache::{CacheType, KvCache, KvLayout};
 use crate::model::Model;
 use crate::ring::{RingLink, RingWindows};
 use crate::source::{LayerSource, SourceStats, Unit};
@@ -97,7 +97,7 @@ impl ContextBuffers {
 pub struct Context {
     model: Arc<Model>,
     pool: ThreadPool,
-    /// `n_slots · n_ctx` positions: slot `s` holds positions `s · n_ctx ..` of one sequence.
+    /// `n_slots` sequences of `n_ctx` positions (a window layer holds only its ring).
     kv: KvCache,
     /// Positions cached, per slot (one slot unless `set_slots`).
     n_past: Vec<usize>,
@@ -223,7 +223,7 @@ impl Context {
             emb_row: Vec::new(),
             attn_acc: (0..n_threads).map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16))).collect(),
         };
-        let kv = KvCache::new(c.n_layer, n_ctx, c.kv_dim(), cache_type);
+        let kv = KvCache::new(KvLayout::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, c.kv_dim(), cache_type));
         let n_layer = c.n_layer;
         let rope_factors = model.weights.rope_factors.as_ref().map(|_| n_ctx > c.rope.n_ctx_orig);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
@@ -295,13 +295,13 @@ impl Context {
             }
         }
         split.validate(c, &self.model.weights)?;
-        let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
-        // Free the whole-model cache before allocating this node's, so both never coexist.
-        self.kv = KvCache::new(0, 0, 0, ty);
-        self.kv = KvCache::new(c.n_layer, n_ctx, split.kv_rows(c).len(), ty);
         // Every exchange of a pass must fit one message: cap the batch to it.
         let widest = if split.gather_rows.is_some() { c.n_embd.max(c.q_dim()).max(c.n_ff) } else { c.n_embd };
         self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
+        // Free the whole-model cache before allocating this node's, so both never coexist.
+        let layout = KvLayout { kv_dim: split.kv_rows(c).len(), n_batch: self.n_batch, ..self.kv.layout().clone() };
+        self.kv = KvCache::empty(layout.ty);
+        self.kv = KvCache::new(layout);
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
             self.s.gathered = vec![0.0; self.n_batch * c.q_dim().max(c.n_ff)];
@@ -335,12 +335,15 @@ impl Context {
         }
         let c = &self.model.config;
         let owned = windows.owned(c.n_layer)?;
-        let (n_ctx, ty) = (self.kv.n_ctx(), self.kv.cache_type());
-        self.kv = KvCache::new(0, 0, 0, ty);
-        self.kv = KvCache::for_layers(&owned, n_ctx, c.kv_dim(), ty);
         if let Some(l) = &link {
             self.n_batch = self.n_batch.min(l.max_elements() / c.n_embd).max(1);
         }
+        let mut layout = KvLayout { n_batch: self.n_batch, ..self.kv.layout().clone() };
+        for (l, &o) in layout.layers.iter_mut().zip(&owned) {
+            l.1 = o;
+        }
+        self.kv = KvCache::empty(layout.ty);
+        self.kv = KvCache::new(layout);
         let mut next = 0;
         for (il, &o) in owned.iter().enumerate() {
             self.layer_unit[il] = if o { next } else { usize::MAX };
@@ -382,11 +385,10 @@ impl Context {
         if self.n_past.iter().any(|&n| n > 0) {
             return Err(ModelError::Context("slots must be set before the first evaluation".into()));
         }
-        let c = &self.model.config;
-        let (n_ctx, ty) = (self.n_ctx(), self.kv.cache_type());
         // Free the old cache first, so both never coexist.
-        self.kv = KvCache::new(0, 0, 0, ty);
-        self.kv = KvCache::new(c.n_layer, n_slots * n_ctx, c.kv_dim(), ty);
+        let layout = KvLayout { n_slots, ..self.kv.layout().clone() };
+        self.kv = KvCache::empty(layout.ty);
+        self.kv = KvCache::new(layout);
         self.n_past = vec![0; n_slots];
         Ok(())
     }
@@ -401,11 +403,14 @@ impl Context {
         self.n_past.get(slot).copied().unwrap_or(0)
     }
 
-    /// Forget positions from `n` on in `slot` (0 frees the slot for a new sequence).
-    pub fn truncate_slot(&mut self, slot: usize, n: usize) {
-        if let Some(p) = self.n_past.get_mut(slot) {
-            *p = (*p).min(n);
-        }
+    /// Forget positions from `n` on in `slot` (0 frees the slot for a new sequence), and
+    /// return the positions kept: `n`, or 0 when a sliding-window layer's ring no longer
+    /// holds the keys position `n` would need (more than `n_batch` positions back, see
+    /// [`KvLayout::can_rewind`]): the sequence is then evaluated again from its start.
+    pub fn truncate_slot(&mut self, slot: usize, n: usize) -> usize {
+        let Some(p) = self.n_past.get_mut(slot) else { return 0 };
+        *p = if self.kv.layout().can_rewind(*p, n) { (*p).min(n) } else { 0 };
+        *p
     }
 
     /// The source's I/O counters, when weights come through one.
@@ -435,7 +440,7 @@ impl Context {
 
     /// Capacity in positions (of each slot).
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx() / self.n_past.len()
+        self.kv.n_ctx()
     }
 
     /// Bytes of the KV cache.
@@ -463,9 +468,10 @@ impl Context {
         self.kv.cache_type()
     }
 
-    /// Forget positions from `n` on (e.g. 0 to start a new conversation); slot 0.
-    pub fn truncate(&mut self, n: usize) {
-        self.truncate_slot(0, n);
+    /// Forget positions from `n` on (e.g. 0 to start a new conversation); slot 0. Returns
+    /// the positions kept ([`Self::truncate_slot`]).
+    pub fn truncate(&mut self, n: usize) -> usize {
+        self.truncate_slot(0, n)
     }
 
     /// Run `tokens` through the model at positions `n_past..`, appending them to the KV
@@ -605,6 +611,7 @@ impl Context {
         if pos0 > self.n_past[0] {
             return Err(ModelError::Context(format!("a pass at position {pos0} but only {} positions are cached", self.n_past[0])));
         }
+        self.check_rewind(pos0)?;
         if pos0 + n > self.n_ctx() {
             return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
         }
@@ -640,6 +647,9 @@ impl Context {
         if pos0 + n > self.n_ctx() {
             return Err(ModelError::Context(format!("positions {pos0}..{} do not fit a context of {}", pos0 + n, self.n_ctx())));
         }
+        if round == 0 {
+            self.check_rewind(pos0)?;
+        }
         self.n_past[0] = pos0;
         self.s.x[..n * e].copy_from_slice(x);
         self.blocks(&[Span { slot: 0, pos0, row: 0, len: n }], win)?;
@@ -648,6 +658,19 @@ impl Context {
         }
         x.copy_from_slice(&self.s.x[..n * e]);
         Ok(())
+    }
+
+    /// A worker's pass from `pos0` drops the positions after it: refuse when a window
+    /// layer's ring no longer holds the keys it needs ([`KvLayout::can_rewind`]).
+    fn check_rewind(&self, pos0: usize) -> Result<()> {
+        if self.kv.layout().can_rewind(self.n_past[0], pos0) {
+            return Ok(());
+        }
+        Err(ModelError::Context(format!(
+            "a pass at position {pos0} goes back more than a batch from the {} positions cached: the sliding-window layers \
+             no longer hold its keys (start the sequence again from position 0)",
+            self.n_past[0]
+        )))
     }
 
     /// Rows of `token_embd` for `tokens` into `x`, dequantized.
@@ -684,7 +707,6 @@ impl Context {
         let model = Arc::clone(&self.model);
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
         let n: usize = spans.iter().map(|sp| sp.len).sum();
-        let n_ctx = self.n_ctx();
         let e = c.n_embd;
         let whole = TensorSplit::whole(c);
         let part = self.split.as_ref().map_or(&whole, |sp| &sp.split);
@@ -724,7 +746,6 @@ impl Context {
                 pool: &self.pool,
                 comm: comm.as_mut().map(|b| &mut ***b as &mut dyn Collective),
                 kv: &mut self.kv,
-                n_ctx,
                 spans,
                 items: &items,
                 quant,

@@ -8,7 +8,7 @@
 //! window of layers (the sliding-window scheduler) without touching the rest. A fused
 //! tensor (Phi-3's `attn_qkv`) is several matrices that are row ranges of one tensor.
 
-use crate::arch::{Holds, LayerTensor, Mat, Vector};
+use crate::arch::{Arch, Holds, LayerTensor, Mat, Vector};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use hearth_gguf::GgufFile;
@@ -124,6 +124,36 @@ pub fn layer_table(c: &ModelConfig, shard: bool) -> Vec<LayerTensor> {
             }
             _ => out.push(*t),
         }
+    }
+    out
+}
+
+/// Tensor headers in the order llama.cpp's converter writes them: the embedding, RoPE
+/// factors, each block's tensors in the architecture's order, the final norm and (unless
+/// `tied`) the output head, matrices in `ty` (the head in `out_ty`), vectors F32: what
+/// `hearth synth` writes and the planner sizes for a named shape.
+pub fn file_tensors(c: &ModelConfig, ty: GgmlType, out_ty: GgmlType, tied: bool, rope_freqs: bool) -> Vec<hearth_gguf::TensorSpec> {
+    let t = |name: String, dims: Vec<u64>, ty| hearth_gguf::TensorSpec { name, dims, ty };
+    let (e, v) = (c.n_embd as u64, c.n_vocab as u64);
+    let mut out = vec![t("token_embd.weight".into(), vec![e, v], ty)];
+    let pairs = vec![c.rope.dims as u64 / 2];
+    if rope_freqs {
+        out.push(t("rope_freqs.weight".into(), pairs.clone(), GgmlType::F32));
+    }
+    if c.arch == Arch::Phi3 {
+        out.push(t("rope_factors_long.weight".into(), pairs.clone(), GgmlType::F32));
+        out.push(t("rope_factors_short.weight".into(), pairs, GgmlType::F32));
+    }
+    for i in 0..c.n_layer {
+        for lt in c.arch.layer_tensors() {
+            let dims = lt.dims(c);
+            let ty = if dims.len() == 1 { GgmlType::F32 } else { ty };
+            out.push(t(format!("blk.{i}.{}", lt.name), dims, ty));
+        }
+    }
+    out.push(t("output_norm.weight".into(), vec![e], GgmlType::F32));
+    if !tied {
+        out.push(t("output.weight".into(), vec![e, v], out_ty));
     }
     out
 }

@@ -81,7 +81,8 @@ pub fn run(a: Args) -> Result<()> {
         messages.push(Message { role: "user".into(), content: line });
         let ids = model.tokenizer.encode(&render_chat(&model, &messages)?, true, true);
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
-        ctx.truncate(common);
+        // Keeps the shared prefix, or nothing where a sliding-window cache cannot go back.
+        let common = ctx.truncate(common);
         let mut dec = StreamDecoder::new(&model.tokenizer);
         let mut out = std::io::stdout().lock();
         let tok = &model.tokenizer;

@@ -18,6 +18,10 @@ pub struct Args {
     /// Named shape instead of a file: tiny, 1b, 7b, 13b, 70b (vocab 49152, as synth writes)
     #[arg(long)]
     pub shape: Option<String>,
+    /// Architecture with --shape (as synth's --arch): its tensors, and Gemma 3's
+    /// sliding-window layers, which need only a window of KV cache
+    #[arg(long, value_enum, default_value = "llama", requires = "shape")]
+    pub arch: super::synth::ArchArg,
     /// Weight type with --shape (as synth's --type) [default: q4_0]
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
@@ -93,8 +97,9 @@ pub fn run(a: Args) -> Result<()> {
             let ty = GgmlType::from_name(ty_name).with_context(|| format!("unknown --type {ty_name:?}"))?;
             let out_name = a.output_type.as_deref().unwrap_or(ty_name);
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
-            let m = ModelSummary::from_shape(shape, ty, out).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
-            (m, 4096, format!("shape {s} {ty}"))
+            let c = ModelSummary::config_for(a.arch.arch(), shape);
+            let m = ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
+            (m, c.n_ctx_train, format!("shape {s} {} {ty}", c.arch.name()))
         }
         None => {
             let path = resolve_model(a.model.as_ref())?;
@@ -200,7 +205,18 @@ pub fn run(a: Args) -> Result<()> {
         hearth_model::CacheType::F16 => format!("{} kv_dim · 2 bytes", s.kv_dim()),
         hearth_model::CacheType::Q8_0 => format!("{} kv_dim / 32 · 34 bytes", s.kv_dim()),
     };
-    o += &format!("  KV cache    {:>12}  2 · {} layers · {n_ctx} ctx · {per_row} ({cache_type})\n", gb(p.kv_cache_bytes), s.n_layer);
+    let n_local = summary.windows.iter().filter(|&&w| w != usize::MAX).count();
+    let held = |w: usize| hearth_model::KvLayout::held_for(w, n_ctx, p.n_batch);
+    let layers = match summary.windows.iter().find(|&&w| w != usize::MAX) {
+        Some(&w) if held(w) < n_ctx => format!(
+            "2 · ({} layers · {n_ctx} ctx + {n_local} sliding-window layers · {} ring (window {w} + batch {} − 1))",
+            s.n_layer - n_local,
+            held(w),
+            p.n_batch
+        ),
+        _ => format!("2 · {} layers · {n_ctx} ctx", s.n_layer),
+    };
+    o += &format!("  KV cache    {:>12}  {layers} · {per_row} ({cache_type})\n", gb(p.kv_cache_bytes));
     o += &format!("  scratch     {:>12}  4 · {} batch · (2·{} + 2·{} + 2·{} + 2·{}) + 4 · {} logits + quantized activations + per-thread accumulators\n",
         gb(p.scratch_bytes), p.n_batch, s.n_embd, s.q_dim(), s.kv_dim(), s.n_ff, s.n_vocab);
     o += &format!(

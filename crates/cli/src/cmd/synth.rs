@@ -79,7 +79,8 @@ pub enum ArchArg {
 }
 
 impl ArchArg {
-    fn arch(self) -> Arch {
+    /// The architecture.
+    pub fn arch(self) -> Arch {
         match self {
             ArchArg::Llama => Arch::Llama,
             ArchArg::Qwen2 => Arch::Qwen2,
@@ -172,35 +173,6 @@ pub struct Args {
     /// Print the shape, parameter count and file size as JSON, and write nothing
     #[arg(long)]
     pub dry_run: bool,
-}
-
-/// Tensor headers in the order llama.cpp's converter writes them: the embedding, RoPE
-/// factors, each block's tensors in the architecture's order, the final norm and (unless
-/// `tied`) the output head. Vectors are F32.
-pub fn tensor_specs(c: &ModelConfig, ty: GgmlType, out_ty: GgmlType, tied: bool, rope_freqs: bool) -> Vec<TensorSpec> {
-    let t = |name: String, dims: Vec<u64>, ty| TensorSpec { name, dims, ty };
-    let (e, v) = (c.n_embd as u64, c.n_vocab as u64);
-    let mut out = vec![t("token_embd.weight".into(), vec![e, v], ty)];
-    let pairs = vec![c.rope.dims as u64 / 2];
-    if rope_freqs {
-        out.push(t("rope_freqs.weight".into(), pairs.clone(), GgmlType::F32));
-    }
-    if c.arch == Arch::Phi3 {
-        out.push(t("rope_factors_long.weight".into(), pairs.clone(), GgmlType::F32));
-        out.push(t("rope_factors_short.weight".into(), pairs, GgmlType::F32));
-    }
-    for i in 0..c.n_layer {
-        for lt in c.arch.layer_tensors() {
-            let dims = lt.dims(c);
-            let ty = if dims.len() == 1 { GgmlType::F32 } else { ty };
-            out.push(t(format!("blk.{i}.{}", lt.name), dims, ty));
-        }
-    }
-    out.push(t("output_norm.weight".into(), vec![e], GgmlType::F32));
-    if !tied {
-        out.push(t("output.weight".into(), vec![e, v], out_ty));
-    }
-    out
 }
 
 /// Exact size of the GGUF file `write_gguf` produces for this metadata and these tensors
@@ -404,7 +376,7 @@ pub fn run(a: Args) -> Result<()> {
     ];
     meta.extend(cfg.to_metadata());
     meta.extend(src.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned());
-    let tensors = tensor_specs(&cfg, a.ty, out_ty, a.tied, a.rope_freqs);
+    let tensors = hearth_model::file_tensors(&cfg, a.ty, out_ty, a.tied, a.rope_freqs);
     for t in &tensors {
         t.size().with_context(|| format!("{} needs every row to be whole blocks", t.ty))?;
     }
@@ -476,7 +448,7 @@ mod tests {
         let d = Shape::Tiny.dims();
         let d = Dims { n_embd: 64, n_ff: 96, ..d };
         for ty in [GgmlType::F32, GgmlType::Q4_0, GgmlType::Q8_0] {
-            let specs = tensor_specs(&cfg(Arch::Llama, &d, 32), ty, GgmlType::F16, false, false);
+            let specs = hearth_model::file_tensors(&cfg(Arch::Llama, &d, 32), ty, GgmlType::F16, false, false);
             let bytes = write_gguf(Vec::new(), &meta(), &specs, |i, w| {
                 w.write_all(&vec![0u8; specs[i].size().unwrap() as usize])
             })
@@ -489,7 +461,7 @@ mod tests {
     fn big_shapes_have_the_published_sizes() {
         // llama.cpp baseline: 7B Q4_0 + Q6_K output, vocab 49152 → 6.88 B params; 1B → 1.17 B.
         let n = |s: Shape| {
-            tensor_specs(&cfg(Arch::Llama, &s.dims(), 49152), GgmlType::Q4_0, GgmlType::Q4_0, false, false).iter().map(|t| t.dims.iter().product::<u64>()).sum::<u64>()
+            hearth_model::file_tensors(&cfg(Arch::Llama, &s.dims(), 49152), GgmlType::Q4_0, GgmlType::Q4_0, false, false).iter().map(|t| t.dims.iter().product::<u64>()).sum::<u64>()
         };
         assert_eq!((n(Shape::B7) as f64 / 1e7).round(), 688.0);
         assert_eq!((n(Shape::B1) as f64 / 1e7).round(), 117.0);

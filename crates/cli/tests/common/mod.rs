@@ -13,6 +13,13 @@ pub fn model() -> PathBuf {
     p
 }
 
+/// Gemma 3 270M Q4_K_M (fetched by scripts/fetch-models.sh too).
+pub fn gemma3() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models.sh", p.display());
+    p
+}
+
 /// Run the `hearth` binary with `args` (and no `$HEARTH_MODEL`).
 pub fn hearth(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()

@@ -611,6 +611,12 @@ pub struct AttnShape {
     /// Sliding window: a query at position `p` sees keys `p − window + 1 ..= p`
     /// (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`); `usize::MAX` for full causal attention.
     pub window: usize,
+    /// Rows the cache holds per layer: position `j` lives in row `j mod ring` (a
+    /// sliding-window layer's ring buffer of `window + n_batch − 1` rows, enough for the
+    /// oldest query of a batch); `usize::MAX` (or any bound above every position): row `j`.
+    /// Only where a row is read changes, never the order of the arithmetic, so a ring
+    /// gives the same bits as the whole cache.
+    pub ring: usize,
     /// With an f16 cache: compute in f32 (queries unrounded, K and V widened, f32
     /// accumulators), as llama.cpp's tiled flash attention does for batches of at least
     /// [`F32_PATH_MIN_TOKENS`] tokens; else ggml's per-query path (queries rounded to
@@ -625,7 +631,7 @@ pub const F32_PATH_MIN_TOKENS: usize = 64;
 impl AttnShape {
     /// Full causal attention, scores scaled by `1/√head_dim`.
     pub fn causal(n_head: usize, n_head_kv: usize, head_dim: usize) -> Self {
-        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX, f32_path: false }
+        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX, ring: usize::MAX, f32_path: false }
     }
 }
 
@@ -971,9 +977,21 @@ fn attend_v<K: KeyRows>(t: Tile, key: &K, v: KvRows<'_>, vals: Vals<'_>, out: &m
     }
 }
 
+/// The cache row of position `j` ([`AttnShape::ring`]); the division only once the
+/// ring has wrapped.
+#[inline(always)]
+fn ring_row(j: usize, s: AttnShape) -> usize {
+    if j >= s.ring {
+        j % s.ring
+    } else {
+        j
+    }
+}
+
 /// Elements of head `kv_head` in cache row `j` of an f32/f16 cache.
 #[inline(always)]
 fn row_elems(j: usize, kv_head: usize, s: AttnShape) -> std::ops::Range<usize> {
+    let j = ring_row(j, s);
     let start = j * s.n_head_kv * s.head_dim + kv_head * s.head_dim;
     start..start + s.head_dim
 }
@@ -981,6 +999,7 @@ fn row_elems(j: usize, kv_head: usize, s: AttnShape) -> std::ops::Range<usize> {
 /// Bytes of head `kv_head` in cache row `j` of a Q8_0 cache.
 #[inline(always)]
 fn row_q8_0(j: usize, kv_head: usize, s: AttnShape) -> std::ops::Range<usize> {
+    let j = ring_row(j, s);
     let head = s.head_dim / QK8_0 * Q8_0_BYTES;
     let start = (j * s.n_head_kv + kv_head) * head;
     start..start + head
@@ -1636,4 +1655,63 @@ mod tests {
         attend(&q, KvRows::F16(&k), KvRows::F16(&v), 0, n_kv, full, &mut sc, &mut c);
         assert_ne!(a, c);
     }
+
+    /// A sliding-window layer's ring buffer (position `j` in row `j mod ring`) gives the
+    /// bits of the whole cache, for every cache type and both block paths, once the ring
+    /// has wrapped; a ring one row too short for the batch's first query does not.
+    #[test]
+    fn ring_buffer_rows_equal_the_whole_cache() {
+        let (hd, n_kv_head, group, window) = (64, 2, 3, 24);
+        let n_head = n_kv_head * group;
+        let kvd = n_kv_head * hd;
+        let n_ctx = 140;
+        let val = |i: usize, m: usize| ((i * m) % 211) as f32 / 211.0 - 0.5;
+        let kf: Vec<f32> = (0..n_ctx * kvd).map(|i| val(i, 7919) * 3.0).collect();
+        let vf: Vec<f32> = (0..n_ctx * kvd).map(|i| val(i, 104_729)).collect();
+        // The last `ring` positions before `end`, each at row `pos mod ring`.
+        let wrap = |x: &[f32], ring: usize, end: usize| {
+            let mut r = vec![0f32; ring * kvd];
+            for p in end.saturating_sub(ring)..end {
+                r[(p % ring) * kvd..][..kvd].copy_from_slice(&x[p * kvd..][..kvd]);
+            }
+            r
+        };
+        let f16s = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<f16>>();
+        let q8 = |x: &[f32]| {
+            let mut b = vec![0u8; x.len() / QK8_0 * Q8_0_BYTES];
+            hearth_quant::q8::quantize_row_q8_0(x, &mut b);
+            b
+        };
+        let full = AttnShape { window, ..AttnShape::causal(n_head, n_kv_head, hd) };
+        for (n_kv0, n_tok) in [(100, 16), (57, 9), (130, 1), (30, 5)] {
+            let q: Vec<f32> = (0..n_tok * n_head * hd).map(|i| val(i, 31) * 2.0).collect();
+            let end = n_kv0 + n_tok - 1;
+            for f32_path in [false, true] {
+                let s = AttnShape { f32_path, ..full };
+                let need = window + n_tok - 1;
+                for (ring, same) in [(need, true), (need + 11, true), (need - 1, false)] {
+                    let (kr, vr) = (wrap(&kf, ring, end), wrap(&vf, ring, end));
+                    let (k16, v16, kr16, vr16) = (f16s(&kf), f16s(&vf), f16s(&kr), f16s(&vr));
+                    let (k8, v8, kr8, vr8) = (q8(&kf), q8(&vf), q8(&kr), q8(&vr));
+                    let pairs: [(KvRows<'_>, KvRows<'_>, KvRows<'_>, KvRows<'_>, bool); 3] = [
+                        (KvRows::F16(&k16), KvRows::F16(&v16), KvRows::F16(&kr16), KvRows::F16(&vr16), true),
+                        (KvRows::F32(&kf), KvRows::F32(&vf), KvRows::F32(&kr), KvRows::F32(&vr), false),
+                        (KvRows::Q8_0(&k8), KvRows::Q8_0(&v8), KvRows::Q8_0(&kr8), KvRows::Q8_0(&vr8), false),
+                    ];
+                    for (k, v, kr, vr, v_f16) in pairs {
+                        let mut a = AttnScratch::new(hd, v_f16);
+                        let mut b = AttnScratch::new(hd, v_f16);
+                        for kv_head in 0..n_kv_head {
+                            let heads = kv_head * group..(kv_head + 1) * group;
+                            let want = attend_block(&q, n_head * hd, n_tok, heads.clone(), k, v, kv_head, n_kv0, s, &mut a).to_vec();
+                            let got = attend_block(&q, n_head * hd, n_tok, heads, kr, vr, kv_head, n_kv0, AttnShape { ring, ..s }, &mut b);
+                            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(got) == bits(&want), same, "ring {ring} n_kv0 {n_kv0} n_tok {n_tok} f32_path {f32_path} v_f16 {v_f16}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
 }
