@@ -45,7 +45,8 @@ fn generate(m: &Path, extra: &[&str]) -> serde_json::Value {
 }
 
 /// Tensor parallel (gather) with 2 and 3 nodes, the ring over 3 devices and a memory
-/// budget below the file size: each gives one machine's tokens.
+/// budget below the file size: each gives one machine's tokens; the sum schedule over 3
+/// nodes runs its two allreduces per block.
 fn every_mode_matches(m: &Path, n_layer: usize, budget: Option<&str>) {
     let single = tokens(&generate(m, &[]));
     assert_eq!(single.len(), 16);
@@ -54,6 +55,12 @@ fn every_mode_matches(m: &Path, n_layer: usize, budget: Option<&str>) {
         let v = generate(m, &["--workers", &workers, "--tp-schedule", "gather"]);
         assert_eq!(tokens(&v), single, "{}: tensor parallel over {workers}", m.display());
     }
+    // The sum schedule: two allreduces per block, partial sums in another order than one
+    // node's, so only the first token (a clear margin here) is held to equal.
+    let v = generate(m, &["--workers", &addrs(&[&ws[0], &ws[1]]), "--tp-schedule", "sum"]);
+    assert_eq!(tokens(&v).len(), 16);
+    assert_eq!(tokens(&v)[0], single[0], "{}: sum schedule", m.display());
+    assert_eq!(v["tensor_parallel"]["allreduces"], 2 * n_layer as u64 * v["tensor_parallel"]["passes"].as_u64().unwrap());
     let third = n_layer / 3;
     let windows = format!("{third},{third},{}", n_layer - 2 * third);
     let v = generate(m, &["--workers", &addrs(&[&ws[0], &ws[1]]), "--parallel", "ring", "--layer-window", &windows]);
