@@ -106,3 +106,19 @@ fn gemma3_chat_uses_the_gemma_turn_format() {
     let v = ok(hearth(&["generate", "-m", m.to_str().unwrap(), "--chat", "-p", "What is 2+2?", "-n", "2", "--temperature", "0", "--json"]));
     assert_eq!(v["prompt_tokens"], chat["prompt_ids"]);
 }
+
+/// `quantize` and `inspect` on Gemma 3: the Q4_K_M file requantized to Q8_0 (every matrix
+/// from its dequantized values) still runs and starts with the original's greedy tokens;
+/// inspect names the architecture and the window.
+#[test]
+fn gemma3_quantizes_and_inspects() {
+    let m = gemma3();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gemma3-q8_0.gguf");
+    let q = hearth(&["quantize", "--allow-requantize", "--type", "q8_0", m.to_str().unwrap(), out.to_str().unwrap()]);
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    let (a, b) = (tokens(&generate(&m, &[])), tokens(&generate(&out, &[])));
+    assert_eq!(a[..4], b[..4], "Q4_K_M {a:?} vs its Q8_0 requantization {b:?}");
+    let i = hearth(&["inspect", out.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&i.stdout);
+    assert!(i.status.success() && text.contains("\"gemma3\"") && text.contains("gemma3.attention.sliding_window"), "{text}");
+}
