@@ -107,6 +107,9 @@ VARIANTS = {
     "qwen2_tied": ["--arch", "qwen2"] + BASE + ["--tied"],
     "qwen3": ["--arch", "qwen3"] + BASE + ["--head-dim", "32"],
     "gemma3": ["--arch", "gemma3"] + override(BASE, n_layer=6) + ["--head-dim", "32"],
+    # Gemma 3 4B-27B scale positions linearly (factor 8) on their global layers only.
+    "gemma3_linear": ["--arch", "gemma3"] + override(BASE, n_layer=6) + ["--head-dim", "32", "--rope-scaling", "linear",
+                                                                          "--rope-scale", "8"],
     "phi3": ["--arch", "phi3"] + BASE + ["--tokenizer-from", PHI3_VOCAB],
     # Trained (and so original) context 1024 < the prompts' n_ctx 2048: the long LongRoPE factors.
     "phi3_long": ["--arch", "phi3"] + override(BASE, context_length=1024) + ["--tokenizer-from", PHI3_VOCAB],

@@ -123,11 +123,11 @@ impl<'a> Block<'a> {
         }
     }
 
-    /// RoPE of Q and K at each token's position, with the layer's base and the model's
-    /// scaling.
+    /// RoPE of Q and K at each token's position, with the layer's base and frequency
+    /// scale and the model's other scaling terms.
     pub fn rope(&self, q: &mut [f32], k: &mut [f32]) {
         let c = self.c;
-        let r = c.rope.kernel(c.rope_base(self.il), self.rope_factors);
+        let r = c.rope.kernel(c.rope_base(self.il), c.rope_scale(self.il), self.rope_factors);
         let (qd, kvd) = (self.share.n_head * c.head_dim, self.share.n_head_kv * c.head_dim);
         if qd == 0 {
             return;

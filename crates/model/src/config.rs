@@ -50,10 +50,10 @@ pub struct RopeConfig {
 
 impl RopeConfig {
     /// The kernel's description at base `freq_base`, with per-pair `factors`.
-    pub fn kernel<'a>(&self, freq_base: f32, factors: Option<&'a [f32]>) -> Rope<'a> {
+    pub fn kernel<'a>(&self, freq_base: f32, freq_scale: f32, factors: Option<&'a [f32]>) -> Rope<'a> {
         Rope {
             freq_base,
-            freq_scale: self.freq_scale,
+            freq_scale,
             ext_factor: self.ext_factor,
             attn_factor: self.attn_factor,
             n_ctx_orig: self.n_ctx_orig,
@@ -91,6 +91,9 @@ pub struct ModelConfig {
     /// RoPE base of the sliding-window layers (Gemma 3's `rope.freq_base_swa`, 10000 by
     /// default); the global base elsewhere.
     pub rope_base_swa: f32,
+    /// RoPE frequency scale of the sliding-window layers: 1 (llama.cpp's
+    /// `rope_freq_scale_train_swa`; see [`Self::rope_scale`]).
+    pub rope_scale_swa: f32,
     /// Sliding window in positions (`attention.sliding_window`); 0 for none.
     pub sliding_window: usize,
     /// Which layers attend through the window (all `false` without one).
@@ -138,6 +141,7 @@ impl ModelConfig {
             n_ctx_train,
             rms_eps: f.get_f32(&k.key("attention.layer_norm_rms_epsilon"))?,
             rope_base_swa: rope.freq_base,
+            rope_scale_swa: 1.0,
             rope,
             sliding_window: 0,
             swa_layers: vec![false; n_layer],
@@ -175,6 +179,7 @@ impl ModelConfig {
             rms_eps: if gemma { 1e-6 } else { 1e-5 },
             rope,
             rope_base_swa: 10000.0,
+            rope_scale_swa: 1.0,
             sliding_window: if gemma { 512 } else { 0 },
             swa_layers: (0..n_layer).map(|il| gemma && il % 6 < 5).collect(),
             attn_scale: if q_scale.is_some() { 1.0 } else { 1.0 / (head_dim as f32).sqrt() },
@@ -273,6 +278,15 @@ impl ModelConfig {
     /// Layer `il`'s RoPE base (the sliding-window layers' own, or the global one).
     pub fn rope_base(&self, il: usize) -> f32 {
         if self.window(il) != usize::MAX { self.rope_base_swa } else { self.rope.freq_base }
+    }
+
+    /// Layer `il`'s RoPE frequency scale: the model's (`1 / rope.scaling.factor`) on
+    /// global layers, [`Self::rope_scale_swa`] (1) on sliding-window ones. Gemma 3 4B–27B scale positions by 8 on
+    /// their global layers only (HF's `rope_scaling` with `rope_local_base_freq` unscaled);
+    /// llama.cpp's `get_rope_freq_scale` gives window layers `rope_freq_scale_train_swa`,
+    /// which stays 1 for gemma3.
+    pub fn rope_scale(&self, il: usize) -> f32 {
+        if self.window(il) != usize::MAX { self.rope_scale_swa } else { self.rope.freq_scale }
     }
 }
 
