@@ -228,16 +228,8 @@ impl<'a> Block<'a> {
             self.kv.store(il, sp.slot, sp.pos0, &k[r.clone()], &v[r]);
         }
         let kv = &*self.kv;
-        let mut ring = usize::MAX;
-        let caches: Vec<_> = self
-            .spans
-            .iter()
-            .map(|sp| {
-                let (k, v, held) = kv.layer(il, sp.slot);
-                ring = held;
-                (k, v)
-            })
-            .collect();
+        let caches: Vec<_> = self.spans.iter().map(|sp| kv.layer(il, sp.slot)).collect();
+        let ring = kv.layout().held(il);
         let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ring, ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
         let t = std::time::Instant::now();
         attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.attn_acc, out);

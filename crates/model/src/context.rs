@@ -298,10 +298,8 @@ impl Context {
         // Every exchange of a pass must fit one message: cap the batch to it.
         let widest = if split.gather_rows.is_some() { c.n_embd.max(c.q_dim()).max(c.n_ff) } else { c.n_embd };
         self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
-        // Free the whole-model cache before allocating this node's, so both never coexist.
         let layout = KvLayout { kv_dim: split.kv_rows(c).len(), n_batch: self.n_batch, ..self.kv.layout().clone() };
-        self.kv = KvCache::empty(layout.ty);
-        self.kv = KvCache::new(layout);
+        self.kv.replace(layout);
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
             self.s.gathered = vec![0.0; self.n_batch * c.q_dim().max(c.n_ff)];
@@ -342,8 +340,7 @@ impl Context {
         for (l, &o) in layout.layers.iter_mut().zip(&owned) {
             l.1 = o;
         }
-        self.kv = KvCache::empty(layout.ty);
-        self.kv = KvCache::new(layout);
+        self.kv.replace(layout);
         let mut next = 0;
         for (il, &o) in owned.iter().enumerate() {
             self.layer_unit[il] = if o { next } else { usize::MAX };
@@ -385,10 +382,8 @@ impl Context {
         if self.n_past.iter().any(|&n| n > 0) {
             return Err(ModelError::Context("slots must be set before the first evaluation".into()));
         }
-        // Free the old cache first, so both never coexist.
         let layout = KvLayout { n_slots, ..self.kv.layout().clone() };
-        self.kv = KvCache::empty(layout.ty);
-        self.kv = KvCache::new(layout);
+        self.kv.replace(layout);
         self.n_past = vec![0; n_slots];
         Ok(())
     }

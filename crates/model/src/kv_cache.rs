@@ -243,9 +243,11 @@ impl KvCache {
         Self { k: alloc(), v: alloc(), held, layout }
     }
 
-    /// An empty cache (no layers), to free a cache before allocating its replacement.
-    pub fn empty(ty: CacheType) -> Self {
-        Self::new(KvLayout::full(0, 0, 0, ty))
+    /// Re-create this cache as `layout`, freeing the old buffers first so both never
+    /// coexist.
+    pub fn replace(&mut self, layout: KvLayout) {
+        *self = Self::new(KvLayout::full(0, 0, 0, layout.ty));
+        *self = Self::new(layout);
     }
 
     /// The layout.
@@ -294,12 +296,13 @@ impl KvCache {
         }
     }
 
-    /// Keys and values of `slot`'s sequence in `layer`, `[held, kv_dim]` each, and `held`:
-    /// position `p` is row `p mod held` ([`hearth_kernels::ops::AttnShape::ring`]).
-    pub fn layer(&self, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>, usize) {
+    /// Keys and values of `slot`'s sequence in `layer`, `[held, kv_dim]` each (`held` =
+    /// [`KvLayout::held`]): position `p` is row `p mod held`
+    /// ([`hearth_kernels::ops::AttnShape::ring`]).
+    pub fn layer(&self, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
         let held = self.held[layer];
         let rows = slot * held..(slot + 1) * held;
-        (self.k[layer].view_rows(rows.clone(), self.layout.kv_dim), self.v[layer].view_rows(rows, self.layout.kv_dim), held)
+        (self.k[layer].view_rows(rows.clone(), self.layout.kv_dim), self.v[layer].view_rows(rows, self.layout.kv_dim))
     }
 }
 
@@ -327,7 +330,7 @@ mod tests {
         for ty in CacheType::ALL {
             let c = KvCache::new(KvLayout::full(2, 8, 64, ty));
             assert_eq!(c.bytes(), KvCache::bytes_for(2, 8, 64, ty));
-            let (k, v, _) = c.layer(1, 0);
+            let (k, v) = c.layer(1, 0);
             let len = |r: KvRows<'_>| match r {
                 KvRows::F32(x) => x.len() * 4,
                 KvRows::F16(x) => x.len() * 2,
@@ -349,7 +352,7 @@ mod tests {
         for ty in CacheType::ALL {
             let mut c = KvCache::new(KvLayout::full(1, 4, 64, ty));
             c.store(0, 0, 1, &rows, &rows);
-            let (k, _, _) = c.layer(0, 0);
+            let (k, _) = c.layer(0, 0);
             let mut got = vec![0f32; 64];
             match k {
                 KvRows::F32(x) => got.copy_from_slice(&x[2 * 64..3 * 64]),
@@ -392,12 +395,12 @@ mod tests {
             let rows: Vec<f32> = (pos0..pos0 + n).flat_map(row).collect();
             c.store(0, 1, pos0, &rows, &rows);
         }
-        let (k, _, held) = c.layer(0, 1);
+        let (k, _) = c.layer(0, 1);
         let KvRows::F32(k) = k else { unreachable!() };
         let firsts: Vec<f32> = k.chunks_exact(32).map(|r| r[0]).collect();
-        assert_eq!((held, firsts), (6, vec![6.0, 7.0, 2.0, 3.0, 4.0, 5.0]));
+        assert_eq!((c.layout().held(0), firsts), (6, vec![6.0, 7.0, 2.0, 3.0, 4.0, 5.0]));
         // Slot 0 untouched.
-        let (k0, _, _) = c.layer(0, 0);
+        let (k0, _) = c.layer(0, 0);
         assert!(matches!(k0, KvRows::F32(x) if x.iter().all(|&v| v == 0.0)));
     }
 
