@@ -595,7 +595,11 @@ fn ggml_avx2_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
-/// ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, lane by lane.
+/// ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, lane by lane (as in llama.cpp 0c1e570, the
+/// reference build): the quants' −32 offset is not subtracted per element but per lane
+/// at the end of a block, from the activations' block sums: lane k takes sub-blocks 2k
+/// and 2k+1 (`q8sclsub`). The per-lane integers, and so the f32 roundings, differ from
+/// subtracting per element.
 #[allow(clippy::needless_range_loop)]
 fn ggml_avx2_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     use hearth_quant::{BlockQ6K, BlockQ8K};
@@ -609,7 +613,7 @@ fn ggml_avx2_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
             let (h, g, l) = (e / 128, (e % 128) / 32, e % 32);
             let lo = (x.ql[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
             let hi = (x.qh[32 * h + l] >> (2 * g)) & 3;
-            (lo | (hi << 4)) as i32 - 32
+            (lo | (hi << 4)) as i32
         };
         for k in 0..8 {
             let mut s = 0i32;
@@ -619,6 +623,8 @@ fn ggml_avx2_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
                     s += x.scales[e / 16] as i32 * q(e) * y.qs[e] as i32;
                 }
             }
+            let sc = |j: usize| x.scales[j] as i32 * y.bsums[j] as i32;
+            s -= (sc(2 * k) + sc(2 * k + 1)) << 5;
             acc[k] = d.mul_add(s as f32, acc[k]);
         }
     }

@@ -291,7 +291,6 @@ impl Fmt for Q6K {
         let d = ad * wd;
         let m4 = _mm256_set1_epi8(0x0f);
         let m2 = _mm256_set1_epi8(3);
-        let m32s = _mm256_set1_epi8(32);
         let scales = _mm_loadu_si128(wp.add(192) as *const __m128i);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..2usize {
@@ -312,7 +311,7 @@ impl Fmt for Q6K {
             let mut p = [_mm256_setzero_si256(); 4];
             for k in 0..4 {
                 let y = _mm256_loadu_si256(q8.add(32 * k) as *const __m256i);
-                let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(m32s, y));
+                let p16 = _mm256_maddubs_epi16(q[k], y);
                 // Scales 8j+2k (first 16 bytes) and 8j+2k+1 (last 16), as i16.
                 let s = (8 * j + 2 * k) as i64;
                 let shuf = _mm_set_epi64x((s + 1) * 0x0101010101010101, s * 0x0101010101010101);
@@ -322,6 +321,12 @@ impl Fmt for Q6K {
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
         }
+        // The −32 offset of every quant, from the activations' 16 block sums: lane m
+        // takes sub-blocks 2m and 2m+1 (ggml's `q8sclsub`), so each lane's integer sum,
+        // and with it the f32 rounding below, is llama.cpp's.
+        let bsums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales)));
+        sumi = _mm256_sub_epi32(sumi, offset);
         _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc)
     }
     #[inline(always)]
