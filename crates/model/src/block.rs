@@ -23,7 +23,7 @@ use crate::kv_cache::KvCache;
 use crate::source::Unit;
 use crate::split::Collective;
 use crate::weights::LayerWeights;
-use hearth_kernels::ops::{self, AttnScratch, AttnShape};
+use hearth_kernels::ops::{self, AttnScratch, AttnShape, F16DotOrder};
 use hearth_kernels::{matmul, ThreadPool, WeightView};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -88,16 +88,27 @@ pub(crate) struct Block<'a> {
     /// Per-pair RoPE frequency factors (Llama 3.1, LongRoPE), if any.
     pub(crate) rope_factors: Option<&'a [f32]>,
     pub(crate) trace: bool,
+    /// The f16 attention dots' summation order ([`F16DotOrder`]).
+    pub(crate) f16_dot: F16DotOrder,
     /// Time spent in attention (`HEARTH_PROFILE`).
     pub(crate) attention: &'a mut std::time::Duration,
 }
 
 impl<'a> Block<'a> {
-    /// Print `x`'s sum as llama.cpp's eval-callback names it (`HEARTH_TRACE=1`).
+    /// Print `x`'s sum as llama.cpp's eval-callback names it (`HEARTH_TRACE=1`); with
+    /// `HEARTH_TRACE_DIR` set, also write `x` there as `NAME-LAYER.f32` (little-endian
+    /// f32, `[n_tokens, width]`) for element-by-element comparison.
     pub fn trace(&self, name: &str, x: &[f32]) {
         if self.trace {
             let sum: f64 = x.iter().map(|&v| v as f64).sum();
             eprintln!("trace {name}-{} {sum:.6}", self.il);
+            if let Some(dir) = std::env::var_os("HEARTH_TRACE_DIR") {
+                let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let path = std::path::Path::new(&dir).join(format!("{name}-{}.f32", self.il));
+                if let Err(e) = std::fs::write(&path, bytes) {
+                    eprintln!("trace: cannot write {}: {e}", path.display());
+                }
+            }
         }
     }
 
@@ -230,7 +241,7 @@ impl<'a> Block<'a> {
         let kv = &*self.kv;
         let caches: Vec<_> = self.spans.iter().map(|sp| kv.layer(il, sp.slot)).collect();
         let ring = kv.layout().held(il);
-        let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ring, ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
+        let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ring, f16_dot: self.f16_dot, ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
         let t = std::time::Instant::now();
         attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.attn_acc, out);
         *self.attention += t.elapsed();

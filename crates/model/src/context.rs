@@ -10,7 +10,7 @@ use crate::model::Model;
 use crate::ring::{RingLink, RingWindows};
 use crate::source::{LayerSource, SourceStats, Unit};
 use crate::split::{Collective, TensorSplit};
-use hearth_kernels::ops::{self, AttnScratch};
+use hearth_kernels::ops::{self, AttnScratch, F16DotOrder};
 use hearth_kernels::{matmul, ThreadPool};
 use std::sync::{Arc, Mutex};
 
@@ -110,6 +110,8 @@ pub struct Context {
     /// `HEARTH_TRACE=1`: print each intermediate's sum to stderr, named as in llama.cpp's
     /// eval-callback traces, for layer-by-layer comparison.
     trace: bool,
+    /// Which llama.cpp build's order the f16 attention dots follow (`set_f16_dot_order`).
+    f16_dot: F16DotOrder,
     /// `HEARTH_PROFILE=1`: time split of the forward passes, printed when the context ends.
     profile: Option<Profile>,
     /// Tensor parallelism: this node's share and the group's allreduce (`set_tensor_split`).
@@ -238,6 +240,7 @@ impl Context {
             model,
             source: None,
             trace,
+            f16_dot: F16DotOrder::from_env(),
             profile,
             split: None,
             ring: None,
@@ -259,6 +262,13 @@ impl Context {
         let n = self.pool.n_threads();
         self.pool = ThreadPool::new_pinned(n, cpus).map_err(|e| ModelError::Context(format!("pinning threads: {e}")))?;
         Ok(())
+    }
+
+    /// Sum the f16 attention dots in the order of llama.cpp built for AVX-512 (the
+    /// default, or `HEARTH_F16_DOT_ORDER`) or for AVX2 ([`F16DotOrder`]): the same on
+    /// any CPU, it only picks which llama.cpp build this context agrees with bit for bit.
+    pub fn set_f16_dot_order(&mut self, order: F16DotOrder) {
+        self.f16_dot = order;
     }
 
     /// Read weights through `source` (e.g. `hearth_memory::Window`) instead of the
@@ -749,6 +759,7 @@ impl Context {
                 attn_acc,
                 rope_factors,
                 trace: self.trace,
+                f16_dot: self.f16_dot,
                 attention: &mut attention,
             };
             let mut a = Acts {

@@ -9,8 +9,10 @@
 use half::f16;
 
 mod act;
+mod dot_order;
 mod rope;
 pub use act::{add_rows, geglu, rmsnorm_inplace, scale};
+pub use dot_order::F16DotOrder;
 pub use rope::{rope, rope_norm, Rope, RopeLayout};
 
 /// `out = x / sqrt(mean(x²) + eps) * w` for each row of `x: [n, w.len()]`.
@@ -81,16 +83,20 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 
 /// Dot product of `a` (f32 holding f16-representable values) with an f16 vector.
 ///
-/// Summation order is that of ggml's `ggml_vec_dot_f16` as built with AVX-512 (the
-/// reference llama.cpp build): four 16-lane accumulators over steps of 64 elements,
+/// Summation order is that of ggml's `ggml_vec_dot_f16` in the build `order` names
+/// ([`F16DotOrder`]). AVX-512: four 16-lane accumulators over steps of 64 elements,
 /// reduced as `(s0+s2) + (s1+s3)` and then `_mm512_reduce_add_ps`'s halving tree; the
 /// tail past a multiple of 64 is added in f64. Products of f16 values are exact in f32,
 /// so matching the order makes the result bit-identical.
-pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+pub fn dot_f16(order: F16DotOrder, a: &[f32], b: &[f16]) -> f32 {
+    let avx2_order = order == F16DotOrder::Avx2;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the features were just detected.
-        return unsafe { x86::dot_f16(a, b) };
+        return unsafe { x86::dot_f16(a, b, avx2_order) };
+    }
+    if avx2_order {
+        return dot_order::dot_f16_avx2_order(a, b);
     }
     let n = a.len().min(b.len());
     let np = n & !63;
@@ -172,8 +178,27 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    pub unsafe fn dot_f16(a: &[f32], b: &[f16], avx2_order: bool) -> f32 {
         let n = a.len().min(b.len());
+        if avx2_order {
+            // ggml's AVX2 build: 4 × 8 lanes over steps of 32, then GGML_F32x8_REDUCE.
+            let np = n & !31;
+            let mut s = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < np {
+                for (j, v) in s.iter_mut().enumerate() {
+                    let bv = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i + 8 * j) as *const __m128i));
+                    *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8 * j)), bv, *v);
+                }
+                i += 32;
+            }
+            let x = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+            let mut sum = hadd_tree(x) as f64;
+            for k in np..n {
+                sum += (a[k] * b[k].to_f32()) as f64;
+            }
+            return sum as f32;
+        }
         let np = n & !63;
         // s[j] = one 16-lane accumulator as two 8-lane halves.
         let mut s = [[_mm256_setzero_ps(); 2]; 4];
@@ -283,6 +308,40 @@ mod x86 {
         let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
         let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
         _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(t8, t8))
+    }
+
+    /// `GGML_F32x8_REDUCE`'s end: `lo128 + hi128`, then two `hadd`s.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn hadd_tree(x: __m256) -> f32 {
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+
+    /// One row's score in ggml's AVX2-build order (4 × 8 lanes over steps of 32):
+    /// `q`, `k`: `8·nv` f32 (a multiple of 64, so no tail).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_avx2_order(nv: usize, q: *const f32, k: *const f32) -> f32 {
+        let mut s = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < 8 * nv {
+            for (j, acc) in s.iter_mut().enumerate() {
+                let off = i + 8 * j;
+                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(off)), _mm256_loadu_ps(k.add(off)), *acc);
+            }
+            i += 32;
+        }
+        hadd_tree(_mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3])))
+    }
+
+    /// [`scores`] in the AVX2 build's order, one row at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_avx2_order(nv: usize, q: *const f32, kf: *const f32, sc: *mut f32, nr: usize, scale: f32) {
+        for r in 0..nr {
+            *sc.add(r) = dot_avx2_order(nv, q, kf.add(r * 8 * nv)) * scale;
+        }
     }
 
     /// The horizontal sums of 8 rows' `t3` vectors, each as [`hsum_t3`] finishes one
@@ -496,6 +555,7 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     unsafe fn block_body<const NV: usize>(nv: usize, w512: bool, t: Tile, k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
         let Tile { n_tok, nh, kv_head, n_kv0, s } = t;
+        let avx2_order = s.f16_dot == super::F16DotOrder::Avx2;
         let hd = 8 * nv;
         let nq = n_tok * nh;
         let scale = s.scale;
@@ -543,7 +603,9 @@ mod x86 {
                         let qp = b.qh.as_ptr().add(i * hd);
                         let kf = b.kf.as_ptr().add(r0 * hd);
                         let sc = b.score.as_mut_ptr();
-                        if w512 {
+                        if avx2_order {
+                            scores_avx2_order(nv, qp, kf, sc, nr, scale);
+                        } else if w512 {
                             scores512(nv, qp, kf, sc, nr, scale);
                         } else {
                             scores256(nv, qp, kf, sc, nr, scale);
@@ -622,6 +684,9 @@ pub struct AttnShape {
     /// [`F32_PATH_MIN_TOKENS`] tokens; else ggml's per-query path (queries rounded to
     /// f16, f16 accumulators), which llama.cpp runs for smaller batches and decode.
     pub f32_path: bool,
+    /// Which llama.cpp build's summation order the f16 score dots follow
+    /// ([`F16DotOrder`]; default [`F16DotOrder::from_env`]).
+    pub f16_dot: F16DotOrder,
 }
 
 /// Batches from this many tokens on take llama.cpp's tiled flash-attention path
@@ -631,7 +696,7 @@ pub const F32_PATH_MIN_TOKENS: usize = 64;
 impl AttnShape {
     /// Full causal attention, scores scaled by `1/√head_dim`.
     pub fn causal(n_head: usize, n_head_kv: usize, head_dim: usize) -> Self {
-        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX, ring: usize::MAX, f32_path: false }
+        Self { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: usize::MAX, ring: usize::MAX, f32_path: false, f16_dot: F16DotOrder::from_env() }
     }
 }
 
@@ -1085,7 +1150,7 @@ impl KeyRows for KeyF16<'_> {
     #[inline(always)]
     fn dot(&self, i: usize, j: usize) -> f32 {
         let hd = self.s.head_dim;
-        dot_f16(&self.q[i * hd..(i + 1) * hd], &self.k[row_elems(j, self.kv_head, self.s)])
+        dot_f16(self.s.f16_dot, &self.q[i * hd..(i + 1) * hd], &self.k[row_elems(j, self.kv_head, self.s)])
     }
 }
 
@@ -1392,11 +1457,11 @@ mod tests {
         let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f16> = (0..37).map(|i| f16::from_f32((i as f32 * 0.11).cos())).collect();
         let want: f32 = a.iter().zip(&b).map(|(&x, &y)| x * y.to_f32()).sum();
-        assert!((dot_f16(&a, &b) - want).abs() < 1e-4);
+        assert!((dot_f16(F16DotOrder::Avx512, &a, &b) - want).abs() < 1e-4);
         // The SIMD path and the portable one share ggml's summation order exactly.
         let a: Vec<f32> = (0..200).map(|i| f16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
         let b: Vec<f16> = (0..200).map(|i| f16::from_f32((i as f32 * 0.11).cos() * 3.0)).collect();
-        let simd = dot_f16(&a, &b);
+        let simd = dot_f16(F16DotOrder::Avx512, &a, &b);
         let np = 192;
         let mut s = [[0f32; 16]; 4];
         for i in (0..np).step_by(64) {
@@ -1425,6 +1490,25 @@ mod tests {
         for (a, w) in acc.iter().zip(&want) {
             assert_eq!(*a, f16::from_f32(w.to_f32() * 0.75));
         }
+    }
+
+    /// The AVX2 build's order: the SIMD path equals the portable one (written from
+    /// ggml's `GGML_F32x8_REDUCE`), and the two orders do differ (else the choice
+    /// would be moot), at head widths 64 and 256 and with a ragged tail.
+    #[test]
+    fn f16_dot_orders_follow_their_ggml_builds() {
+        let mut differ = 0;
+        for (n, seed) in [(64, 1u32), (256, 2), (200, 3), (256, 4), (128, 5)] {
+            for trial in 0..50u32 {
+                let f = |i: usize, k: u32| ((i as f32 * 0.731 + (seed * 97 + trial * 13 + k) as f32).sin() * 3.0);
+                let a: Vec<f32> = (0..n).map(|i| f16::from_f32(f(i, 0)).to_f32()).collect();
+                let b: Vec<f16> = (0..n).map(|i| f16::from_f32(f(i, 7))).collect();
+                let avx2 = dot_f16(F16DotOrder::Avx2, &a, &b);
+                assert_eq!(avx2.to_bits(), dot_order::dot_f16_avx2_order(&a, &b).to_bits(), "n {n}");
+                differ += (avx2 != dot_f16(F16DotOrder::Avx512, &a, &b)) as usize;
+            }
+        }
+        assert!(differ > 10, "the two orders agree on {} of 250 dots", 250 - differ);
     }
 
     #[test]
