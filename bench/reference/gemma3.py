@@ -9,6 +9,12 @@ How it was run (from the repository root, with the model fetched by scripts/fetc
 
   source /tmp/llamacpp/ENV.sh
   /tmp/llamacpp/venv/bin/python bench/reference/gemma3.py [--model models/gemma-3-270m-q4_k_m.gguf]
+  /tmp/llamacpp/venv/bin/python bench/reference/gemma3.py --no-repack --skip-perplexity
+
+--no-repack writes gemma3-270m-norepack.json and gemma3-270m-norepack.p0.last_logits.f32 instead: the same
+runs with the weights left in the file's layout (llama_model_params.use_extra_bufts = false), so every matmul
+is ggml's plain AVX2 ggml_vec_dot_* per row and token, the kernels hearth reproduces bit for bit
+(crates/model/tests/gemma3.rs, `bit_for_bit_with_llama_cpps_plain_kernels`).
 
 llama.cpp: the copy vendored in the PyPI source package llama_cpp_python==0.3.36
 (ggml-org/llama.cpp@0c1e570 per its CHANGELOG; the sdist has no .git; `llama-completion --version` says
@@ -48,13 +54,14 @@ import llama_cpp
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REFERENCE = os.environ.get("HEARTH_REFERENCE_DIR", os.path.join(ROOT, "..", "shared", "reference"))
 PPL_TEXT = os.path.join(os.path.abspath(REFERENCE), "smollm2", "ppl_gpl3.txt")
-OUT_DIR = os.path.join(ROOT, "crates", "model", "tests", "data")
+OUT_DIR = os.environ.get("HEARTH_REFERENCE_OUT", os.path.join(ROOT, "crates", "model", "tests", "data"))
 LLAMA_BIN = os.environ.get("LLAMA_BIN", "/tmp/llamacpp/build/bin")
 
 N_CTX = 2048
 N_THREADS = 2
 N_PREDICT = 32
 LONG_TARGET = (700, 800)  # tokens, more than the 512-position sliding window
+PPL_EXTRA = []  # extra llama-perplexity flags (--no-repack)
 
 CPU_FLAGS = "SSE3 SSSE3 AVX AVX2 F16C FMA BMI2 (no AVX-512), GGML_NATIVE=ON, LLAMAFILE, OPENMP, REPACK"
 
@@ -157,7 +164,7 @@ def long_prompt(model):
 
 def perplexity(model, ctx):
     cmd = [os.path.join(LLAMA_BIN, "llama-perplexity"), "-m", model, "-f", PPL_TEXT,
-           "-c", str(ctx), "-t", str(N_THREADS), "-fa", "on"]
+           "-c", str(ctx), "-t", str(N_THREADS), "-fa", "on"] + PPL_EXTRA
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     log = out.stdout + out.stderr
     final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
@@ -183,9 +190,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--skip-perplexity", action="store_true", help="(for trying the script out) no perplexity runs")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="load weights without the CPU backend's repacked (interleaved) buffers: "
+                         "llama_model_params.use_extra_bufts = false, llama-perplexity --no-repack")
     args = ap.parse_args()
+    if args.no_repack:
+        # llama_cpp.Llama reads its defaults through the module llama_cpp.llama_cpp.
+        import llama_cpp.llama_cpp as low
+        default = low.llama_model_default_params
+
+        def no_extra_bufts():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        low.llama_model_default_params = no_extra_bufts
+        PPL_EXTRA.append("--no-repack")
     model = args.model
     os.makedirs(OUT_DIR, exist_ok=True)
+    stem = "gemma3-270m-norepack" if args.no_repack else "gemma3-270m"
 
     vm = load(model, vocab_only=True)
     vocab = llama_cpp.llama_model_get_vocab(vm.model)
@@ -218,9 +241,9 @@ def main():
         if p["name"] == "p0":
             raw = logits.astype("<f4").tobytes()
             assert len(raw) < int(1.1e6), len(raw)
-            with open(os.path.join(OUT_DIR, "gemma3-270m.p0.last_logits.f32"), "wb") as f:
+            with open(os.path.join(OUT_DIR, f"{stem}.p0.last_logits.f32"), "wb") as f:
                 f.write(raw)
-            p["last_logits_file"] = "gemma3-270m.p0.last_logits.f32"
+            p["last_logits_file"] = f"{stem}.p0.last_logits.f32"
 
     doc = {
         "description": "llama.cpp's outputs on Gemma 3 270M Q4_K_M (data, produced by bench/reference/gemma3.py; "
@@ -232,6 +255,7 @@ def main():
         "settings": {
             "n_ctx": N_CTX, "n_batch": N_CTX, "n_ubatch": N_CTX, "threads": N_THREADS,
             "flash_attn": True, "type_k": "f16", "type_v": "f16", "swa_full": True,
+            "repack": not args.no_repack,
             "tokenize": "add_special=true, parse_special=true",
             "generation": f"greedy argmax of raw logits, one token per step, n_predict {N_PREDICT}, "
                           "stop after an end-of-generation token (kept in generated_ids); "
@@ -244,7 +268,7 @@ def main():
         doc["perplexity"] = [perplexity(model, c) for c in (512, 1024)]
         for r in doc["perplexity"]:
             print(f"ppl -c {r['n_ctx']}: {r['ppl']} +/- {r['ppl_plus_minus']} ({r['chunks']} chunks)", file=sys.stderr)
-    with open(os.path.join(OUT_DIR, "gemma3-270m.json"), "w") as f:
+    with open(os.path.join(OUT_DIR, f"{stem}.json"), "w") as f:
         json.dump(doc, f, indent=1, ensure_ascii=False)
         f.write("\n")
 

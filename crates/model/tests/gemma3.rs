@@ -6,6 +6,7 @@
 //! places, so logits are compared within a tolerance and greedy tokens up to the first
 //! near-tie).
 
+use hearth_kernels::ops::F16DotOrder;
 use hearth_model::{perplexity, sampler::argmax, Context, Logits, Model};
 use serde_json::Value as J;
 use std::path::{Path, PathBuf};
@@ -68,34 +69,56 @@ fn prompt_ids_match_llama_cpp() {
 }
 
 /// Logits after `prompt` (one batch).
-fn last_logits(prompt: &[u32], n_ctx: usize) -> Vec<f32> {
-    let mut ctx = Context::new(model(), n_ctx, n_ctx, 2).unwrap();
-    ctx.eval(prompt, Logits::Last).unwrap().to_vec()
+/// A context that sums attention's f16 dots as llama.cpp's AVX2 build does: the
+/// references here were made on an AVX2 machine.
+fn context(n_ctx: usize, n_batch: usize) -> Context {
+    let mut ctx = Context::new(model(), n_ctx, n_batch, 2).unwrap();
+    ctx.set_f16_dot_order(F16DotOrder::Avx2);
+    ctx
 }
 
-/// Max |Δlogit| over llama.cpp's top-`k` tokens at the last position of prompt 0, and
-/// the top-5 of every prompt within `tol`.
+fn last_logits(prompt: &[u32], n_ctx: usize) -> Vec<f32> {
+    context(n_ctx, n_ctx).eval(prompt, Logits::Last).unwrap().to_vec()
+}
+
+fn read_f32(name: &str) -> Vec<f32> {
+    std::fs::read(data(name)).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+/// Whether the matmuls sum in llama.cpp's x86 SIMD order (any SIMD level); the scalar
+/// level sums in ggml's `*_generic` order, which llama.cpp does not run on x86.
+fn simd_order() -> bool {
+    hearth_kernels::SimdLevel::active() != hearth_kernels::SimdLevel::Scalar
+}
+
+/// Last-position logits against llama.cpp's default run, whose Q4_K and Q8_0 weights are
+/// repacked into interleaved copies that sum in another order than ggml's plain kernels.
+/// The tolerance over p0's top-100 is llama.cpp's own difference between its two runs
+/// (repacked vs plain, both in tests/data: 0.60), plus 0.05; the top-5 of every prompt
+/// within 0.6 (llama.cpp's own repacked vs plain top-1 logits: 0.19, 0.53, 0.22 and
+/// 0.06 on the four prompts).
 #[test]
 fn last_position_logits_match_llama_cpp() {
-    let bytes = std::fs::read(data("gemma3-270m.p0.last_logits.f32")).unwrap();
-    let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let want = read_f32("gemma3-270m.p0.last_logits.f32");
+    let plain = read_f32("gemma3-270m-norepack.p0.last_logits.f32");
     let p0 = &prompts()[0];
     let got = last_logits(&ids(&p0["prompt_ids"]), 64);
     assert_eq!(got.len(), want.len());
     let mut order: Vec<usize> = (0..want.len()).collect();
     order.sort_by(|&a, &b| want[b].total_cmp(&want[a]));
-    let d100 = order[..100].iter().map(|&t| (got[t] - want[t]).abs()).fold(0f32, f32::max);
+    let top100 = |x: &[f32]| order[..100].iter().map(|&t| (x[t] - want[t]).abs()).fold(0f32, f32::max);
+    let (d100, own) = (top100(&got), top100(&plain));
     let mean_all = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / want.len() as f64;
-    eprintln!("gemma3 p0: max |Δlogit| over llama.cpp's top-100 {d100:.4}, mean over all {mean_all:.4}");
+    eprintln!("gemma3 p0: max |Δlogit| over llama.cpp's top-100 {d100:.4} (llama.cpp plain vs repacked {own:.4}), mean over all {mean_all:.4}");
     assert_eq!(argmax(&got) as usize, order[0]);
-    assert!(d100 < 0.5, "max |Δlogit| over the top-100 is {d100}");
+    assert!(d100 < own + 0.05, "max |Δlogit| over the top-100 is {d100}, llama.cpp's own {own}");
     for p in prompts() {
         let prompt = ids(&p["prompt_ids"]);
         let got = last_logits(&prompt, prompt.len().next_power_of_two().max(64));
         let top = p["top5_last_prompt_pos"].as_array().unwrap();
         let worst = top.iter().map(|e| (got[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap() as f32).abs()).fold(0f32, f32::max);
         eprintln!("gemma3 {}: max |Δlogit| over llama.cpp's top-5 {worst:.4}", p["name"]);
-        assert!(worst < 0.5, "prompt {}: top-5 logits differ by {worst}", p["name"]);
+        assert!(worst < 0.6, "prompt {}: top-5 logits differ by {worst}", p["name"]);
         assert_eq!(argmax(&got) as u64, top[0][0].as_u64().unwrap(), "prompt {}: top-1", p["name"]);
     }
 }
@@ -104,7 +127,7 @@ fn last_position_logits_match_llama_cpp() {
 /// how many steps agree before the first that does not, and at that step how far
 /// llama.cpp's token was below hearth's choice in hearth's logits.
 fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> (usize, f32) {
-    let mut ctx = Context::new(model(), n_ctx, n_batch, 2).unwrap();
+    let mut ctx = context(n_ctx, n_batch);
     let mut logits = ctx.eval(prompt, Logits::Last).unwrap().to_vec();
     for (i, &w) in want.iter().enumerate() {
         let t = argmax(&logits);
@@ -116,13 +139,15 @@ fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> (usize,
     (want.len(), 0.0)
 }
 
-/// Every prompt's greedy tokens equal llama.cpp's until, at most, a step where
-/// llama.cpp's token is within 0.5 of hearth's top logit (a near-tie that rounding
-/// flips: llama.cpp's own logits move by up to 0.35 between batchings at the long
-/// prompt's second step), and at least half of all steps agree. Measured (AVX2): 18, 32,
-/// 8 and 32 of 32; without SIMD (other summation orders): 11, 32, 32 and 1. The long
-/// prompt (744 tokens) runs the local layers through their 512-position window, with
-/// batches of 64: their KV cache is then a ring of 575 positions, which wraps.
+/// Every prompt's greedy tokens (plain text, code, chat through the template, and 744
+/// tokens of GPL text) equal llama.cpp's at all 32 steps. Measured: 32, 32, 32, 32;
+/// with the AVX-512 build's f16 dot order instead (the control) 4, 32, 32, 22. The long
+/// prompt runs the local layers through their 512-position window, with batches of 64:
+/// their KV cache is then a ring of 575 positions, which wraps.
+///
+/// At the scalar level (other matmul summation orders, ggml's `*_generic`) the tokens
+/// must agree until, at most, a step where llama.cpp's token is within 0.5 of hearth's
+/// top logit, and at least half of all steps agree (measured 11, 32, 32, 1).
 #[test]
 fn greedy_tokens_match_llama_cpp() {
     let (mut total, mut equal) = (0, 0);
@@ -131,6 +156,9 @@ fn greedy_tokens_match_llama_cpp() {
         let want = ids(&p["generated_ids"]);
         let (same, gap) = follow(&prompt, &want, 2048, 64);
         eprintln!("gemma3 {}: {same} of {} greedy tokens equal llama.cpp's (gap at the first difference {gap:.3})", p["name"], want.len());
+        if simd_order() {
+            assert_eq!(same, want.len(), "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
+        }
         assert!(gap < 0.5, "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
         (total, equal) = (total + want.len(), equal + same);
     }
@@ -205,4 +233,62 @@ fn controls_fail_without_gemma3_features() {
         eprintln!("gemma3 control, {name}: max |Δlogit| over llama.cpp's top-5 {w:.3}");
         assert!(w > 0.5, "{name}: still within tolerance ({w})");
     }
+}
+
+/// llama.cpp's outputs with its weights in the file's own layout (no repacking:
+/// `bench/reference/gemma3.py --no-repack`), made on an AVX2 machine.
+fn plain_reference() -> &'static J {
+    static R: OnceLock<J> = OnceLock::new();
+    R.get_or_init(|| serde_json::from_str(&std::fs::read_to_string(data("gemma3-270m-norepack.json")).unwrap()).unwrap())
+}
+
+/// Bit for bit with llama.cpp's plain (not repacked) CPU kernels: with the f16
+/// attention dots summed as llama.cpp's AVX2 build sums them, every one of prompt p0's
+/// 262,144 last-position logits is llama.cpp's to the bit, and greedy decoding gives
+/// llama.cpp's tokens at every step on the plain, code and chat prompts (all under 64
+/// tokens: the per-query attention path, as llama.cpp's). Q5_0, Q8_0, Q4_K and Q6_K
+/// weights, the GELU table, RMSNorm, RoPE, and the flash attention's f16 accumulators
+/// all have to be exact for this. Control: with the AVX-512 build's order (the
+/// default) the logits move off llama.cpp's and greedy decoding leaves its tokens.
+/// (The 744-token prompt takes llama.cpp's tiled attention, whose softmax hearth does
+/// not reproduce to the bit; it is held to the tolerances of the tests above.)
+#[test]
+fn bit_for_bit_with_llama_cpps_plain_kernels() {
+    let r = plain_reference();
+    let bytes = std::fs::read(data("gemma3-270m-norepack.p0.last_logits.f32")).unwrap();
+    let want: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+    let run = |order: F16DotOrder| {
+        let mut differ = 0;
+        let mut steps = Vec::new();
+        for p in r["prompts"].as_array().unwrap().iter().filter(|p| p["name"] != "long") {
+            let prompt = ids(&p["prompt_ids"]);
+            let want_ids = ids(&p["generated_ids"]);
+            let mut ctx = Context::new(model(), 2048, 64, 2).unwrap();
+            ctx.set_f16_dot_order(order);
+            let mut logits = ctx.eval(&prompt, Logits::Last).unwrap().to_vec();
+            if p["name"] == "p0" {
+                assert_eq!(logits.len(), want.len());
+                differ = logits.iter().zip(&want).filter(|(g, w)| g.to_bits() != **w).count();
+            }
+            let mut same = 0;
+            for &w in &want_ids {
+                if argmax(&logits) != w {
+                    break;
+                }
+                same += 1;
+                logits = ctx.eval(&[w], Logits::Last).unwrap().to_vec();
+            }
+            steps.push((p["name"].as_str().unwrap().to_string(), same, want_ids.len()));
+        }
+        eprintln!("gemma3 plain kernels, {order:?} order: p0 logits differing from llama.cpp's {differ}; greedy {steps:?}");
+        (differ, steps)
+    };
+    let (differ, steps) = run(F16DotOrder::Avx2);
+    assert_eq!(differ, 0, "{differ} of p0's logits differ from llama.cpp's");
+    for (name, same, n) in &steps {
+        assert_eq!(same, n, "{name}: {same} of {n} greedy tokens equal llama.cpp's");
+    }
+    let (differ, steps) = run(F16DotOrder::Avx512);
+    assert!(differ > 0, "control: the AVX-512 order still gives llama.cpp's AVX2 logits");
+    assert!(steps.iter().any(|(_, same, n)| same < n), "control: the AVX-512 order still follows every token");
 }

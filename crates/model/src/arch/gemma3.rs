@@ -92,6 +92,7 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
     b.matmul(Mat::Gate, a.xb, a.gate)?;
     b.matmul(Mat::Up, a.xb, a.up)?;
     ops::geglu(a.gate, a.up);
+    b.trace("ffn_geglu", a.gate);
     b.matmul(Mat::Down, a.gate, a.xb)?;
     b.norm_inplace(a.xb, l.v(Vector::PostFfnNorm), "ffn_post_norm");
     ops::add_assign(a.x, a.xb);
