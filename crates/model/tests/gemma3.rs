@@ -173,7 +173,7 @@ fn perplexity_within_half_a_percent() {
     let tokens = m.tokenizer.encode(&text, true, true);
     for r in reference()["perplexity"].as_array().unwrap() {
         let (n_ctx, want) = (r["n_ctx"].as_u64().unwrap() as usize, r["ppl"].as_f64().unwrap());
-        let mut ctx = Context::new(m.clone(), n_ctx, n_ctx, 2).unwrap();
+        let mut ctx = context(n_ctx, n_ctx);
         let got = perplexity(&mut ctx, &tokens, |_, _| {}).unwrap();
         eprintln!("gemma3 perplexity -c {n_ctx}: hearth {:.4}, llama.cpp {want:.4}, {} chunks", got.ppl, got.running.len());
         assert_eq!(got.running.len() as u64, r["chunks"].as_u64().unwrap());
@@ -193,7 +193,7 @@ fn windowed_layers_are_batch_invariant() {
     prompt.push(ids(&p["generated_ids"])[0]);
     assert_eq!(prompt.len(), 5 * 149);
     let whole = last_logits(&prompt, 1024);
-    let mut ctx = Context::new(model(), 1024, 149, 2).unwrap();
+    let mut ctx = context(1024, 149);
     // The 15 local layers hold a ring of 512 + 148 positions, the 3 global ones all 1024
     // (one KV head of 256, f16): the ring wraps before the prompt's end.
     assert_eq!(ctx.kv_bytes(), 2 * (3 * 1024 + 15 * 660) * 512);

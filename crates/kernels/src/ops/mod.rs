@@ -1500,7 +1500,7 @@ mod tests {
         let mut differ = 0;
         for (n, seed) in [(64, 1u32), (256, 2), (200, 3), (256, 4), (128, 5)] {
             for trial in 0..50u32 {
-                let f = |i: usize, k: u32| ((i as f32 * 0.731 + (seed * 97 + trial * 13 + k) as f32).sin() * 3.0);
+                let f = |i: usize, k: u32| (i as f32 * 0.731 + (seed * 97 + trial * 13 + k) as f32).sin() * 3.0;
                 let a: Vec<f32> = (0..n).map(|i| f16::from_f32(f(i, 0)).to_f32()).collect();
                 let b: Vec<f16> = (0..n).map(|i| f16::from_f32(f(i, 7))).collect();
                 let avx2 = dot_f16(F16DotOrder::Avx2, &a, &b);
