@@ -85,10 +85,13 @@ fn read_f32(name: &str) -> Vec<f32> {
     std::fs::read(data(name)).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
 }
 
-/// Whether the matmuls sum in llama.cpp's x86 SIMD order (any SIMD level); the scalar
-/// level sums in ggml's `*_generic` order, which llama.cpp does not run on x86.
-fn simd_order() -> bool {
-    hearth_kernels::SimdLevel::active() != hearth_kernels::SimdLevel::Scalar
+/// Whether every kernel this file needs sums in ggml's AVX2 order, as llama.cpp did when
+/// it made the references: the avx2 level (also `HEARTH_SIMD=avx2` on an AVX-512 CPU).
+/// The avx512 level's Q8_0 kernels sum one row per lane in their own order (faster,
+/// see docs/BENCHMARKS.md), and the scalar level in ggml's `*_generic` order, which
+/// llama.cpp does not run on x86: there the tests check the near-tie rules instead.
+fn avx2_kernels() -> bool {
+    hearth_kernels::SimdLevel::active() == hearth_kernels::SimdLevel::Avx2
 }
 
 /// Last-position logits against llama.cpp's default run, whose Q4_K and Q8_0 weights are
@@ -145,9 +148,9 @@ fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> (usize,
 /// prompt runs the local layers through their 512-position window, with batches of 64:
 /// their KV cache is then a ring of 575 positions, which wraps.
 ///
-/// At the scalar level (other matmul summation orders, ggml's `*_generic`) the tokens
+/// At the other levels (other matmul summation orders, [`avx2_kernels`]) the tokens
 /// must agree until, at most, a step where llama.cpp's token is within 0.5 of hearth's
-/// top logit, and at least half of all steps agree (measured 11, 32, 32, 1).
+/// top logit, and at least half of all steps agree.
 #[test]
 fn greedy_tokens_match_llama_cpp() {
     let (mut total, mut equal) = (0, 0);
@@ -156,7 +159,7 @@ fn greedy_tokens_match_llama_cpp() {
         let want = ids(&p["generated_ids"]);
         let (same, gap) = follow(&prompt, &want, 2048, 64);
         eprintln!("gemma3 {}: {same} of {} greedy tokens equal llama.cpp's (gap at the first difference {gap:.3})", p["name"], want.len());
-        if simd_order() {
+        if avx2_kernels() {
             assert_eq!(same, want.len(), "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
         }
         assert!(gap < 0.5, "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
@@ -254,6 +257,10 @@ fn plain_reference() -> &'static J {
 /// not reproduce to the bit; it is held to the tolerances of the tests above.)
 #[test]
 fn bit_for_bit_with_llama_cpps_plain_kernels() {
+    if !avx2_kernels() {
+        eprintln!("gemma3 plain kernels: skipped at the {} level (its matmuls sum in another order)", hearth_kernels::simd_level());
+        return;
+    }
     let r = plain_reference();
     let bytes = std::fs::read(data("gemma3-270m-norepack.p0.last_logits.f32")).unwrap();
     let want: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
