@@ -96,17 +96,23 @@ pub(crate) struct Block<'a> {
 
 impl<'a> Block<'a> {
     /// Print `x`'s sum as llama.cpp's eval-callback names it (`HEARTH_TRACE=1`); with
-    /// `HEARTH_TRACE_DIR` set, also write `x` there as `NAME-LAYER.f32` (little-endian
-    /// f32, `[n_tokens, width]`) for element-by-element comparison.
+    /// `HEARTH_TRACE_DIR` set (non-empty), also write `x` there as `NAME-LAYER.f32`
+    /// (little-endian f32, `[n_tokens, width]`) for element-by-element comparison. Each
+    /// forward pass overwrites the files: the last pass's tensors remain. After the first
+    /// failed write, dumping stops with one message.
     pub fn trace(&self, name: &str, x: &[f32]) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static DUMP_FAILED: AtomicBool = AtomicBool::new(false);
         if self.trace {
             let sum: f64 = x.iter().map(|&v| v as f64).sum();
             eprintln!("trace {name}-{} {sum:.6}", self.il);
-            if let Some(dir) = std::env::var_os("HEARTH_TRACE_DIR") {
+            let dir = std::env::var_os("HEARTH_TRACE_DIR").filter(|d| !d.is_empty());
+            if let Some(dir) = dir.filter(|_| !DUMP_FAILED.load(Ordering::Relaxed)) {
                 let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let path = std::path::Path::new(&dir).join(format!("{name}-{}.f32", self.il));
                 if let Err(e) = std::fs::write(&path, bytes) {
-                    eprintln!("trace: cannot write {}: {e}", path.display());
+                    DUMP_FAILED.store(true, Ordering::Relaxed);
+                    eprintln!("trace: cannot write {}: {e}; not writing tensors any more", path.display());
                 }
             }
         }

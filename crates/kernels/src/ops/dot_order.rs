@@ -37,8 +37,13 @@ impl F16DotOrder {
     pub fn from_env() -> Self {
         static ORDER: OnceLock<F16DotOrder> = OnceLock::new();
         *ORDER.get_or_init(|| match std::env::var("HEARTH_F16_DOT_ORDER") {
-            Ok(v) if v.eq_ignore_ascii_case("avx2") => F16DotOrder::Avx2,
-            _ => F16DotOrder::Avx512,
+            Ok(v) if v.trim().eq_ignore_ascii_case("avx2") => F16DotOrder::Avx2,
+            Ok(v) if v.trim().eq_ignore_ascii_case("avx512") => F16DotOrder::Avx512,
+            Ok(v) => {
+                eprintln!("warning: HEARTH_F16_DOT_ORDER={v:?} is neither avx2 nor avx512; using avx512");
+                F16DotOrder::Avx512
+            }
+            Err(_) => F16DotOrder::Avx512,
         })
     }
 }
