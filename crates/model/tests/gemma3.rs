@@ -28,9 +28,13 @@ fn model() -> Arc<Model> {
     .clone()
 }
 
+fn read_json(name: &str) -> J {
+    serde_json::from_str(&std::fs::read_to_string(data(name)).unwrap()).unwrap()
+}
+
 fn reference() -> &'static J {
     static R: OnceLock<J> = OnceLock::new();
-    R.get_or_init(|| serde_json::from_str(&std::fs::read_to_string(data("gemma3-270m.json")).unwrap()).unwrap())
+    R.get_or_init(|| read_json("gemma3-270m.json"))
 }
 
 fn ids(v: &J) -> Vec<u32> {
@@ -242,7 +246,7 @@ fn controls_fail_without_gemma3_features() {
 /// `bench/reference/gemma3.py --no-repack`), made on an AVX2 machine.
 fn plain_reference() -> &'static J {
     static R: OnceLock<J> = OnceLock::new();
-    R.get_or_init(|| serde_json::from_str(&std::fs::read_to_string(data("gemma3-270m-norepack.json")).unwrap()).unwrap())
+    R.get_or_init(|| read_json("gemma3-270m-norepack.json"))
 }
 
 /// Bit for bit with llama.cpp's plain (not repacked) CPU kernels: with the f16
@@ -262,8 +266,7 @@ fn bit_for_bit_with_llama_cpps_plain_kernels() {
         return;
     }
     let r = plain_reference();
-    let bytes = std::fs::read(data("gemma3-270m-norepack.p0.last_logits.f32")).unwrap();
-    let want: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+    let want = read_f32("gemma3-270m-norepack.p0.last_logits.f32");
     let run = |order: F16DotOrder| {
         let mut differ = 0;
         let mut steps = Vec::new();
@@ -275,7 +278,7 @@ fn bit_for_bit_with_llama_cpps_plain_kernels() {
             let mut logits = ctx.eval(&prompt, Logits::Last).unwrap().to_vec();
             if p["name"] == "p0" {
                 assert_eq!(logits.len(), want.len());
-                differ = logits.iter().zip(&want).filter(|(g, w)| g.to_bits() != **w).count();
+                differ = logits.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits()).count();
             }
             let mut same = 0;
             for &w in &want_ids {
