@@ -14,7 +14,14 @@ How it was run (from the repository root, with the model fetched by scripts/fetc
 --no-repack writes gemma3-270m-norepack.json and gemma3-270m-norepack.p0.last_logits.f32 instead: the same
 runs with the weights left in the file's layout (llama_model_params.use_extra_bufts = false), so every matmul
 is ggml's plain AVX2 ggml_vec_dot_* per row and token, the kernels hearth reproduces bit for bit
-(crates/model/tests/gemma3.rs, `bit_for_bit_with_llama_cpps_plain_kernels`).
+(those are no longer hearth's Q4_K order; the file stays as a record of the plain kernels).
+
+--token-by-token writes gemma3-270m-tokenwise.json and gemma3-270m-tokenwise.p0.last_logits.f32: the default
+(repacked) run, but every prompt token is its own llama_decode (m.eval([t])), so every Q4_K matmul takes the
+repacked gemv (ggml_gemv_q4_K_8x8_q8_K: one fma per super-block) rather than the gemm of prompt batches
+(ggml_gemm_q4_K_8x8_q8_K, whose AVX2 code adds into its f32 accumulators every 64 elements: llama.cpp's own
+prompt and decode paths round differently). hearth's Q4_K kernels use the gemv order for every batch size
+(crates/model/tests/gemma3.rs, `bit_for_bit_with_llama_cpps_default_kernels`).
 
 llama.cpp: the copy vendored in the PyPI source package llama_cpp_python==0.3.36
 (ggml-org/llama.cpp@0c1e570 per its CHANGELOG; the sdist has no .git; `llama-completion --version` says
@@ -112,12 +119,16 @@ def top5(logits):
     return [[int(i), float(logits[i])] for i in idx]
 
 
-def run_prompt(model, text):
+def run_prompt(model, text, tokenwise=False):
     m = load(model)
     vocab = llama_cpp.llama_model_get_vocab(m.model)
     prompt_ids = m.tokenize(text.encode(), add_bos=True, special=True)
     assert len(prompt_ids) <= N_CTX
-    m.eval(prompt_ids)  # n_batch >= len(prompt): one llama_decode
+    if tokenwise:
+        for t in prompt_ids:
+            m.eval([t])  # one llama_decode per prompt token
+    else:
+        m.eval(prompt_ids)  # n_batch >= len(prompt): one llama_decode
     logits = last_logits(m)
     first = logits.copy()
     generated, ties, stopped = [], [], False
@@ -193,7 +204,12 @@ def main():
     ap.add_argument("--no-repack", action="store_true",
                     help="load weights without the CPU backend's repacked (interleaved) buffers: "
                          "llama_model_params.use_extra_bufts = false, llama-perplexity --no-repack")
+    ap.add_argument("--token-by-token", action="store_true",
+                    help="one llama_decode per prompt token (the decode kernels for every token); no perplexity")
     args = ap.parse_args()
+    assert not (args.no_repack and args.token_by_token), "one of --no-repack, --token-by-token"
+    if args.token_by_token:
+        args.skip_perplexity = True
     if args.no_repack:
         # llama_cpp.Llama reads its defaults through the module llama_cpp.llama_cpp.
         import llama_cpp.llama_cpp as low
@@ -208,7 +224,7 @@ def main():
         PPL_EXTRA.append("--no-repack")
     model = args.model
     os.makedirs(OUT_DIR, exist_ok=True)
-    stem = "gemma3-270m-norepack" if args.no_repack else "gemma3-270m"
+    stem = "gemma3-270m-norepack" if args.no_repack else "gemma3-270m-tokenwise" if args.token_by_token else "gemma3-270m"
 
     vm = load(model, vocab_only=True)
     vocab = llama_cpp.llama_model_get_vocab(vm.model)
@@ -235,7 +251,7 @@ def main():
         {"name": "long", "text": long_text, "source": {"file": "smollm2/ppl_gpl3.txt", "bytes": n_long}},
     ]
     for p in prompts:
-        rec, logits = run_prompt(model, p["text"])
+        rec, logits = run_prompt(model, p["text"], args.token_by_token)
         p.update(rec)
         print(f"{p['name']}: {len(p['prompt_ids'])} prompt tokens -> {p['generated_text']!r}", file=sys.stderr)
         if p["name"] == "p0":
@@ -256,6 +272,7 @@ def main():
             "n_ctx": N_CTX, "n_batch": N_CTX, "n_ubatch": N_CTX, "threads": N_THREADS,
             "flash_attn": True, "type_k": "f16", "type_v": "f16", "swa_full": True,
             "repack": not args.no_repack,
+            "prompt_eval": "one llama_decode per token" if args.token_by_token else "one llama_decode",
             "tokenize": "add_special=true, parse_special=true",
             "generation": f"greedy argmax of raw logits, one token per step, n_predict {N_PREDICT}, "
                           "stop after an end-of-generation token (kept in generated_ids); "

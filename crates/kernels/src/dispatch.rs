@@ -113,9 +113,11 @@ pub(crate) type QuantFn = fn(&[f32], &mut [u8]);
 /// The kernels of one [`SimdLevel`].
 pub(crate) struct Kernels {
     pub level: SimdLevel,
-    /// Whether the Q4_0 and Q8_0 panels read `Panel::act_sums` (one weight
-    /// row per lane, `arch::x86_64::avx512_rows`).
-    pub row_lanes: bool,
+    /// The weight types whose panels hold one weight row per lane
+    /// (`arch::x86_64::avx2_rows`, `avx512_rows`), in llama.cpp's repacked
+    /// kernels' order rather than its plain one; Q4_0 and Q8_0 ones read
+    /// `Panel::act_sums`.
+    pub row_lanes: &'static [GgmlType],
     pub quantize_q8_0: QuantFn,
     pub quantize_q8_1: QuantFn,
     pub quantize_f16: QuantFn,
@@ -179,9 +181,12 @@ impl Kernels {
     /// `K` when the panel for `wty` reads `-K * sum(a)` per activation block
     /// (`Panel::act_sums`): its unsigned weights are `w + K`.
     pub fn act_sum_offset(&self, wty: GgmlType) -> Option<i32> {
-        match (self.row_lanes, wty) {
-            (true, GgmlType::Q4_0) => Some(8),
-            (true, GgmlType::Q8_0) => Some(128),
+        if !self.row_lanes.contains(&wty) {
+            return None;
+        }
+        match wty {
+            GgmlType::Q4_0 => Some(8),
+            GgmlType::Q8_0 => Some(128),
             _ => None,
         }
     }

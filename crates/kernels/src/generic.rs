@@ -7,7 +7,7 @@ use hearth_quant::{float, k, q8, vec_dot_fn, vec_dot_type};
 
 pub(crate) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Scalar,
-    row_lanes: false,
+    row_lanes: &[],
     quantize_q8_0: q8::quantize_row_q8_0_act,
     quantize_q8_1: q8::quantize_row_q8_1_act,
     quantize_f16: float::quantize_row_f16,

@@ -262,6 +262,31 @@ proptest! {
     }
 }
 
+/// One (row, token) dot in exactly the one-row-per-lane kernels' arithmetic
+/// (`avx2_rows`, `avx512_rows`): per block, the exact integer dot, then
+/// `acc = fma(d_w * d_a, float(sum), acc)`.
+pub(crate) fn row_lane_dot(wty: GgmlType, w: &[u8], a: &[u8], cols: usize) -> f32 {
+    if wty == GgmlType::Q4_K {
+        return row_lane_q4_k(w, a, cols);
+    }
+    let h = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let wb = if wty == GgmlType::Q4_0 { 18 } else { 34 };
+    let mut acc = 0f32;
+    for (wb, ab) in w.chunks(wb).zip(a.chunks(34)).take(cols / 32) {
+        let q = |j: usize| -> i32 {
+            if wty == GgmlType::Q4_0 {
+                let byte = wb[2 + j % 16];
+                (if j < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+            } else {
+                wb[2 + j] as i8 as i32
+            }
+        };
+        let s: i32 = (0..32).map(|j| q(j) * ab[2 + j] as i8 as i32).sum();
+        acc = (h(wb) * h(ab)).mul_add(s as f32, acc);
+    }
+    acc
+}
+
 /// The weight types whose avx512 kernels hold two rows per vector
 /// (`arch/x86_64/avx512_pair*.rs`): odd rows, 8- and 4-row matvec tiles,
 /// 4×12 / 4×4 prefill tiles and their remainders.
@@ -287,8 +312,9 @@ proptest! {
 
     /// Every level vs the reference around the tile sizes (1..40 rows, 1..13
     /// blocks, tokens 1..26; zero scales and ±65504 come from `raw_row`), and
-    /// avx512 bit-identical to avx2 (ggml's order: SmolLM2's logits need it),
-    /// or for the one-row-per-lane kernels to their scalar model.
+    /// avx512 bit-identical to avx2 (ggml's order, which SmolLM2's logits
+    /// need, or for Q4_0 one row per lane); the one-row-per-lane kernels bit
+    /// for bit their scalar model.
     #[test]
     fn paired_panels_match_reference_and_avx2(
         seed in any::<u64>(),
@@ -300,28 +326,37 @@ proptest! {
     ) {
         let (wty, cols) = (PAIRED[ti], paired_cols(PAIRED[ti], nb));
         check_panels(seed, wty, rows, cols, tokens, zero);
-        if let (Some(a), Some(b)) = (Kernels::for_level(SimdLevel::Avx2), Kernels::for_level(SimdLevel::Avx512)) {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 1);
-            let aty = vec_dot_type(wty);
-            let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
-            let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
-            let x: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
-            let (sa, sb) = (act_sums(a, wty, &x, arb, cols), act_sums(b, wty, &x, arb, cols));
-            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens, act_sums: &sa };
-            let pb = Panel { act_sums: &sb, ..p };
-            let (mut oa, mut ob) = (vec![0f32; rows * tokens], vec![1f32; rows * tokens]);
-            (a.panel(wty).unwrap())(&p, &mut oa);
-            (b.panel(wty).unwrap())(&pb, &mut ob);
-            if b.act_sum_offset(wty).is_none() {
-                prop_assert!(bits(&oa) == bits(&ob), "{} rows={} cols={} tokens={}: avx512 differs from avx2", wty, rows, cols, tokens);
-            } else {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 1);
+        let aty = vec_dot_type(wty);
+        let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
+        let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
+        let x: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
+        // (level, one row per lane?, outputs) of the SIMD levels this CPU has.
+        let mut outs = Vec::new();
+        for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+            let Some(k) = Kernels::for_level(level) else { continue };
+            let sums = act_sums(k, wty, &x, arb, cols);
+            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens, act_sums: &sums };
+            let mut o = vec![f32::NAN; rows * tokens];
+            (k.panel(wty).unwrap())(&p, &mut o);
+            let row_lanes = k.row_lanes.contains(&wty);
+            if row_lanes {
                 // One row per lane: its own order, bit for bit its scalar model.
                 for t in 0..tokens {
                     for r in 0..rows {
-                        let want = crate::arch::x86_64::avx512_rows::reference_dot(wty, &w[r * wrb..][..wrb], &x[t * arb..][..arb], cols);
-                        prop_assert!(want.to_bits() == ob[t * rows + r].to_bits(), "{} rows={} cols={} tokens={} (r={}, t={}): {} vs model {}", wty, rows, cols, tokens, r, t, ob[t * rows + r], want);
+                        let want = row_lane_dot(wty, &w[r * wrb..][..wrb], &x[t * arb..][..arb], cols);
+                        prop_assert!(want.to_bits() == o[t * rows + r].to_bits(), "{:?} {} rows={} cols={} tokens={} (r={}, t={}): {} vs model {}", level, wty, rows, cols, tokens, r, t, o[t * rows + r], want);
                     }
                 }
+            }
+            outs.push((row_lanes, o));
+        }
+        if let [(ra, oa), (rb, ob)] = &outs[..] {
+            // Same arithmetic where both levels use the same form; only Q8_0
+            // with VNNI is one row per lane at avx512 alone.
+            prop_assert!(ra == rb || (!ra && wty == GgmlType::Q8_0), "{}: avx2 one row per lane {}, avx512 {}", wty, ra, rb);
+            if ra == rb {
+                prop_assert!(bits(oa) == bits(ob), "{} rows={} cols={} tokens={}: avx512 differs from avx2", wty, rows, cols, tokens);
             }
         }
     }
@@ -563,36 +598,28 @@ fn hsum8(v: [f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`, lane by lane in scalar code: 8 i32
-/// lanes (lane k: bytes 4k..4k+3 of every 32-byte group), one fma per block,
-/// min terms in 4 lanes.
-#[allow(clippy::needless_range_loop)] // lane-indexed, as the intrinsics are
-fn ggml_avx2_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+/// llama.cpp's repacked `ggml_gemm_q4_K_8x8_q8_K` / `gemv` (x86) for one
+/// (row, token): per super-block the exact integer sums of the scale and min
+/// terms, one fma into each accumulator, their difference at the end; the
+/// model of `avx2_rows`' Q4_K.
+fn row_lane_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     use hearth_quant::{k::get_scale_min_k4, BlockQ4K, BlockQ8K};
-    let (mut acc, mut acc_m) = ([0f32; 8], [0f32; 4]);
+    let (mut acc, mut acc_m) = (0f32, 0f32);
     for i in 0..n / 256 {
         let x = BlockQ4K::read(&w[i * 144..]);
         let y = BlockQ8K::read(&a[i * 292..]);
-        let (d, dmin) = (y.d * x.d.to_f32(), -y.d * x.dmin.to_f32());
-        let sm: Vec<(i32, i32)> = (0..8).map(|j| get_scale_min_k4(j, &x.scales)).map(|(s, m)| (s as i32, m as i32)).collect();
-        for l in 0..4 {
-            let b = |j: usize| y.bsums[j] as i32;
-            let p = sm[2 * l].1 * (b(4 * l) + b(4 * l + 1)) + sm[2 * l + 1].1 * (b(4 * l + 2) + b(4 * l + 3));
-            acc_m[l] = dmin.mul_add(p as f32, acc_m[l]);
-        }
         let q = |e: usize| ((x.qs[32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 15) as i32;
-        for k in 0..8 {
-            let mut s = 0i32;
-            for sb in 0..8 {
-                for b in 0..4 {
-                    let e = 32 * sb + 4 * k + b;
-                    s += sm[sb].0 * q(e) * y.qs[e] as i32;
-                }
-            }
-            acc[k] = d.mul_add(s as f32, acc[k]);
+        let (mut isum, mut imin) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = get_scale_min_k4(j, &x.scales);
+            let dot: i32 = (32 * j..32 * j + 32).map(|e| q(e) * y.qs[e] as i32).sum();
+            isum += sc as i32 * dot;
+            imin += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
         }
+        acc = (x.d.to_f32() * y.d).mul_add(isum as f32, acc);
+        acc_m = (x.dmin.to_f32() * y.d).mul_add(imin as f32, acc_m);
     }
-    hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    acc - acc_m
 }
 
 /// ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, lane by lane (as in llama.cpp 0c1e570, the
@@ -632,12 +659,13 @@ fn ggml_avx2_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 #[test]
-fn avx2_k_dots_are_bit_identical_to_ggml_avx2_order() {
+fn avx2_k_dots_are_bit_identical_to_llama_cpps_order() {
     if !SimdLevel::Avx2.is_available() {
         return;
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-    for (wty, emulate) in [(GgmlType::Q4_K, ggml_avx2_q4_k as fn(&[u8], &[u8], usize) -> f32), (GgmlType::Q6_K, ggml_avx2_q6_k)] {
+    // Q4_K: the repacked kernels' order (one row per lane); Q6_K: the plain one.
+    for (wty, emulate) in [(GgmlType::Q4_K, row_lane_q4_k as fn(&[u8], &[u8], usize) -> f32), (GgmlType::Q6_K, ggml_avx2_q6_k)] {
         for case in 0..20 {
             let (rows, cols, tokens) = (3, 256 * (1 + case % 4), 2);
             let (wrb, arb) = (nbytes(wty, cols), nbytes(GgmlType::Q8_K, cols));

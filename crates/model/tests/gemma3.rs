@@ -1,10 +1,11 @@
 //! End-to-end checks against llama.cpp on Gemma 3 270M Q4_K_M (real weights, fetched by
 //! `scripts/fetch-models.sh`): prompt ids, last-position logits, greedy tokens on plain,
 //! code, chat and long (beyond the 512-position sliding window) prompts, and perplexity.
-//! Reference data: `tests/data/gemma3-270m.json`, made by `bench/reference/gemma3.py`
-//! with llama.cpp on an AVX2 host (its AVX2 kernels round differently from hearth's in
-//! places, so logits are compared within a tolerance and greedy tokens up to the first
-//! near-tie).
+//! Reference data: `tests/data/gemma3-270m*.json`, made by `bench/reference/gemma3.py`
+//! with llama.cpp on an AVX2 host. Its batched prompts round differently from hearth (and
+//! from its own decode steps) in the Q4_K matmuls, so against them logits are compared
+//! within a tolerance and greedy tokens up to the first near-tie; with every prompt token
+//! its own decode (`--token-by-token`), hearth is llama.cpp's to the bit.
 
 use hearth_kernels::ops::F16DotOrder;
 use hearth_model::{perplexity, sampler::argmax, Context, Logits, Model};
@@ -147,14 +148,15 @@ fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> (usize,
 }
 
 /// Every prompt's greedy tokens (plain text, code, chat through the template, and 744
-/// tokens of GPL text) equal llama.cpp's at all 32 steps. Measured: 32, 32, 32, 32;
-/// with the AVX-512 build's f16 dot order instead (the control) 4, 32, 32, 22. The long
-/// prompt runs the local layers through their 512-position window, with batches of 64:
-/// their KV cache is then a ring of 575 positions, which wraps.
-///
-/// At the other levels (other matmul summation orders, [`avx2_kernels`]) the tokens
-/// must agree until, at most, a step where llama.cpp's token is within 0.5 of hearth's
-/// top logit, and at least half of all steps agree.
+/// tokens of GPL text) against llama.cpp's default run, whose prompt batches take its
+/// repacked Q4_K gemm (an f32 add every 64 elements) while its decode steps and all of
+/// hearth's take the gemv order (one per super-block; `bit_for_bit_with_llama_cpps_default_kernels`
+/// matches llama.cpp's decode path to the bit): the prompt's K/V differ in the last bits,
+/// so the tokens must agree until, at most, a step where llama.cpp's token is within 0.5
+/// of hearth's top logit, and at least half of all steps agree. Measured: 11, 32, 8, 32
+/// (gaps 0.065 and 0.073 at the first differences). The long prompt runs the
+/// local layers through their 512-position window, with batches of 64: their KV cache is
+/// then a ring of 575 positions, which wraps.
 #[test]
 fn greedy_tokens_match_llama_cpp() {
     let (mut total, mut equal) = (0, 0);
@@ -163,9 +165,6 @@ fn greedy_tokens_match_llama_cpp() {
         let want = ids(&p["generated_ids"]);
         let (same, gap) = follow(&prompt, &want, 2048, 64);
         eprintln!("gemma3 {}: {same} of {} greedy tokens equal llama.cpp's (gap at the first difference {gap:.3})", p["name"], want.len());
-        if avx2_kernels() {
-            assert_eq!(same, want.len(), "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
-        }
         assert!(gap < 0.5, "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
         (total, equal) = (total + want.len(), equal + same);
     }
@@ -242,31 +241,35 @@ fn controls_fail_without_gemma3_features() {
     }
 }
 
-/// llama.cpp's outputs with its weights in the file's own layout (no repacking:
-/// `bench/reference/gemma3.py --no-repack`), made on an AVX2 machine.
-fn plain_reference() -> &'static J {
+/// llama.cpp's default run (Q4_K weights repacked) with every prompt token its own
+/// decode (`bench/reference/gemma3.py --token-by-token`), made on an AVX2 machine:
+/// every Q4_K matmul then takes llama.cpp's repacked gemv, whose order hearth's Q4_K
+/// kernels use for any batch (llama.cpp's prompt-batch gemm adds into its f32
+/// accumulators every 64 elements instead, so its batched prompts round differently).
+fn tokenwise_reference() -> &'static J {
     static R: OnceLock<J> = OnceLock::new();
-    R.get_or_init(|| read_json("gemma3-270m-norepack.json"))
+    R.get_or_init(|| read_json("gemma3-270m-tokenwise.json"))
 }
 
-/// Bit for bit with llama.cpp's plain (not repacked) CPU kernels: with the f16
-/// attention dots summed as llama.cpp's AVX2 build sums them, every one of prompt p0's
-/// 262,144 last-position logits is llama.cpp's to the bit, and greedy decoding gives
-/// llama.cpp's tokens at every step on the plain, code and chat prompts (all under 64
-/// tokens: the per-query attention path, as llama.cpp's). Q5_0, Q8_0, Q4_K and Q6_K
-/// weights, the GELU table, RMSNorm, RoPE, and the flash attention's f16 accumulators
-/// all have to be exact for this. Control: with the AVX-512 build's order (the
-/// default) the logits move off llama.cpp's and greedy decoding leaves its tokens.
-/// (The 744-token prompt takes llama.cpp's tiled attention, whose softmax hearth does
-/// not reproduce to the bit; it is held to the tolerances of the tests above.)
+/// Bit for bit with llama.cpp's default CPU kernels: with the f16 attention dots
+/// summed as llama.cpp's AVX2 build sums them, every one of prompt p0's 262,144
+/// last-position logits is llama.cpp's to the bit, and greedy decoding gives
+/// llama.cpp's tokens at every step on the plain, code and chat prompts (hearth eats
+/// each prompt as one batch: its results do not depend on the batch; all under 64
+/// tokens, the per-query attention path). Q5_0, Q8_0, Q6_K (ggml's plain kernels), Q4_K
+/// (the repacked gemv's order), the GELU table, RMSNorm, RoPE, and the flash
+/// attention's f16 accumulators all have to be exact for this. Control: with the
+/// AVX-512 build's order (the default) the logits move off llama.cpp's and greedy
+/// decoding leaves its tokens. (The 744-token prompt takes hearth's tiled attention,
+/// which is not llama.cpp's per-token path; it is held to the tolerances above.)
 #[test]
-fn bit_for_bit_with_llama_cpps_plain_kernels() {
+fn bit_for_bit_with_llama_cpps_default_kernels() {
     if !avx2_kernels() {
-        eprintln!("gemma3 plain kernels: skipped at the {} level (its matmuls sum in another order)", hearth_kernels::simd_level());
+        eprintln!("gemma3 default kernels: skipped at the {} level (its matmuls sum in another order)", hearth_kernels::simd_level());
         return;
     }
-    let r = plain_reference();
-    let want = read_f32("gemma3-270m-norepack.p0.last_logits.f32");
+    let r = tokenwise_reference();
+    let want = read_f32("gemma3-270m-tokenwise.p0.last_logits.f32");
     let run = |order: F16DotOrder| {
         let mut differ = 0;
         let mut steps = Vec::new();
@@ -290,7 +293,7 @@ fn bit_for_bit_with_llama_cpps_plain_kernels() {
             }
             steps.push((p["name"].as_str().unwrap().to_string(), same, want_ids.len()));
         }
-        eprintln!("gemma3 plain kernels, {order:?} order: p0 logits differing from llama.cpp's {differ}; greedy {steps:?}");
+        eprintln!("gemma3 default kernels, {order:?} order: p0 logits differing from llama.cpp's {differ}; greedy {steps:?}");
         (differ, steps)
     };
     let (differ, steps) = run(F16DotOrder::Avx2);

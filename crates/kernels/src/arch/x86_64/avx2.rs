@@ -1,11 +1,9 @@
-//! AVX2 + FMA + F16C kernels (Q5_x and Q4_K..Q6_K weights are in `avx2_k`,
-//! Q2_K and Q3_K in `avx2_k_low`).
+//! AVX2 + FMA + F16C kernels (Q4_0 and Q4_K weights are in `avx2_rows`,
+//! Q5_x, Q5_K and Q6_K in `avx2_k`, Q2_K and Q3_K in `avx2_k_low`).
 //!
 //! Integer dots use ggml's `_mm256_maddubs_epi16` (u8 × i8 → pairs of i16)
 //! then `_mm256_madd_epi16` with ones (→ 8 × i32). Q4 nibbles (0..15) are the
-//! unsigned operand; Q4_0's offset of 8 is folded in as `-8 * sum(a)` per
-//! 4-byte group, computed once per activation block and shared by all rows.
-//! Q8_0 weights use the sign trick (`|w|`, `sign(a, w)`): like ggml, a weight
+//! unsigned operand. Q8_0 weights use the sign trick (`|w|`, `sign(a, w)`): like ggml, a weight
 //! of -128 against an activation of ±128 could saturate, which
 //! `quantize_row_q8_0` never produces (it stays within ±127).
 //!
@@ -17,6 +15,7 @@
 //! whole step) from making our logits drift from llama.cpp's.
 
 use super::avx2_k;
+use super::avx2_rows;
 use super::avx2_k_low;
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
@@ -25,13 +24,14 @@ use std::arch::x86_64::*;
 
 pub(super) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Avx2,
-    row_lanes: false,
+    // Q4_0, Q4_K: one row per lane, llama.cpp's repacked order (see `avx2_rows`).
+    row_lanes: &[GgmlType::Q4_0, GgmlType::Q4_K],
     quantize_q8_0,
     quantize_q8_1,
     quantize_f16,
     // ggml's x86 build quantizes Q8_K activations with the reference code.
     quantize_q8_k: hearth_quant::k::quantize_row_q8_k,
-    panel_q4_0: |p, o| panel::<Q4_0>(p, o, GgmlType::Q8_0),
+    panel_q4_0: avx2_rows::panel_q4_0,
     panel_q4_1: |p, o| panel::<Q4_1>(p, o, GgmlType::Q8_1),
     panel_q8_0: |p, o| panel::<Q8_0>(p, o, GgmlType::Q8_0),
     panel_f32: |p, o| panel::<F32>(p, o, GgmlType::F32),
@@ -39,7 +39,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_bf16: |p, o| panel::<BF16>(p, o, GgmlType::BF16),
     panel_q5_0: |p, o| panel::<avx2_k::Q5_0>(p, o, GgmlType::Q8_0),
     panel_q5_1: |p, o| panel::<avx2_k::Q5_1>(p, o, GgmlType::Q8_1),
-    panel_q4_k: |p, o| panel::<avx2_k::Q4K>(p, o, GgmlType::Q8_K),
+    panel_q4_k: avx2_rows::panel_q4_k,
     panel_q6_k: |p, o| panel::<avx2_k::Q6K>(p, o, GgmlType::Q8_K),
     panel_q5_k: |p, o| panel::<avx2_k::Q5K>(p, o, GgmlType::Q8_K),
     panel_q2_k: |p, o| panel::<avx2_k_low::Q2K>(p, o, GgmlType::Q8_K),
@@ -76,42 +76,6 @@ pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
 #[inline(always)]
 unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-}
-
-/// Q4_0 weights × Q8_0 activations.
-pub(super) struct Q4_0;
-impl Fmt for Q4_0 {
-    const EPB: usize = 32;
-    const WB: usize = 18;
-    const AB: usize = 34;
-    /// (nibbles 0..15, d)
-    type W = (__m256i, __m256);
-    /// (q, -8 * sum(q) per group of 4, d)
-    type A = (__m256i, __m256i, __m256);
-    type Acc = __m256;
-    #[inline(always)]
-    unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn load_w(p: *const u8) -> Self::W {
-        (nibbles(p.add(2)), _mm256_set1_ps(f16_at(p)))
-    }
-    #[inline(always)]
-    unsafe fn load_a(p: *const u8) -> Self::A {
-        let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
-        let bias = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), q), _mm256_set1_epi16(-1));
-        (q, bias, _mm256_set1_ps(f16_at(p)))
-    }
-    #[inline(always)]
-    unsafe fn pair(acc: __m256, w: Self::W, a: Self::A) -> __m256 {
-        let i = _mm256_add_epi32(dot_u8i8(w.0, a.0), a.1);
-        _mm256_fmadd_ps(_mm256_mul_ps(w.1, a.2), _mm256_cvtepi32_ps(i), acc)
-    }
-    #[inline(always)]
-    unsafe fn finish(acc: __m256) -> f32 {
-        hsum256(acc)
-    }
 }
 
 /// Q4_1 weights × Q8_1 activations: `d_w d_a sumi + m_w s_a` per block; the

@@ -1,5 +1,5 @@
 //! AVX2 kernels for the 5-bit and K-quant weights: Q5_0 × Q8_0, Q5_1 × Q8_1,
-//! Q4_K × Q8_K, Q5_K × Q8_K, Q6_K × Q8_K.
+//! Q5_K × Q8_K, Q6_K × Q8_K (Q4_K is one row per lane, in `avx2_rows`).
 //!
 //! Each follows ggml's AVX2 `ggml_vec_dot_*` (ggml-cpu/arch/x86/quants.c):
 //! integer sums land in the same 8 lanes (lane k holds bytes 4k..4k+3 of each
@@ -136,65 +136,6 @@ unsafe fn k4_min_prod(ms: __m256i, ap: *const u8) -> __m128i {
     let q8sums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
     let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
     _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), q8s)
-}
-
-/// Q4_K weights × Q8_K activations.
-pub(super) struct Q4K;
-impl Fmt for Q4K {
-    const EPB: usize = 256;
-    const WB: usize = 144;
-    const AB: usize = 292;
-    /// (block pointer, 8 scales then 8 mins as i16, d, dmin)
-    type W = (*const u8, __m256i, f32, f32);
-    /// (block pointer, d)
-    type A = (*const u8, f32);
-    /// (scale terms, 4 lanes of min terms)
-    type Acc = (__m256, __m128);
-    #[inline(always)]
-    unsafe fn zero() -> Self::Acc {
-        (_mm256_setzero_ps(), _mm_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn load_w(p: *const u8) -> Self::W {
-        (p, k4_scales_mins(p.add(4)), f16_at(p), f16_at(p.add(2)))
-    }
-    #[inline(always)]
-    unsafe fn load_a(p: *const u8) -> Self::A {
-        (p, std::ptr::read_unaligned(p as *const f32))
-    }
-    #[inline(always)]
-    unsafe fn pair(acc: Self::Acc, w: Self::W, a: Self::A) -> Self::Acc {
-        let (wp, ms, wd, wdmin) = w;
-        let (ap, ad) = a;
-        let d = ad * wd;
-        let dmin = -ad * wdmin;
-        let prod = k4_min_prod(ms, ap);
-        let acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc.1);
-        let sc = _mm256_castsi256_si128(ms);
-        let scales = _mm256_set_m128i(sc, sc);
-        let m4 = _mm256_set1_epi8(0x0f);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            // Broadcast 16-bit scale 2j / 2j+1 (ggml's get_scale_shuffle_k4).
-            let sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((4 * j + 1) << 8 | (4 * j)) as i16));
-            let sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((4 * j + 3) << 8 | (4 * j + 2)) as i16));
-            let q4 = _mm256_loadu_si256(wp.add(16 + 32 * j as usize) as *const __m256i);
-            let q4l = _mm256_and_si256(q4, m4);
-            let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            let q8l = _mm256_loadu_si256(ap.add(4 + 64 * j as usize) as *const __m256i);
-            let q8h = _mm256_loadu_si256(ap.add(4 + 64 * j as usize + 32) as *const __m256i);
-            let pl = _mm256_madd_epi16(sl, _mm256_maddubs_epi16(q4l, q8l));
-            let ph = _mm256_madd_epi16(sh, _mm256_maddubs_epi16(q4h, q8h));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-        }
-        (_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc.0), acc_m)
-    }
-    #[inline(always)]
-    unsafe fn finish(acc: Self::Acc) -> f32 {
-        let m = _mm_add_ps(acc.1, _mm_movehl_ps(acc.1, acc.1));
-        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        hsum256(acc.0) + _mm_cvtss_f32(m)
-    }
 }
 
 /// Q5_K weights × Q8_K activations; unlike Q4_K, ggml sums the min terms

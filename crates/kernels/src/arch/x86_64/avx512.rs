@@ -1,31 +1,34 @@
 //! AVX-512 kernels (F+BW+VL; VNNI when present).
 //!
-//! Quantized dots keep the avx2 level's (ggml's) arithmetic, so results are
-//! bit-identical across the two levels: `avx512_pair` / `avx512_pair_k` put
-//! two weight rows in the halves of a 512-bit vector (Q4_0/Q4_1/Q8_0 without
-//! VNNI, Q4_1 with it, Q4_K); the other types run the AVX2 code in the wider
-//! tiles the 32 EVEX registers allow. The exception is Q4_0/Q8_0 with VNNI
-//! (`avx512_rows`: one row per lane, about 2x the prefill speed), whose float
-//! order is its own. Float dots use 512-bit FMA.
+//! Quantized dots keep the avx2 level's arithmetic, so results are
+//! bit-identical across the two levels: Q4_0 and Q4_K are one row per lane
+//! in llama.cpp's repacked order (`avx2_rows`, or for Q4_0 `avx512_rows` with
+//! VNNI: the same order); the others are ggml's plain order, with
+//! `avx512_pair` putting two weight rows in the halves of a 512-bit vector
+//! (Q4_1/Q8_0 without VNNI, Q4_1 with it) and the rest running the AVX2
+//! code in the wider tiles the 32 EVEX registers allow. The exception is Q8_0
+//! with VNNI (`avx512_rows`: one row per lane, about 2x the prefill speed),
+//! whose float order is its own. Float dots use 512-bit FMA.
 
 use super::avx2::{self, rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;
 use super::tile::{hsum512, hsum512x4, run_panel, tail_dot, Fmt};
-use super::{avx512_pair, avx512_pair_k, avx512_rows};
+use super::{avx512_pair, avx512_rows};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
 use std::arch::x86_64::*;
 
-/// AVX-512 without VNNI: AVX2 integer dots (Q4_K two rows per vector),
-/// 512-bit float dots. Every quantized dot gives the avx2 level's results.
+/// AVX-512 without VNNI: AVX2 integer dots (Q4_0 and Q4_K AVX2's rows),
+/// 512-bit float dots. Every quantized dot gives the avx2
+/// level's results.
 pub(super) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Avx512,
-    row_lanes: false,
+    row_lanes: &[GgmlType::Q4_0, GgmlType::Q4_K],
     quantize_q8_0: avx2::quantize_q8_0,
     quantize_q8_1: avx2::quantize_q8_1,
     quantize_f16: avx2::quantize_f16,
     quantize_q8_k: avx2::KERNELS.quantize_q8_k,
-    panel_q4_0: |p, o| panel::<avx2::Q4_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
+    panel_q4_0: super::avx2_rows::panel_q4_0,
     panel_q4_1: |p, o| panel::<avx2::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
     panel_q8_0: |p, o| panel::<avx2::Q8_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_f32: |p, o| panel::<F32, 4, 4, 4>(p, o, GgmlType::F32),
@@ -36,16 +39,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_bf16: |p, o| panel::<BF16, 4, 4, 4>(p, o, GgmlType::BF16),
     panel_q5_0: |p, o| panel::<avx2_k::Q5_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_q5_1: |p, o| panel::<avx2_k::Q5_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    // Decode: 4 rows (two pairs) per step; prefill: one pair × 8 tokens with
-    // the weights' unpacking hoisted out of the token loop (`Q4KHoist`, the
-    // same instructions on the same values: results are identical).
-    panel_q4_k: |p, o| {
-        if p.n_tokens == 1 {
-            panel::<avx512_pair_k::Q4K, 4, 4, 4>(p, o, GgmlType::Q8_K)
-        } else {
-            panel::<avx512_pair_k::Q4KHoist, 4, 2, 8>(p, o, GgmlType::Q8_K)
-        }
-    },
+    // One row per lane in 256-bit vectors: the avx2 level's (and llama.cpp's
+    // repacked kernels') order.
+    panel_q4_k: super::avx2_rows::panel_q4_k,
     // Q5_K/Q6_K unpack more per pair: 4×4 tiles measured slower than AVX2's 2×4.
     panel_q6_k: avx2::KERNELS.panel_q6_k,
     panel_q5_k: avx2::KERNELS.panel_q5_k,
@@ -56,10 +52,17 @@ pub(super) static KERNELS: Kernels = Kernels {
 /// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`), Q4_1 two
 /// rows per vector (`avx512_pair`, ggml's arithmetic: SmolLM2's reference).
 pub(super) static KERNELS_VNNI: Kernels = Kernels {
-    row_lanes: true,
-    panel_q4_0: |p, o| rows_or_pairs::<avx512_rows::Q4_0, avx512_pair::Q4_0>(p, o),
+    row_lanes: &[GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K],
+    // Rows too long for the gather offsets: AVX2's rows, the same order.
+    panel_q4_0: |p, o| {
+        if p.row_stride <= avx512_rows::MAX_ROW_STRIDE {
+            avx512_rows::panel::<avx512_rows::Q4_0>(p, o)
+        } else {
+            super::avx2_rows::panel_q4_0(p, o)
+        }
+    },
     panel_q4_1: |p, o| panel_vnni::<avx512_pair::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| rows_or_pairs::<avx512_rows::Q8_0, avx512_pair::Q8_0>(p, o),
+    panel_q8_0: rows_or_pairs::<avx512_rows::Q8_0, avx512_pair::Q8_0>,
     ..KERNELS
 };
 

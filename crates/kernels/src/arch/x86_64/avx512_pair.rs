@@ -1,5 +1,5 @@
 //! AVX-512 VNNI dots with ggml's per-block arithmetic, two rows per vector:
-//! Q4_0 × Q8_0, Q4_1 × Q8_1, Q8_0 × Q8_0.
+//! Q4_1 × Q8_1, Q8_0 × Q8_0 (for rows too long for `avx512_rows`).
 //!
 //! ggml's AVX2 dots (which the avx2 level reproduces bit for bit, and which
 //! the SmolLM2 reference logits need: with activations re-quantized after
@@ -10,8 +10,8 @@
 //! block in its two 256-bit halves, against the activation block in both),
 //! so each instruction does two rows' work while every lane sees exactly
 //! ggml's sequence: results equal the avx2 level's. `vpdpbusd` gives the same
-//! exact integer lane sums as maddubs+madd and starts from Q4_0's
-//! `-8 sum(a)` / Q8_0's `-128 sum(a)` (for `w + 128` as the unsigned
+//! exact integer lane sums as maddubs+madd and starts from Q8_0's
+//! `-128 sum(a)` (for `w + 128` as the unsigned
 //! operand). Block scales come from the f16 table: a broadcast load for the
 //! first row, a masked broadcast load for the second.
 
@@ -74,16 +74,6 @@ pub(super) trait SymPair {
     unsafe fn quants(p: *const u8, q: *const u8) -> __m512i;
 }
 
-pub(super) struct Q4_0Q;
-impl SymPair for Q4_0Q {
-    const WB: usize = 18;
-    const K: i8 = 8;
-    #[inline(always)]
-    unsafe fn quants(p: *const u8, q: *const u8) -> __m512i {
-        nibbles2(p.add(2), q.add(2))
-    }
-}
-
 pub(super) struct Q8_0Q;
 impl SymPair for Q8_0Q {
     const WB: usize = 34;
@@ -140,7 +130,6 @@ impl<W: SymPair> Fmt for Sym<W> {
     }
 }
 
-pub(super) type Q4_0 = Sym<Q4_0Q>;
 pub(super) type Q8_0 = Sym<Q8_0Q>;
 
 /// Q4_1 × Q8_1: `d_w d_a sum(q_w q_a)` in the 8 lanes, `m_w s_a` summed

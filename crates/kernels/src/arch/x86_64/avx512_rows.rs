@@ -9,12 +9,14 @@
 //! broadcast from memory, then one convert, one scale and one FMA for all 16
 //! rows. The transposition is paid once per block for all the tile's tokens.
 //!
-//! Arithmetic, per (row, token), blocks in order (`reference_dot` below):
-//! `acc = fma(d_w * d_a, float(sum(w * a)), acc)` with the block's integer
-//! dot exact. It is not ggml's order (8 partial lanes then a tree), so
-//! results differ from the avx2 level in the last bits; they are the same
-//! whatever the tile, batch or thread count, which is what batching needs
-//! (a sequence's logits do not depend on what shares its batch). SmolLM2's
+//! Arithmetic, per (row, token), blocks in order (the model is
+//! `tests::row_lane_dot`): `acc = fma(d_w * d_a, float(sum(w * a)), acc)`
+//! with the block's integer dot exact. For Q4_0 that is `avx2_rows`' order
+//! (and llama.cpp's repacked kernels'), so the two levels agree bit for bit.
+//! For Q8_0 it is not ggml's order (8 partial lanes then a tree), so results
+//! differ from the avx2 level in the last bits; they are the same whatever
+//! the tile, batch or thread count, which is what batching needs (a
+//! sequence's logits do not depend on what shares its batch). SmolLM2's
 //! llama.cpp logits, which need ggml's order, are Q4_1: not these types.
 //!
 //! `vpdpbusd` multiplies unsigned by signed bytes: weights are made unsigned
@@ -22,6 +24,7 @@
 //! K = 128) and each token's block starts from `-K * sum(a)`, which
 //! `matmul` computes once per call (`Panel::act_sums`).
 
+use super::rows::{Listed, Rows, Strided};
 use super::tile::f16_at;
 use crate::dispatch::Panel;
 use std::arch::x86_64::*;
@@ -42,51 +45,6 @@ pub(super) trait RowFmt {
     /// block) as 8 vectors, vector `g` holding elements 4g..4g+3 of row i in
     /// lane i, unsigned; and the rows' scales.
     unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512);
-}
-
-/// Where the 16 rows of a group start.
-pub(super) trait Rows {
-    /// Row `i`'s byte `off`.
-    unsafe fn at(&self, i: usize, off: usize) -> *const u8;
-}
-
-/// A full group: rows `stride` bytes apart. Addresses are formed as
-/// `quarter + {0,1,2,3}·stride`, which x86 addressing does in the load
-/// itself, so the loop keeps 6 registers instead of 16 spilled pointers.
-struct Strided {
-    base: *const u8,
-    s: usize,
-    s3: usize,
-    s4: usize,
-}
-
-impl Rows for Strided {
-    #[inline(always)]
-    #[allow(clippy::pointers_in_nomem_asm_block)]
-    unsafe fn at(&self, i: usize, off: usize) -> *const u8 {
-        // Opaque to the optimiser: otherwise loop strength reduction makes
-        // each of the 16 addresses its own induction variable, spilled. (The
-        // asm reads no memory; it only hides where the pointer came from.)
-        let mut b = self.base.add(off);
-        std::arch::asm!("/* {0} */", inout(reg) b, options(pure, nomem, nostack, preserves_flags));
-        let q = b.add((i / 4) * self.s4);
-        match i % 4 {
-            0 => q,
-            1 => q.add(self.s),
-            2 => q.add(2 * self.s),
-            _ => q.add(self.s3),
-        }
-    }
-}
-
-/// A group past the panel's last row: the missing rows repeat the last one.
-struct Listed([*const u8; LANES]);
-
-impl Rows for Listed {
-    #[inline(always)]
-    unsafe fn at(&self, i: usize, off: usize) -> *const u8 {
-        self.0[i].add(off)
-    }
 }
 
 /// The f16 scales at `rows[i] + off`, as f32 in lane i (`idx[i]` =
@@ -198,19 +156,14 @@ impl Group {
 
     /// Row addresses of a full group.
     #[inline(always)]
-    unsafe fn strided(&self, p: &Panel<'_>) -> Strided {
-        let s = p.row_stride;
-        Strided { base: p.w.as_ptr().add(self.r0 * s), s, s3: 3 * s, s4: 4 * s }
+    fn strided(&self, p: &Panel<'_>) -> Strided {
+        Strided::new(p.w.as_ptr().wrapping_add(self.r0 * p.row_stride), p.row_stride)
     }
 
     /// Row addresses of a partial group.
     #[inline(always)]
-    unsafe fn listed(&self, p: &Panel<'_>) -> Listed {
-        let mut rows = [p.w.as_ptr(); LANES];
-        for (i, r) in rows.iter_mut().enumerate() {
-            *r = p.w.as_ptr().add((self.r0 + i).min(p.n_rows - 1) * p.row_stride);
-        }
-        Listed(rows)
+    fn listed(&self, p: &Panel<'_>) -> Listed<LANES> {
+        Listed::new(p.w.as_ptr(), p.row_stride, self.r0, p.n_rows)
     }
 }
 
@@ -291,25 +244,4 @@ pub(super) fn panel<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
     // were detected; `check` bounds every weight and activation read, the
     // assert every sum read, and the stores stay inside `out`'s checked size.
     unsafe { run::<F>(p, out) }
-}
-
-/// One (row, token) dot in exactly the kernels' arithmetic (tests).
-#[cfg(test)]
-pub(crate) fn reference_dot(wty: hearth_quant::GgmlType, w: &[u8], a: &[u8], cols: usize) -> f32 {
-    let h = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-    let wb = if wty == hearth_quant::GgmlType::Q4_0 { 18 } else { 34 };
-    let mut acc = 0f32;
-    for (wb, ab) in w.chunks(wb).zip(a.chunks(34)).take(cols / 32) {
-        let q = |j: usize| -> i32 {
-            if wty == hearth_quant::GgmlType::Q4_0 {
-                let byte = wb[2 + j % 16];
-                (if j < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
-            } else {
-                wb[2 + j] as i8 as i32
-            }
-        };
-        let s: i32 = (0..32).map(|j| q(j) * ab[2 + j] as i8 as i32).sum();
-        acc = (h(wb) * h(ab)).mul_add(s as f32, acc);
-    }
-    acc
 }

@@ -7,19 +7,21 @@
 //! of instructions whatever the tile shape, so results do not depend on how
 //! rows are split among threads or which tokens share a batch. Some AVX-512
 //! kernels hold two rows per vector (a unit of `Fmt::ROWS` rows): lanes never
-//! mix, so a row's arithmetic is the same in either half, or alone. With
-//! VNNI, Q4_0 and Q8_0 go further ([`avx512_rows`]): one row per lane, 16
-//! rows transposed in registers, with their own (not ggml's) float order.
+//! mix, so a row's arithmetic is the same in either half, or alone. Q4_0
+//! (and Q8_0 with VNNI) go further ([`avx2_rows`], [`avx512_rows`]): one row
+//! per lane, 8 or 16 rows transposed in registers, in llama.cpp's repacked
+//! kernels' float order rather than its plain `ggml_vec_dot` one.
 
 use crate::dispatch::{Kernels, SimdLevel};
 
 mod avx2;
 mod avx2_k;
 mod avx2_k_low;
+mod avx2_rows;
 mod avx512;
 mod avx512_pair;
-mod avx512_pair_k;
 pub(crate) mod avx512_rows;
+mod rows;
 mod tile;
 
 fn has_avx2() -> bool {

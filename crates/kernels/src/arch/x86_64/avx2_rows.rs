@@ -1,0 +1,378 @@
+//! AVX2 dots with one weight row per lane: Q4_0 × Q8_0 and Q4_K × Q8_K.
+//!
+//! ggml's plain AVX2 order (`avx2::Q4_0`) keeps 8 f32 lanes per (row,
+//! token), so each 32-element block costs six instructions per pair (two
+//! integer multiplies, an add, then convert, scale and FMA) and prefill is
+//! bound by them. Here lane `i` of a vector is row `i` of an 8-row group: a
+//! block's 8 rows are transposed in registers into 8 vectors (vector `g`:
+//! elements 4g..4g+3 of each row, as bytes), and a token's block is 8
+//! `vpmaddubsw` against its 4-byte groups broadcast from memory, summed as
+//! i16, one `vpmaddwd`, then one convert, one scale and one FMA for all 8
+//! rows: about 2.5 instructions per pair. The transposition is paid once per
+//! block for all the tile's tokens.
+//!
+//! i16 sums cannot overflow: a nibble (0..15) times a Q8_0 quant (at most 128
+//! in magnitude) summed over the 16 elements one i16 lane collects is at most
+//! 16 · 15 · 128 = 30720.
+//!
+//! Arithmetic, per (row, token), blocks in order (the model is
+//! `tests::row_lane_dot`): `acc = fma(d_w * d_a, float(sum(w * a)), acc)` with
+//! the block's integer dot exact. It is the order of llama.cpp's repacked
+//! Q4_0 kernels (`ggml_gemm_q4_0_8x8_q8_0` / `gemv`, which its x86 build
+//! uses for Q4_0 by default) and of `avx512_rows`, so the three give the same
+//! bits; it is not ggml's plain `ggml_vec_dot_q4_0_q8_0` order.
+//!
+//! The nibbles are unsigned (`w + 8`); each token's block starts from
+//! `-8 * sum(a)`, which `matmul` computes once per call (`Panel::act_sums`).
+//!
+//! Q4_K the same way, per 32-element sub-block `j` of a super-block: the
+//! i16 sums times the rows' 6-bit scales (`vpmaddwd`), summed exactly over
+//! the super-block, and the mins' dot with the activations' sub-block sums
+//! apart; per super-block `acc = fma(d_w * d_a, float(isum), acc)`,
+//! `acc_min = fma(dmin_w * d_a, float(imin), acc_min)`, result `acc -
+//! acc_min` (model: `tests::row_lane_dot_q4_k`). That is the order of
+//! llama.cpp's repacked `ggml_gemm_q4_K_8x8_q8_K` / `gemv`, which its x86
+//! build uses for Q4_K by default; not ggml's plain `ggml_vec_dot_q4_K_q8_K`.
+
+use super::rows::{Listed, Rows, Strided};
+use super::tile::f16_at;
+use crate::dispatch::Panel;
+use std::arch::x86_64::*;
+
+/// Rows per lane group.
+const LANES: usize = 8;
+/// Most tokens per tile: 8 weight vectors + 4 accumulators + scales and
+/// temporaries fill the 16 registers.
+const MAX_T: usize = 4;
+
+/// One weight format's tile of 8 rows × `T` tokens.
+trait RowTile {
+    /// Bytes of one weight block.
+    const WB: usize;
+    /// Tokens `t0..t0+T` × the 8 rows, into `out[t]`; `next` is the next
+    /// group's first byte (prefetched; may be past the panel).
+    unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]);
+}
+
+/// The next group's bytes of block `b` into L2, spread evenly over this
+/// group's blocks as one sequential stream (its rows are contiguous).
+#[inline(always)]
+unsafe fn prefetch_next<const WB: usize>(next: *const u8, b: usize) {
+    let pf = next.wrapping_add(b * LANES * WB);
+    for l in (0..LANES * WB).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
+    }
+}
+
+/// 4×4 transposes of dwords within each 128-bit lane of `a`: out `h`, lane
+/// L, dword k = dword h of `a[k]`'s lane L.
+#[inline(always)]
+unsafe fn transpose4(a: [__m256i; 4]) -> [__m256i; 4] {
+    let t0 = _mm256_unpacklo_epi32(a[0], a[1]);
+    let t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    let t2 = _mm256_unpacklo_epi32(a[2], a[3]);
+    let t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)]
+}
+
+/// Two 16-byte rows in the two 128-bit halves.
+#[inline(always)]
+unsafe fn halves(p0: *const u8, p1: *const u8) -> __m256i {
+    let v = _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i));
+    _mm256_inserti128_si256::<1>(v, _mm_loadu_si128(p1 as *const __m128i))
+}
+
+/// Bytes `o..o + 16` of the 8 rows transposed: vector h holds bytes
+/// 4h..4h+3 of row i in dword lane i (half L of input k is row k + 4L).
+#[inline(always)]
+unsafe fn transpose4x4_rows<R: Rows>(rows: &R, o: usize) -> [__m256i; 4] {
+    transpose4([
+        halves(rows.at(0, o), rows.at(4, o)),
+        halves(rows.at(1, o), rows.at(5, o)),
+        halves(rows.at(2, o), rows.at(6, o)),
+        halves(rows.at(3, o), rows.at(7, o)),
+    ])
+}
+
+/// The f16 at byte `o` of each of the 8 rows, as f32 in lane i, through the
+/// f16 table: plain loads, no gather (slow on Intel parts with the
+/// gather-data-sampling mitigation).
+#[inline(always)]
+unsafe fn scales8<R: Rows>(rows: &R, o: usize) -> __m256 {
+    _mm256_setr_ps(
+        f16_at(rows.at(0, o)),
+        f16_at(rows.at(1, o)),
+        f16_at(rows.at(2, o)),
+        f16_at(rows.at(3, o)),
+        f16_at(rows.at(4, o)),
+        f16_at(rows.at(5, o)),
+        f16_at(rows.at(6, o)),
+        f16_at(rows.at(7, o)),
+    )
+}
+
+/// Block `off` of the 8 rows: 8 vectors, vector `g` holding the nibbles of
+/// elements 4g..4g+3 of row i in dword lane i (elements 16.. are the high
+/// nibbles: vector 4 + h comes from the same bytes as vector h); and the
+/// rows' scales.
+#[inline(always)]
+unsafe fn load8<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], __m256) {
+    let u = transpose4x4_rows(rows, off + 2);
+    let m = _mm256_set1_epi8(0x0f);
+    let w = [
+        _mm256_and_si256(u[0], m),
+        _mm256_and_si256(u[1], m),
+        _mm256_and_si256(u[2], m),
+        _mm256_and_si256(u[3], m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(u[0]), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(u[1]), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(u[2]), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(u[3]), m),
+    ];
+    (w, scales8(rows, off))
+}
+
+/// 4-byte group `k` of the Q8_0 block at `a`, in every dword lane.
+#[inline(always)]
+unsafe fn group_at(a: *const u8, k: usize) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(a.add(2 + 4 * k) as *const i32))
+}
+
+/// Q4_0 weights × Q8_0 activations.
+struct Q4_0;
+impl RowTile for Q4_0 {
+    const WB: usize = 18;
+    #[inline(always)]
+    unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
+        q4_0_tile::<R, T>(p, rows, next, t0, out)
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_0_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, acc_out: &mut [[f32; LANES]; MAX_T]) {
+    let nb = p.cols / 32;
+    let ap = p.act.as_ptr().add(t0 * p.act_stride);
+    let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        let off = b * Q4_0::WB;
+        prefetch_next::<{ Q4_0::WB }>(next, b);
+        let (w, dw) = load8(rows, off);
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let a = ap.add(t * p.act_stride + b * 34);
+            let mut s = _mm256_maddubs_epi16(w[0], group_at(a, 0));
+            for (k, w) in w.iter().enumerate().skip(1) {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, group_at(a, k)));
+            }
+            // The block's integer dot: -8 sum(a) + sum(u a).
+            let bias = _mm256_set1_epi32(std::ptr::read_unaligned(sp.add((t * nb + b) * 4) as *const i32));
+            let i = _mm256_add_epi32(_mm256_madd_epi16(s, ones), bias);
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(a)));
+            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), *acc);
+        }
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(acc_out[t].as_mut_ptr(), *acc);
+    }
+}
+
+/// One group × tiles of up to [`MAX_T`] tokens.
+#[inline(always)]
+unsafe fn group<K: RowTile, R: Rows>(p: &Panel<'_>, rows: &R, r0: usize, out: &mut [f32]) {
+    let n = LANES.min(p.n_rows - r0);
+    let next = p.w.as_ptr().wrapping_add((r0 + LANES) * p.row_stride);
+    let mut buf = [[0f32; LANES]; MAX_T];
+    let mut t0 = 0;
+    while t0 < p.n_tokens {
+        let nt = MAX_T.min(p.n_tokens - t0);
+        match nt {
+            1 => K::tile::<R, 1>(p, rows, next, t0, &mut buf),
+            2 => K::tile::<R, 2>(p, rows, next, t0, &mut buf),
+            3 => K::tile::<R, 3>(p, rows, next, t0, &mut buf),
+            _ => K::tile::<R, 4>(p, rows, next, t0, &mut buf),
+        }
+        for (t, b) in buf.iter().enumerate().take(nt) {
+            out[(t0 + t) * p.n_rows + r0..][..n].copy_from_slice(&b[..n]);
+        }
+        t0 += nt;
+    }
+}
+
+/// The whole panel: 8-row groups × tiles of up to [`MAX_T`] tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<K: RowTile>(p: &Panel<'_>, out: &mut [f32]) {
+    let base = p.w.as_ptr();
+    for r0 in (0..p.n_rows).step_by(LANES) {
+        if r0 + LANES <= p.n_rows {
+            group::<K, _>(p, &Strided::new(base.add(r0 * p.row_stride), p.row_stride), r0, out)
+        } else {
+            group::<K, _>(p, &Listed::<LANES>::new(base, p.row_stride, r0, p.n_rows), r0, out)
+        }
+    }
+}
+
+/// The Q4_0 panel: checks bounds (including the activation sums) first.
+pub(super) fn panel_q4_0(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(hearth_quant::GgmlType::Q8_0, out);
+    assert!(p.act_sums.len() >= p.n_tokens * (p.cols / 32) * 4, "panel activation sums too short");
+    // SAFETY: this kernel is only in tables handed out when AVX2, FMA and
+    // F16C were detected; `check` bounds every weight and activation read,
+    // the assert every sum read, and the stores go through slices of `out`.
+    unsafe { run::<Q4_0>(p, out) }
+}
+
+/// The Q4_K panel: checks bounds first.
+pub(super) fn panel_q4_k(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(hearth_quant::GgmlType::Q8_K, out);
+    // SAFETY: as `panel_q4_0`; this kernel reads no activation sums.
+    unsafe { run::<Q4K>(p, out) }
+}
+
+/// Q4_K weights × Q8_K activations (see the module docs).
+struct Q4K;
+impl RowTile for Q4K {
+    const WB: usize = 144;
+    #[inline(always)]
+    unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
+        q4_k_tile::<R, T>(p, rows, next, t0, out)
+    }
+}
+
+/// The 8 rows' scales and mins of the super-block at `off`, one row per
+/// dword lane: `sc[j]` = (scale j, scale j) as two i16 (the `vpmaddwd`
+/// factor of sub-block j's i16 pair sums), `mn[k]` = (min 2k, min 2k+1) as
+/// two i16; and the rows' d and dmin.
+#[inline(always)]
+unsafe fn q4_k_scales<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], [__m256i; 4], __m256, __m256) {
+    // Dwords 0..2 of the 12 scale bytes of row i in lane i (ggml's
+    // `get_scale_min_k4` as dword arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`).
+    let u = transpose4x4_rows(rows, off + 4);
+    let (km1, km2, km3) = (_mm256_set1_epi32(0x3f3f3f3f), _mm256_set1_epi32(0x0f0f0f0f), _mm256_set1_epi32(0x03030303));
+    let sc_lo = _mm256_and_si256(u[0], km1);
+    let mn_lo = _mm256_and_si256(u[1], km1);
+    let sc_hi = _mm256_or_si256(
+        _mm256_and_si256(u[2], km2),
+        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[0]), km3)),
+    );
+    let mn_hi = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi32::<4>(u[2]), km2),
+        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[1]), km3)),
+    );
+    // Bytes b0, b1 of each dword → i16 pairs: pshufb patterns per dword.
+    let sc = [
+        _mm256_shuffle_epi8(sc_lo, pairs(0, 0)),
+        _mm256_shuffle_epi8(sc_lo, pairs(1, 1)),
+        _mm256_shuffle_epi8(sc_lo, pairs(2, 2)),
+        _mm256_shuffle_epi8(sc_lo, pairs(3, 3)),
+        _mm256_shuffle_epi8(sc_hi, pairs(0, 0)),
+        _mm256_shuffle_epi8(sc_hi, pairs(1, 1)),
+        _mm256_shuffle_epi8(sc_hi, pairs(2, 2)),
+        _mm256_shuffle_epi8(sc_hi, pairs(3, 3)),
+    ];
+    let mn = [
+        _mm256_shuffle_epi8(mn_lo, pairs(0, 1)),
+        _mm256_shuffle_epi8(mn_lo, pairs(2, 3)),
+        _mm256_shuffle_epi8(mn_hi, pairs(0, 1)),
+        _mm256_shuffle_epi8(mn_hi, pairs(2, 3)),
+    ];
+    (sc, mn, scales8(rows, off), scales8(rows, off + 2))
+}
+
+/// The `vpshufb` pattern taking bytes b0 and b1 of every dword to its two
+/// i16 halves (zero-extended).
+#[inline(always)]
+unsafe fn pairs(b0: i32, b1: i32) -> __m256i {
+    const Z: i32 = 0x80;
+    let d0 = b0 | (Z << 8) | (b1 << 16) | (Z << 24);
+    let d = 0x0404_0404; // + 4 per dword: the same bytes of the next dword
+    _mm256_setr_epi32(d0, d0 + d, d0 + 2 * d, d0 + 3 * d, d0, d0 + d, d0 + 2 * d, d0 + 3 * d)
+}
+
+/// Bytes `off..off + 32` of the 8 rows transposed: vector g holds bytes
+/// 4g..4g+3 of row i in dword lane i.
+#[inline(always)]
+unsafe fn transpose8x32<R: Rows>(rows: &R, off: usize) -> [__m256i; 8] {
+    let a = transpose4x4_rows(rows, off);
+    let b = transpose4x4_rows(rows, off + 16);
+    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+}
+
+/// Sub-block `j` of T tokens: `isum[t] += scale_j * sum(w * a)` per row.
+#[inline(always)]
+unsafe fn q4_k_sub<const T: usize>(w: &[__m256i; 8], sc: __m256i, ap: *const u8, stride: usize, j: usize, isum: &mut [__m256i; T]) {
+    for (t, isum) in isum.iter_mut().enumerate() {
+        let a = ap.add(t * stride + 4 + 32 * j);
+        let mut s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(std::ptr::read_unaligned(a as *const i32)));
+        for (g, w) in w.iter().enumerate().skip(1) {
+            let x = _mm256_set1_epi32(std::ptr::read_unaligned(a.add(4 * g) as *const i32));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, x));
+        }
+        *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(s, sc));
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_k_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
+    let nsb = p.cols / 256;
+    let ap = p.act.as_ptr().add(t0 * p.act_stride);
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_min = [_mm256_setzero_ps(); T];
+    let m4 = _mm256_set1_epi8(0x0f);
+    for b in 0..nsb {
+        let off = b * Q4K::WB;
+        prefetch_next::<{ Q4K::WB }>(next, b);
+        let (sc, mn, dw, dminw) = q4_k_scales(rows, off);
+        let ab = ap.add(b * 292);
+        // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
+        for t in 0..T {
+            let a = ab.add(t * p.act_stride);
+            let bs = _mm256_loadu_si256(a.add(260) as *const __m256i);
+            // [sum of sub-block 0, .., 7] as i16 (|sum| ≤ 32 · 128).
+            let s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+            let b01 = _mm256_broadcastd_epi32(s32);
+            let b23 = _mm256_broadcastd_epi32(_mm_srli_si128::<4>(s32));
+            let b45 = _mm256_broadcastd_epi32(_mm_srli_si128::<8>(s32));
+            let b67 = _mm256_broadcastd_epi32(_mm_srli_si128::<12>(s32));
+            let imin = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_madd_epi16(mn[0], b01), _mm256_madd_epi16(mn[1], b23)),
+                _mm256_add_epi32(_mm256_madd_epi16(mn[2], b45), _mm256_madd_epi16(mn[3], b67)),
+            );
+            let da = _mm256_set1_ps(std::ptr::read_unaligned(a as *const f32));
+            acc_min[t] = _mm256_fmadd_ps(_mm256_mul_ps(dminw, da), _mm256_cvtepi32_ps(imin), acc_min[t]);
+        }
+        let mut isum = [_mm256_setzero_si256(); T];
+        for jj in 0..4 {
+            let raw = transpose8x32(rows, off + 16 + 32 * jj);
+            let lo = [
+                _mm256_and_si256(raw[0], m4),
+                _mm256_and_si256(raw[1], m4),
+                _mm256_and_si256(raw[2], m4),
+                _mm256_and_si256(raw[3], m4),
+                _mm256_and_si256(raw[4], m4),
+                _mm256_and_si256(raw[5], m4),
+                _mm256_and_si256(raw[6], m4),
+                _mm256_and_si256(raw[7], m4),
+            ];
+            q4_k_sub::<T>(&lo, sc[2 * jj], ab, p.act_stride, 2 * jj, &mut isum);
+            let hi = [
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[0]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[1]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[2]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[3]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[4]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[5]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[6]), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[7]), m4),
+            ];
+            q4_k_sub::<T>(&hi, sc[2 * jj + 1], ab, p.act_stride, 2 * jj + 1, &mut isum);
+        }
+        for t in 0..T {
+            let da = _mm256_set1_ps(std::ptr::read_unaligned(ab.add(t * p.act_stride) as *const f32));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(acc[t], acc_min[t]));
+    }
+}
