@@ -325,7 +325,7 @@ unsafe fn q4_k_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *con
         let (sc, mn, dw, dminw) = q4_k_scales(rows, off);
         let ab = ap.add(b * 292);
         // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
-        for t in 0..T {
+        for (t, acc_min) in acc_min.iter_mut().enumerate() {
             let a = ab.add(t * p.act_stride);
             let bs = _mm256_loadu_si256(a.add(260) as *const __m256i);
             // [sum of sub-block 0, .., 7] as i16 (|sum| ≤ 32 · 128).
@@ -339,7 +339,7 @@ unsafe fn q4_k_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *con
                 _mm256_add_epi32(_mm256_madd_epi16(mn[2], b45), _mm256_madd_epi16(mn[3], b67)),
             );
             let da = _mm256_set1_ps(std::ptr::read_unaligned(a as *const f32));
-            acc_min[t] = _mm256_fmadd_ps(_mm256_mul_ps(dminw, da), _mm256_cvtepi32_ps(imin), acc_min[t]);
+            *acc_min = _mm256_fmadd_ps(_mm256_mul_ps(dminw, da), _mm256_cvtepi32_ps(imin), *acc_min);
         }
         let mut isum = [_mm256_setzero_si256(); T];
         for jj in 0..4 {
