@@ -137,19 +137,10 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsiz
             continue;
         }
 
-        // This step's batch: decoding sequences first (one token each), then prompt
-        // chunks in arrival order while the token budget lasts.
-        let mut budget = ctx.n_batch();
-        let mut plan: Vec<(usize, usize)> = Vec::new(); // (sequence, tokens this step)
-        for decoding in [true, false] {
-            for (i, s) in active.iter().enumerate().filter(|(_, s)| s.decoding() == decoding) {
-                let take = (s.tokens.len() - s.fed).min(budget);
-                if take > 0 {
-                    plan.push((i, take));
-                    budget -= take;
-                }
-            }
-        }
+        // This step's batch (`plan_step`): (sequence, tokens this step).
+        let state: Vec<(bool, usize)> = active.iter().map(|s| (s.decoding(), s.tokens.len() - s.fed)).collect();
+        let plan = plan_step(&state, ctx.n_batch(), ctx.n_slots());
+        let budget = ctx.n_batch() - plan.iter().map(|&(_, t)| t).sum::<usize>();
         let segs: Vec<Segment> = plan
             .iter()
             .map(|&(i, take)| {
@@ -203,4 +194,81 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsiz
 fn retire(metrics: &Metrics, load: &AtomicUsize) {
     metrics.active.fetch_sub(1, Ordering::Relaxed);
     load.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The tokens each sequence feeds in one step, `(index into seqs, tokens)`: decoding
+/// sequences first (one token each), then prompts in arrival order. `seqs[i]` is
+/// (decoding, tokens left to feed). A prompt is fed in chunks of one size whatever else
+/// is running, [`prompt_chunk`], and waits for the next step when its chunk does not fit
+/// what is left of the budget: how a prompt is cut, and so which attention path its
+/// tokens take (llama.cpp's f32 prefill path for a chunk of at least
+/// `F32_PATH_MIN_TOKENS`), does not depend on the other requests, so its logits are
+/// bit-identical alone or in a batch.
+pub(crate) fn plan_step(seqs: &[(bool, usize)], n_batch: usize, n_slots: usize) -> Vec<(usize, usize)> {
+    let chunk = prompt_chunk(n_batch, n_slots);
+    let mut budget = n_batch;
+    let mut plan = Vec::new();
+    for decoding in [true, false] {
+        for (i, &(d, left)) in seqs.iter().enumerate().filter(|(_, s)| s.0 == decoding) {
+            let take = if d { left.min(1) } else { left.min(chunk) };
+            if take > 0 && take <= budget {
+                plan.push((i, take));
+                budget -= take;
+            }
+        }
+    }
+    plan
+}
+
+/// Prompt tokens per step: what is left of the batch beside the most decoding sequences
+/// a step can have (all slots but the prompt's own), so the first waiting prompt always
+/// fits.
+pub(crate) fn prompt_chunk(n_batch: usize, n_slots: usize) -> usize {
+    (n_batch + 1).saturating_sub(n_slots).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prompt's chunks are the same whatever runs beside it, and a step never exceeds
+    /// the batch.
+    #[test]
+    fn prompt_chunks_do_not_depend_on_other_sequences() {
+        let (n_batch, n_slots) = (64, 4);
+        let alone: Vec<usize> = chunks(&[], 150, n_batch, n_slots);
+        assert_eq!(alone, vec![61, 61, 28]);
+        for others in [vec![(true, 10)], vec![(true, 5), (true, 9), (true, 30)], vec![(false, 100)], vec![(true, 3), (false, 7)]] {
+            assert_eq!(chunks(&others, 150, n_batch, n_slots), alone, "beside {others:?}");
+        }
+        for seqs in [vec![(true, 1); 4], vec![(false, 500); 4], vec![(true, 2), (false, 64), (false, 64), (true, 9)]] {
+            let plan = plan_step(&seqs, n_batch, n_slots);
+            assert!(plan.iter().map(|p| p.1).sum::<usize>() <= n_batch, "{seqs:?}: {plan:?}");
+            assert!(plan.iter().any(|p| !seqs[p.0].0) || seqs.iter().all(|s| s.0), "{seqs:?}: a prompt must make progress");
+        }
+        assert_eq!(prompt_chunk(8, 1), 8);
+        assert_eq!(prompt_chunk(2, 4), 1);
+    }
+
+    /// The chunk sizes of a prompt of `n` tokens fed beside `others` (which keep their
+    /// state: decoders keep decoding, other prompts go first).
+    fn chunks(others: &[(bool, usize)], n: usize, n_batch: usize, n_slots: usize) -> Vec<usize> {
+        let mut seqs = others.to_vec();
+        seqs.push((false, n));
+        let me = seqs.len() - 1;
+        let mut out = Vec::new();
+        while seqs[me].1 > 0 {
+            let plan = plan_step(&seqs, n_batch, n_slots);
+            for &(i, t) in &plan {
+                if i == me {
+                    out.push(t);
+                }
+                if !seqs[i].0 {
+                    seqs[i].1 -= t;
+                }
+            }
+            assert!(out.len() < 100);
+        }
+        out
+    }
 }
