@@ -216,7 +216,14 @@ impl Kernels {
     pub fn active() -> &'static Kernels {
         static ACTIVE: OnceLock<&'static Kernels> = OnceLock::new();
         ACTIVE.get_or_init(|| {
-            let cap = std::env::var("HEARTH_SIMD").ok().and_then(|s| SimdLevel::from_name(&s));
+            let cap = std::env::var("HEARTH_SIMD").ok().and_then(|s| {
+                let level = SimdLevel::from_name(&s);
+                if level.is_none() && !s.trim().is_empty() {
+                    // A typo must not silently mean "no cap".
+                    eprintln!("warning: HEARTH_SIMD={s:?} is none of scalar, avx2, avx512; using the best level");
+                }
+                level
+            });
             SimdLevel::ALL
                 .into_iter()
                 .rev()
