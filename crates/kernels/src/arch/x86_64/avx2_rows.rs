@@ -1,9 +1,9 @@
 //! AVX2 dots with one weight row per lane: Q4_0 × Q8_0 and Q4_K × Q8_K.
 //!
-//! ggml's plain AVX2 order (`avx2::Q4_0`) keeps 8 f32 lanes per (row,
-//! token), so each 32-element block costs six instructions per pair (two
-//! integer multiplies, an add, then convert, scale and FMA) and prefill is
-//! bound by them. Here lane `i` of a vector is row `i` of an 8-row group: a
+//! ggml's plain AVX2 order (`ggml_vec_dot_q4_0_q8_0`; `avx2::Q4_1` keeps it)
+//! has 8 f32 lanes per (row, token), so each 32-element block costs six
+//! instructions per pair (two integer multiplies, an add, then convert, scale
+//! and FMA) and prefill is bound by them. Here lane `i` of a vector is row `i` of an 8-row group: a
 //! block's 8 rows are transposed in registers into 8 vectors (vector `g`:
 //! elements 4g..4g+3 of each row, as bytes), and a token's block is 8
 //! `vpmaddubsw` against its 4-byte groups broadcast from memory, summed as
@@ -50,7 +50,8 @@ trait RowTile {
     /// Bytes of one weight block.
     const WB: usize;
     /// Tokens `t0..t0+T` × the 8 rows, into `out[t]`; `next` is the next
-    /// group's first byte (prefetched; may be past the panel).
+    /// group's first byte (prefetched; may be past the panel), or null when an
+    /// earlier tile of the group has already prefetched it.
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]);
 }
 
@@ -58,6 +59,9 @@ trait RowTile {
 /// group's blocks as one sequential stream (its rows are contiguous).
 #[inline(always)]
 unsafe fn prefetch_next<const WB: usize>(next: *const u8, b: usize) {
+    if next.is_null() {
+        return;
+    }
     let pf = next.wrapping_add(b * LANES * WB);
     for l in (0..LANES * WB).step_by(64) {
         _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
@@ -111,6 +115,24 @@ unsafe fn scales8<R: Rows>(rows: &R, o: usize) -> __m256 {
     )
 }
 
+/// The low nibble of every byte.
+#[inline(always)]
+unsafe fn lo4(v: __m256i) -> __m256i {
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+}
+
+/// The high nibble of every byte.
+#[inline(always)]
+unsafe fn hi4(v: __m256i) -> __m256i {
+    lo4(_mm256_srli_epi16::<4>(v))
+}
+
+/// The (unaligned) 4 bytes at `p` in every dword lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
 /// Block `off` of the 8 rows: 8 vectors, vector `g` holding the nibbles of
 /// elements 4g..4g+3 of row i in dword lane i (elements 16.. are the high
 /// nibbles: vector 4 + h comes from the same bytes as vector h); and the
@@ -118,24 +140,8 @@ unsafe fn scales8<R: Rows>(rows: &R, o: usize) -> __m256 {
 #[inline(always)]
 unsafe fn load8<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], __m256) {
     let u = transpose4x4_rows(rows, off + 2);
-    let m = _mm256_set1_epi8(0x0f);
-    let w = [
-        _mm256_and_si256(u[0], m),
-        _mm256_and_si256(u[1], m),
-        _mm256_and_si256(u[2], m),
-        _mm256_and_si256(u[3], m),
-        _mm256_and_si256(_mm256_srli_epi16::<4>(u[0]), m),
-        _mm256_and_si256(_mm256_srli_epi16::<4>(u[1]), m),
-        _mm256_and_si256(_mm256_srli_epi16::<4>(u[2]), m),
-        _mm256_and_si256(_mm256_srli_epi16::<4>(u[3]), m),
-    ];
+    let w = [lo4(u[0]), lo4(u[1]), lo4(u[2]), lo4(u[3]), hi4(u[0]), hi4(u[1]), hi4(u[2]), hi4(u[3])];
     (w, scales8(rows, off))
-}
-
-/// 4-byte group `k` of the Q8_0 block at `a`, in every dword lane.
-#[inline(always)]
-unsafe fn group_at(a: *const u8, k: usize) -> __m256i {
-    _mm256_set1_epi32(std::ptr::read_unaligned(a.add(2 + 4 * k) as *const i32))
 }
 
 /// Q4_0 weights × Q8_0 activations.
@@ -144,36 +150,32 @@ impl RowTile for Q4_0 {
     const WB: usize = 18;
     #[inline(always)]
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
-        q4_0_tile::<R, T>(p, rows, next, t0, out)
-    }
-}
-
-#[inline(always)]
-unsafe fn q4_0_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, acc_out: &mut [[f32; LANES]; MAX_T]) {
-    let nb = p.cols / 32;
-    let ap = p.act.as_ptr().add(t0 * p.act_stride);
-    let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for b in 0..nb {
-        let off = b * Q4_0::WB;
-        prefetch_next::<{ Q4_0::WB }>(next, b);
-        let (w, dw) = load8(rows, off);
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let a = ap.add(t * p.act_stride + b * 34);
-            let mut s = _mm256_maddubs_epi16(w[0], group_at(a, 0));
-            for (k, w) in w.iter().enumerate().skip(1) {
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, group_at(a, k)));
+        let nb = p.cols / 32;
+        let ap = p.act.as_ptr().add(t0 * p.act_stride);
+        let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let off = b * Self::WB;
+            prefetch_next::<{ Self::WB }>(next, b);
+            let (w, dw) = load8(rows, off);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                // The Q8_0 block's quants from byte 2; group k = bytes 2 + 4k...
+                let a = ap.add(t * p.act_stride + b * 34);
+                let mut s = _mm256_maddubs_epi16(w[0], bcast4(a.add(2)));
+                for (k, w) in w.iter().enumerate().skip(1) {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, bcast4(a.add(2 + 4 * k))));
+                }
+                // The block's integer dot: -8 sum(a) + sum(u a).
+                let bias = bcast4(sp.add((t * nb + b) * 4));
+                let i = _mm256_add_epi32(_mm256_madd_epi16(s, ones), bias);
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(a)));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), *acc);
             }
-            // The block's integer dot: -8 sum(a) + sum(u a).
-            let bias = _mm256_set1_epi32(std::ptr::read_unaligned(sp.add((t * nb + b) * 4) as *const i32));
-            let i = _mm256_add_epi32(_mm256_madd_epi16(s, ones), bias);
-            let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(a)));
-            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), *acc);
         }
-    }
-    for (t, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(acc_out[t].as_mut_ptr(), *acc);
+        for (t, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), *acc);
+        }
     }
 }
 
@@ -181,11 +183,13 @@ unsafe fn q4_0_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *con
 #[inline(always)]
 unsafe fn group<K: RowTile, R: Rows>(p: &Panel<'_>, rows: &R, r0: usize, out: &mut [f32]) {
     let n = LANES.min(p.n_rows - r0);
-    let next = p.w.as_ptr().wrapping_add((r0 + LANES) * p.row_stride);
+    let next_group = p.w.as_ptr().wrapping_add((r0 + LANES) * p.row_stride);
     let mut buf = [[0f32; LANES]; MAX_T];
     let mut t0 = 0;
     while t0 < p.n_tokens {
         let nt = MAX_T.min(p.n_tokens - t0);
+        // The first tile prefetches the next group; the others find it cached.
+        let next = if t0 == 0 { next_group } else { std::ptr::null() };
         match nt {
             1 => K::tile::<R, 1>(p, rows, next, t0, &mut buf),
             2 => K::tile::<R, 2>(p, rows, next, t0, &mut buf),
@@ -229,16 +233,6 @@ pub(super) fn panel_q4_k(p: &Panel<'_>, out: &mut [f32]) {
     unsafe { run::<Q4K>(p, out) }
 }
 
-/// Q4_K weights × Q8_K activations (see the module docs).
-struct Q4K;
-impl RowTile for Q4K {
-    const WB: usize = 144;
-    #[inline(always)]
-    unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
-        q4_k_tile::<R, T>(p, rows, next, t0, out)
-    }
-}
-
 /// The 8 rows' scales and mins of the super-block at `off`, one row per
 /// dword lane: `sc[j]` = (scale j, scale j) as two i16 (the `vpmaddwd`
 /// factor of sub-block j's i16 pair sums), `mn[k]` = (min 2k, min 2k+1) as
@@ -251,10 +245,7 @@ unsafe fn q4_k_scales<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], [__m256i;
     let (km1, km2, km3) = (_mm256_set1_epi32(0x3f3f3f3f), _mm256_set1_epi32(0x0f0f0f0f), _mm256_set1_epi32(0x03030303));
     let sc_lo = _mm256_and_si256(u[0], km1);
     let mn_lo = _mm256_and_si256(u[1], km1);
-    let sc_hi = _mm256_or_si256(
-        _mm256_and_si256(u[2], km2),
-        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[0]), km3)),
-    );
+    let sc_hi = _mm256_or_si256(_mm256_and_si256(u[2], km2), _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[0]), km3)));
     let mn_hi = _mm256_or_si256(
         _mm256_and_si256(_mm256_srli_epi32::<4>(u[2]), km2),
         _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[1]), km3)),
@@ -303,76 +294,61 @@ unsafe fn transpose8x32<R: Rows>(rows: &R, off: usize) -> [__m256i; 8] {
 unsafe fn q4_k_sub<const T: usize>(w: &[__m256i; 8], sc: __m256i, ap: *const u8, stride: usize, j: usize, isum: &mut [__m256i; T]) {
     for (t, isum) in isum.iter_mut().enumerate() {
         let a = ap.add(t * stride + 4 + 32 * j);
-        let mut s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(std::ptr::read_unaligned(a as *const i32)));
+        let mut s = _mm256_maddubs_epi16(w[0], bcast4(a));
         for (g, w) in w.iter().enumerate().skip(1) {
-            let x = _mm256_set1_epi32(std::ptr::read_unaligned(a.add(4 * g) as *const i32));
-            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, x));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, bcast4(a.add(4 * g))));
         }
         *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(s, sc));
     }
 }
 
-#[inline(always)]
-unsafe fn q4_k_tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
-    let nsb = p.cols / 256;
-    let ap = p.act.as_ptr().add(t0 * p.act_stride);
-    let mut acc = [_mm256_setzero_ps(); T];
-    let mut acc_min = [_mm256_setzero_ps(); T];
-    let m4 = _mm256_set1_epi8(0x0f);
-    for b in 0..nsb {
-        let off = b * Q4K::WB;
-        prefetch_next::<{ Q4K::WB }>(next, b);
-        let (sc, mn, dw, dminw) = q4_k_scales(rows, off);
-        let ab = ap.add(b * 292);
-        // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
-        for (t, acc_min) in acc_min.iter_mut().enumerate() {
-            let a = ab.add(t * p.act_stride);
-            let bs = _mm256_loadu_si256(a.add(260) as *const __m256i);
-            // [sum of sub-block 0, .., 7] as i16 (|sum| ≤ 32 · 128).
-            let s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
-            let b01 = _mm256_broadcastd_epi32(s32);
-            let b23 = _mm256_broadcastd_epi32(_mm_srli_si128::<4>(s32));
-            let b45 = _mm256_broadcastd_epi32(_mm_srli_si128::<8>(s32));
-            let b67 = _mm256_broadcastd_epi32(_mm_srli_si128::<12>(s32));
-            let imin = _mm256_add_epi32(
-                _mm256_add_epi32(_mm256_madd_epi16(mn[0], b01), _mm256_madd_epi16(mn[1], b23)),
-                _mm256_add_epi32(_mm256_madd_epi16(mn[2], b45), _mm256_madd_epi16(mn[3], b67)),
-            );
-            let da = _mm256_set1_ps(std::ptr::read_unaligned(a as *const f32));
-            *acc_min = _mm256_fmadd_ps(_mm256_mul_ps(dminw, da), _mm256_cvtepi32_ps(imin), *acc_min);
-        }
-        let mut isum = [_mm256_setzero_si256(); T];
-        for jj in 0..4 {
-            let raw = transpose8x32(rows, off + 16 + 32 * jj);
-            let lo = [
-                _mm256_and_si256(raw[0], m4),
-                _mm256_and_si256(raw[1], m4),
-                _mm256_and_si256(raw[2], m4),
-                _mm256_and_si256(raw[3], m4),
-                _mm256_and_si256(raw[4], m4),
-                _mm256_and_si256(raw[5], m4),
-                _mm256_and_si256(raw[6], m4),
-                _mm256_and_si256(raw[7], m4),
-            ];
-            q4_k_sub::<T>(&lo, sc[2 * jj], ab, p.act_stride, 2 * jj, &mut isum);
-            let hi = [
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[0]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[1]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[2]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[3]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[4]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[5]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[6]), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw[7]), m4),
-            ];
-            q4_k_sub::<T>(&hi, sc[2 * jj + 1], ab, p.act_stride, 2 * jj + 1, &mut isum);
+/// Q4_K weights × Q8_K activations (see the module docs).
+struct Q4K;
+impl RowTile for Q4K {
+    const WB: usize = 144;
+    #[inline(always)]
+    unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
+        let nsb = p.cols / 256;
+        let ap = p.act.as_ptr().add(t0 * p.act_stride);
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut acc_min = [_mm256_setzero_ps(); T];
+        for b in 0..nsb {
+            let off = b * Self::WB;
+            prefetch_next::<{ Self::WB }>(next, b);
+            let (sc, mn, dw, dminw) = q4_k_scales(rows, off);
+            let ab = ap.add(b * 292);
+            // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
+            for (t, acc_min) in acc_min.iter_mut().enumerate() {
+                let a = ab.add(t * p.act_stride);
+                let bs = _mm256_loadu_si256(a.add(260) as *const __m256i);
+                // [sum of sub-block 0, .., 7] as i16 (|sum| ≤ 32 · 128).
+                let s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+                let b01 = _mm256_broadcastd_epi32(s32);
+                let b23 = _mm256_broadcastd_epi32(_mm_srli_si128::<4>(s32));
+                let b45 = _mm256_broadcastd_epi32(_mm_srli_si128::<8>(s32));
+                let b67 = _mm256_broadcastd_epi32(_mm_srli_si128::<12>(s32));
+                let imin = _mm256_add_epi32(
+                    _mm256_add_epi32(_mm256_madd_epi16(mn[0], b01), _mm256_madd_epi16(mn[1], b23)),
+                    _mm256_add_epi32(_mm256_madd_epi16(mn[2], b45), _mm256_madd_epi16(mn[3], b67)),
+                );
+                let da = _mm256_set1_ps(std::ptr::read_unaligned(a as *const f32));
+                *acc_min = _mm256_fmadd_ps(_mm256_mul_ps(dminw, da), _mm256_cvtepi32_ps(imin), *acc_min);
+            }
+            let mut isum = [_mm256_setzero_si256(); T];
+            for jj in 0..4 {
+                let raw = transpose8x32(rows, off + 16 + 32 * jj);
+                let lo = [lo4(raw[0]), lo4(raw[1]), lo4(raw[2]), lo4(raw[3]), lo4(raw[4]), lo4(raw[5]), lo4(raw[6]), lo4(raw[7])];
+                q4_k_sub::<T>(&lo, sc[2 * jj], ab, p.act_stride, 2 * jj, &mut isum);
+                let hi = [hi4(raw[0]), hi4(raw[1]), hi4(raw[2]), hi4(raw[3]), hi4(raw[4]), hi4(raw[5]), hi4(raw[6]), hi4(raw[7])];
+                q4_k_sub::<T>(&hi, sc[2 * jj + 1], ab, p.act_stride, 2 * jj + 1, &mut isum);
+            }
+            for t in 0..T {
+                let da = _mm256_set1_ps(std::ptr::read_unaligned(ab.add(t * p.act_stride) as *const f32));
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            }
         }
         for t in 0..T {
-            let da = _mm256_set1_ps(std::ptr::read_unaligned(ab.add(t * p.act_stride) as *const f32));
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(acc[t], acc_min[t]));
         }
-    }
-    for t in 0..T {
-        _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(acc[t], acc_min[t]));
     }
 }

@@ -49,8 +49,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q3_k: avx2::KERNELS.panel_q3_k,
 };
 
-/// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`), Q4_1 two
-/// rows per vector (`avx512_pair`, ggml's arithmetic: SmolLM2's reference).
+/// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`; Q4_K AVX2's
+/// rows, from `KERNELS`), Q4_1 two rows per vector (`avx512_pair`, ggml's
+/// arithmetic: SmolLM2's reference).
 pub(super) static KERNELS_VNNI: Kernels = Kernels {
     row_lanes: &[GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K],
     // Rows too long for the gather offsets: AVX2's rows, the same order.
