@@ -283,6 +283,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
 }
 
 #[cfg(test)]
+pub(crate) fn quantize_with(level: SimdLevel, wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    quantize_activations_with(Kernels::for_level(level).unwrap(), wty, x, out)
+}
+
+#[cfg(test)]
 mod queue_tests {
     use super::{PanelQueue, PANEL_ROWS};
 
@@ -317,9 +322,4 @@ mod queue_tests {
         let q = PanelQueue::new(4096, 2, 4096);
         assert_eq!(q.take(), Some((0, 1024)));
     }
-}
-
-#[cfg(test)]
-pub(crate) fn quantize_with(level: SimdLevel, wty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
-    quantize_activations_with(Kernels::for_level(level).unwrap(), wty, x, out)
 }
