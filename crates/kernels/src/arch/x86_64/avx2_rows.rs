@@ -105,16 +105,22 @@ unsafe fn transpose4x4_rows<R: Rows>(rows: &R, o: usize) -> [__m256i; 4] {
 /// which were a quarter of the decode loop.
 #[inline(always)]
 unsafe fn scales8<R: Rows>(rows: &R, o: usize) -> __m256 {
-    let h = |i: usize| std::ptr::read_unaligned(rows.at(i, o) as *const u16) as i32;
-    let mut v = _mm_cvtsi32_si128(h(0));
-    v = _mm_insert_epi16::<1>(v, h(1));
-    v = _mm_insert_epi16::<2>(v, h(2));
-    v = _mm_insert_epi16::<3>(v, h(3));
-    v = _mm_insert_epi16::<4>(v, h(4));
-    v = _mm_insert_epi16::<5>(v, h(5));
-    v = _mm_insert_epi16::<6>(v, h(6));
-    v = _mm_insert_epi16::<7>(v, h(7));
+    let mut v = _mm_cvtsi32_si128(f16_bits(rows, 0, o));
+    v = _mm_insert_epi16::<1>(v, f16_bits(rows, 1, o));
+    v = _mm_insert_epi16::<2>(v, f16_bits(rows, 2, o));
+    v = _mm_insert_epi16::<3>(v, f16_bits(rows, 3, o));
+    v = _mm_insert_epi16::<4>(v, f16_bits(rows, 4, o));
+    v = _mm_insert_epi16::<5>(v, f16_bits(rows, 5, o));
+    v = _mm_insert_epi16::<6>(v, f16_bits(rows, 6, o));
+    v = _mm_insert_epi16::<7>(v, f16_bits(rows, 7, o));
     _mm256_cvtph_ps(v)
+}
+
+/// The f16 bits at byte `o` of row `i`. (A function, not a closure: closures
+/// are not reliably inlined into target-feature code.)
+#[inline(always)]
+unsafe fn f16_bits<R: Rows>(rows: &R, i: usize, o: usize) -> i32 {
+    std::ptr::read_unaligned(rows.at(i, o) as *const u16) as i32
 }
 
 /// The low nibble of every byte.
