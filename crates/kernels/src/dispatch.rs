@@ -2,7 +2,7 @@
 //!
 //! Every kernel family exists once per [`SimdLevel`]; a [`Kernels`] table of
 //! plain function pointers is built per level and the best one the CPU
-//! supports is picked once ([`Kernels::active`]). `HEARTH_SIMD=scalar|avx2|avx512`
+//! supports is picked once ([`Kernels::active`]). `HEARTH_SIMD=scalar|avx2|avxvnni|avx512`
 //! caps the level (tests, benchmarks, bisecting a numerical difference).
 //! Nothing requires `-C target-cpu=native`.
 //!
@@ -20,19 +20,23 @@ pub enum SimdLevel {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 + FMA + F16C with AVX-VNNI (VEX `vpdpbusd` on 256-bit vectors:
+    /// Intel since Alder Lake, AMD Zen 5). Bit-identical to `Avx2`.
+    AvxVnni,
     /// x86-64 AVX-512 F+BW+VL (+ VNNI `vpdpbusd` for integer dots when present).
     Avx512,
 }
 
 impl SimdLevel {
     /// Every level, lowest first.
-    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+    pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512];
 
-    /// `"scalar"`, `"avx2"` or `"avx512"`.
+    /// `"scalar"`, `"avx2"`, `"avxvnni"` or `"avx512"`.
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::AvxVnni => "avxvnni",
             SimdLevel::Avx512 => "avx512",
         }
     }
@@ -159,22 +163,23 @@ impl Kernels {
     }
 
     /// The activation type the panel for weights `wty` reads: ggml's
-    /// `vec_dot_type(wty)`, except F16 weights at the avx512 level, whose panels
+    /// `vec_dot_type(wty)`, except F16 weights at the SIMD levels, whose panels
     /// read f32 activations holding f16-rounded values (the same numbers as
     /// ggml's f16 activations, stored so the tiles multiply them without a
     /// convert per use: see [`crate::matmul`]).
     pub fn act_type(&self, wty: GgmlType) -> GgmlType {
         match (self.level, wty) {
-            (SimdLevel::Avx512, GgmlType::F16) => GgmlType::F32,
+            (SimdLevel::Scalar, _) => hearth_quant::vec_dot_type(wty),
+            (_, GgmlType::F16) => GgmlType::F32,
             _ => hearth_quant::vec_dot_type(wty),
         }
     }
 
     /// The quantizer of the activations the panel for `wty` reads (see [`act_type`](Self::act_type)).
     pub fn act_quantize(&self, wty: GgmlType) -> Option<QuantFn> {
-        match (self.level, wty) {
-            (SimdLevel::Avx512, GgmlType::F16) => Some(crate::matmul::quantize_f16_as_f32),
-            _ => self.quantize(hearth_quant::vec_dot_type(wty)),
+        match self.act_type(wty) {
+            GgmlType::F32 if wty == GgmlType::F16 => Some(crate::matmul::quantize_f16_as_f32),
+            aty => self.quantize(aty),
         }
     }
 
@@ -220,7 +225,7 @@ impl Kernels {
                 let level = SimdLevel::from_name(&s);
                 if level.is_none() && !s.trim().is_empty() {
                     // A typo must not silently mean "no cap".
-                    eprintln!("warning: HEARTH_SIMD={s:?} is none of scalar, avx2, avx512; using the best level");
+                    eprintln!("warning: HEARTH_SIMD={s:?} is none of scalar, avx2, avxvnni, avx512; using the best level");
                 }
                 level
             });

@@ -804,3 +804,44 @@ fn avx2_low_k_dots_are_bit_identical_to_ggml_avx2_order() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The avxvnni level gives the avx2 level's bits for every weight type:
+    /// its integer step (`vpdpbusd`) yields the same i32 sums as AVX2's
+    /// `vpmaddubsw` + `vpmaddwd` (`arch/x86_64/int_dot.rs`). Skipped on CPUs
+    /// without AVX-VNNI.
+    #[test]
+    fn avxvnni_equals_avx2(
+        seed in any::<u64>(),
+        ti in 0usize..13,
+        rows in 1usize..=40,
+        nb in 1usize..=13,
+        tokens in 1usize..=26,
+        zero in prop::bool::weighted(0.1),
+    ) {
+        let (Some(avx2), Some(vnni)) = (Kernels::for_level(SimdLevel::Avx2), Kernels::for_level(SimdLevel::AvxVnni)) else {
+            return Ok(());
+        };
+        let wty = if ti < 6 { WTYPES[ti] } else { QTYPES[ti - 6] };
+        let cols = match wty.block_size() {
+            1 => nb * 32 - (seed % 17) as usize,
+            _ => paired_cols(wty, nb),
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let aty = vec_dot_type(wty);
+        let wrb = nbytes(wty, cols);
+        let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
+        let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
+        let run = |k: &Kernels| {
+            let (ka, karb) = level_acts(k, wty, &a, cols);
+            let sums = act_sums(k, wty, &ka, karb, cols);
+            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &ka, act_stride: karb, n_tokens: tokens, act_sums: &sums };
+            let mut o = vec![f32::NAN; rows * tokens];
+            (k.panel(wty).unwrap())(&p, &mut o);
+            bits(&o)
+        };
+        prop_assert!(run(avx2) == run(vnni), "{} rows={} cols={} tokens={}: avxvnni differs from avx2", wty, rows, cols, tokens);
+    }
+}

@@ -91,12 +91,13 @@ fn read_f32(name: &str) -> Vec<f32> {
 }
 
 /// Whether every kernel this file needs sums in ggml's AVX2 order, as llama.cpp did when
-/// it made the references: the avx2 level (also `HEARTH_SIMD=avx2` on an AVX-512 CPU).
-/// The avx512 level's Q8_0 kernels sum one row per lane in their own order (faster,
+/// it made the references: the avx2 level (also `HEARTH_SIMD=avx2` on an AVX-512 CPU),
+/// and the avxvnni level, whose integer dots give the avx2 level's bits. The avx512 level's Q8_0 kernels sum one row per lane in their own order (faster,
 /// see docs/BENCHMARKS.md), and the scalar level in ggml's `*_generic` order, which
 /// llama.cpp does not run on x86: there the tests check the near-tie rules instead.
 fn avx2_kernels() -> bool {
-    hearth_kernels::SimdLevel::active() == hearth_kernels::SimdLevel::Avx2
+    use hearth_kernels::SimdLevel;
+    matches!(SimdLevel::active(), SimdLevel::Avx2 | SimdLevel::AvxVnni)
 }
 
 /// Last-position logits against llama.cpp's default run, whose Q4_K and Q8_0 weights are

@@ -15,12 +15,14 @@
 //! whole step) from making our logits drift from llama.cpp's.
 
 use super::avx2_k;
-use super::avx2_rows;
 use super::avx2_k_low;
+use super::avx2_rows;
+use super::int_dot::{IntDot, Madd};
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 pub(super) static KERNELS: Kernels = Kernels {
     level: SimdLevel::Avx2,
@@ -32,34 +34,45 @@ pub(super) static KERNELS: Kernels = Kernels {
     // ggml's x86 build quantizes Q8_K activations with the reference code.
     quantize_q8_k: hearth_quant::k::quantize_row_q8_k,
     panel_q4_0: avx2_rows::panel_q4_0,
-    panel_q4_1: |p, o| panel::<Q4_1>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| panel::<Q8_0>(p, o, GgmlType::Q8_0),
-    panel_f32: |p, o| panel::<F32>(p, o, GgmlType::F32),
-    panel_f16: |p, o| panel::<F16>(p, o, GgmlType::F16),
-    panel_bf16: |p, o| panel::<BF16>(p, o, GgmlType::BF16),
-    panel_q5_0: |p, o| panel::<avx2_k::Q5_0>(p, o, GgmlType::Q8_0),
-    panel_q5_1: |p, o| panel::<avx2_k::Q5_1>(p, o, GgmlType::Q8_1),
+    panel_q4_1: |p, o| panel::<Q4_1<Madd>, 2, 4>(p, o, GgmlType::Q8_1),
+    panel_q8_0: |p, o| panel::<Q8_0<Madd>, 2, 4>(p, o, GgmlType::Q8_0),
+    panel_f32: |p, o| panel::<F32, 2, 4>(p, o, GgmlType::F32),
+    // F16 × f32 (f16-rounded) activations, as at the avx512 level: only the
+    // weights are converted, once per step for the tile's 6 tokens (12
+    // accumulators + 2 weights of the 16 registers; each activation is an
+    // FMA memory operand).
+    panel_f16: |p, o| panel::<F16, 2, 6>(p, o, GgmlType::F32),
+    panel_bf16: |p, o| panel::<BF16, 2, 4>(p, o, GgmlType::BF16),
+    panel_q5_0: |p, o| panel::<avx2_k::Q5_0<Madd>, 2, 4>(p, o, GgmlType::Q8_0),
+    panel_q5_1: |p, o| panel::<avx2_k::Q5_1<Madd>, 2, 4>(p, o, GgmlType::Q8_1),
     panel_q4_k: avx2_rows::panel_q4_k,
-    panel_q6_k: |p, o| panel::<avx2_k::Q6K>(p, o, GgmlType::Q8_K),
-    panel_q5_k: |p, o| panel::<avx2_k::Q5K>(p, o, GgmlType::Q8_K),
-    panel_q2_k: |p, o| panel::<avx2_k_low::Q2K>(p, o, GgmlType::Q8_K),
-    panel_q3_k: |p, o| panel::<avx2_k_low::Q3K>(p, o, GgmlType::Q8_K),
+    panel_q6_k: |p, o| panel::<avx2_k::Q6K, 2, 4>(p, o, GgmlType::Q8_K),
+    panel_q5_k: |p, o| panel::<avx2_k::Q5K, 2, 4>(p, o, GgmlType::Q8_K),
+    panel_q2_k: |p, o| panel::<avx2_k_low::Q2K, 2, 4>(p, o, GgmlType::Q8_K),
+    panel_q3_k: |p, o| panel::<avx2_k_low::Q3K, 2, 4>(p, o, GgmlType::Q8_K),
 };
 
 #[inline(always)]
-fn panel<F: Fmt>(p: &Panel<'_>, out: &mut [f32], aty: GgmlType) {
+fn panel<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32], aty: GgmlType) {
     p.check(aty, out);
     // SAFETY: this table is only handed out when AVX2, FMA and F16C were
     // detected, and `check` bounds every access of the panel.
-    unsafe { panel_avx2::<F>(p, out) }
+    unsafe { panel_avx2::<F, R, T>(p, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_avx2<F: Fmt>(p: &Panel<'_>, out: &mut [f32]) {
+unsafe fn panel_avx2<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
+    tiles::<F, R, T>(p, out)
+}
+
+/// The panel in the 256-bit levels' tiles: 4 rows for a matvec (one
+/// activation step shared by more rows), R rows × T tokens otherwise.
+#[inline(always)]
+pub(super) unsafe fn tiles<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
     if p.n_tokens == 1 {
         run_panel::<F, 4, 1>(p, out)
     } else {
-        run_panel::<F, 2, 4>(p, out)
+        run_panel::<F, R, T>(p, out)
     }
 }
 
@@ -72,16 +85,10 @@ pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_and_si256(_mm256_srlv_epi64(qs, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f))
 }
 
-/// Sum of u8 × i8 products in 8 groups of 4 bytes.
-#[inline(always)]
-unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-}
-
 /// Q4_1 weights × Q8_1 activations: `d_w d_a sumi + m_w s_a` per block; the
 /// `m_w s_a` terms go to lane 0 of a second accumulator, added after the horizontal sum.
-pub(super) struct Q4_1;
-impl Fmt for Q4_1 {
+pub(super) struct Q4_1<D>(PhantomData<D>);
+impl<D: IntDot> Fmt for Q4_1<D> {
     const EPB: usize = 32;
     const WB: usize = 20;
     const AB: usize = 36;
@@ -107,7 +114,7 @@ impl Fmt for Q4_1 {
     }
     #[inline(always)]
     unsafe fn pair(acc: Self::Acc, w: Self::W, a: Self::A) -> Self::Acc {
-        let i = dot_u8i8(w.0, a.0);
+        let i = D::dot(w.0, a.0);
         (_mm256_fmadd_ps(_mm256_mul_ps(w.1, a.1), _mm256_cvtepi32_ps(i), acc.0), _mm256_fmadd_ps(w.2, a.2, acc.1))
     }
     #[inline(always)]
@@ -117,8 +124,8 @@ impl Fmt for Q4_1 {
 }
 
 /// Q8_0 weights × Q8_0 activations (sign trick).
-pub(super) struct Q8_0;
-impl Fmt for Q8_0 {
+pub(super) struct Q8_0<D>(PhantomData<D>);
+impl<D: IntDot> Fmt for Q8_0<D> {
     const EPB: usize = 32;
     const WB: usize = 34;
     const AB: usize = 34;
@@ -142,7 +149,7 @@ impl Fmt for Q8_0 {
     }
     #[inline(always)]
     unsafe fn pair(acc: __m256, w: Self::W, a: Self::A) -> __m256 {
-        let i = dot_u8i8(w.1, _mm256_sign_epi8(a.0, w.0));
+        let i = D::dot(w.1, _mm256_sign_epi8(a.0, w.0));
         _mm256_fmadd_ps(_mm256_mul_ps(w.2, a.1), _mm256_cvtepi32_ps(i), acc)
     }
     #[inline(always)]
@@ -151,14 +158,16 @@ impl Fmt for Q8_0 {
     }
 }
 
+/// A plain-float format, 8 lanes: weights of `$wsz` bytes per element read with
+/// `$wload` / `$wrd` (tail), activations of `$asz` bytes with `$aload` / `$ard`.
 macro_rules! float_fmt {
-    ($name:ident, $esz:literal, $load:expr, $scalar:path) => {
-        /// Plain float weights × the same type of activations, 8 lanes.
+    ($(#[$doc:meta])* $name:ident, ($wsz:literal, $wload:expr, $wrd:path), ($asz:literal, $aload:expr, $ard:path)) => {
+        $(#[$doc])*
         pub(super) struct $name;
         impl Fmt for $name {
             const EPB: usize = 8;
-            const WB: usize = 8 * $esz;
-            const AB: usize = 8 * $esz;
+            const WB: usize = 8 * $wsz;
+            const AB: usize = 8 * $asz;
             type W = __m256;
             type A = __m256;
             type Acc = __m256;
@@ -168,11 +177,11 @@ macro_rules! float_fmt {
             }
             #[inline(always)]
             unsafe fn load_w(p: *const u8) -> __m256 {
-                $load(p)
+                $wload(p)
             }
             #[inline(always)]
             unsafe fn load_a(p: *const u8) -> __m256 {
-                $load(p)
+                $aload(p)
             }
             #[inline(always)]
             unsafe fn pair(acc: __m256, w: __m256, a: __m256) -> __m256 {
@@ -184,8 +193,8 @@ macro_rules! float_fmt {
             }
             #[inline(always)]
             unsafe fn tail(w: *const u8, a: *const u8, n: usize) -> f32 {
-                let (w, a) = (std::slice::from_raw_parts(w, n * $esz), std::slice::from_raw_parts(a, n * $esz));
-                tail_dot(n, |i| $scalar(w, i), |i| $scalar(a, i))
+                let (w, a) = (std::slice::from_raw_parts(w, n * $wsz), std::slice::from_raw_parts(a, n * $asz));
+                tail_dot(n, |i| $wrd(w, i), |i| $ard(a, i))
             }
         }
     };
@@ -213,9 +222,20 @@ pub(super) fn rd_bf16(b: &[u8], i: usize) -> f32 {
     f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
 }
 
-float_fmt!(F32, 4, load_f32, rd_f32);
-float_fmt!(F16, 2, load_f16, rd_f16);
-float_fmt!(BF16, 2, load_bf16, rd_bf16);
+float_fmt!(
+    /// F32 weights × f32 activations.
+    F32, (4, load_f32, rd_f32), (4, load_f32, rd_f32)
+);
+float_fmt!(
+    /// F16 weights × f32 activations holding f16-rounded values
+    /// (`Kernels::act_type`): the products of f16 × f16, without a convert
+    /// per activation use.
+    F16, (2, load_f16, rd_f16), (4, load_f32, rd_f32)
+);
+float_fmt!(
+    /// BF16 weights × bf16 activations.
+    BF16, (2, load_bf16, rd_bf16), (2, load_bf16, rd_bf16)
+);
 
 // ---- activation quantization ----------------------------------------------
 

@@ -14,8 +14,10 @@
 //! sixteen registers of unpacked quants).
 
 use super::avx2::nibbles;
+use super::int_dot::IntDot;
 use super::tile::{f16_at, hsum256, Fmt};
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 /// ggml's `bytes_from_bits_32`: bit j of the u32 at `p` → byte j = 0xFF or 0.
 #[inline(always)]
@@ -28,23 +30,23 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
 }
 
 /// Sum of i8 × i8 products in 8 groups of 4 bytes, as float (ggml's
-/// `mul_sum_i8_pairs_float`: `|x|` and `sign(y, x)` through maddubs).
+/// `mul_sum_i8_pairs_float`: `|x|` and `sign(y, x)` through an unsigned dot).
 #[inline(always)]
-unsafe fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256 {
+unsafe fn mul_sum_i8_pairs<D: IntDot>(x: __m256i, y: __m256i) -> __m256 {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1)))
+    _mm256_cvtepi32_ps(D::dot(ax, sy))
 }
 
 /// u8 × i8 products in 8 groups of 4, as float (`mul_sum_us8_pairs_float`).
 #[inline(always)]
-unsafe fn mul_sum_us8_pairs(x: __m256i, y: __m256i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)))
+unsafe fn mul_sum_us8_pairs<D: IntDot>(x: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(D::dot(x, y))
 }
 
 /// Q5_0 weights × Q8_0 activations.
-pub(super) struct Q5_0;
-impl Fmt for Q5_0 {
+pub(super) struct Q5_0<D>(PhantomData<D>);
+impl<D: IntDot> Fmt for Q5_0<D> {
     const EPB: usize = 32;
     const WB: usize = 22;
     const AB: usize = 34;
@@ -70,7 +72,7 @@ impl Fmt for Q5_0 {
     #[inline(always)]
     unsafe fn pair(acc: __m256, w: Self::W, a: Self::A) -> __m256 {
         let d = _mm256_set1_ps(w.1 * a.1);
-        _mm256_fmadd_ps(d, mul_sum_i8_pairs(w.0, a.0), acc)
+        _mm256_fmadd_ps(d, mul_sum_i8_pairs::<D>(w.0, a.0), acc)
     }
     #[inline(always)]
     unsafe fn finish(acc: __m256) -> f32 {
@@ -79,8 +81,8 @@ impl Fmt for Q5_0 {
 }
 
 /// Q5_1 weights × Q8_1 activations; `m_w · s_a` summed apart (ggml's `summs`).
-pub(super) struct Q5_1;
-impl Fmt for Q5_1 {
+pub(super) struct Q5_1<D>(PhantomData<D>);
+impl<D: IntDot> Fmt for Q5_1<D> {
     const EPB: usize = 32;
     const WB: usize = 24;
     const AB: usize = 36;
@@ -104,7 +106,7 @@ impl Fmt for Q5_1 {
     }
     #[inline(always)]
     unsafe fn pair(acc: Self::Acc, w: Self::W, a: Self::A) -> Self::Acc {
-        let q = mul_sum_us8_pairs(w.0, a.0);
+        let q = mul_sum_us8_pairs::<D>(w.0, a.0);
         let d = _mm256_mul_ps(_mm256_set1_ps(w.1), _mm256_set1_ps(a.1));
         (_mm256_fmadd_ps(q, d, acc.0), w.2.mul_add(a.2, acc.1))
     }

@@ -34,10 +34,12 @@
 //! llama.cpp's repacked `ggml_gemm_q4_K_8x8_q8_K` / `gemv`, which its x86
 //! build uses for Q4_K by default; not ggml's plain `ggml_vec_dot_q4_K_q8_K`.
 
+use super::int_dot::{IntDot, Madd, Vnni};
 use super::rows::{Listed, Rows, Strided};
 use super::tile::f16_at;
 use crate::dispatch::Panel;
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 /// Rows per lane group.
 const LANES: usize = 8;
@@ -141,6 +143,21 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
 }
 
+/// The 8 (unaligned) 4-byte groups from `p` on, each in every dword lane.
+#[inline(always)]
+unsafe fn bcast4x8(p: *const u8) -> [__m256i; 8] {
+    [
+        bcast4(p),
+        bcast4(p.add(4)),
+        bcast4(p.add(8)),
+        bcast4(p.add(12)),
+        bcast4(p.add(16)),
+        bcast4(p.add(20)),
+        bcast4(p.add(24)),
+        bcast4(p.add(28)),
+    ]
+}
+
 /// Block `off` of the 8 rows: 8 vectors, vector `g` holding the nibbles of
 /// elements 4g..4g+3 of row i in dword lane i (elements 16.. are the high
 /// nibbles: vector 4 + h comes from the same bytes as vector h); and the
@@ -152,31 +169,30 @@ unsafe fn load8<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], __m256) {
     (w, scales8(rows, off))
 }
 
-/// Q4_0 weights × Q8_0 activations.
-struct Q4_0;
-impl RowTile for Q4_0 {
-    const WB: usize = 18;
+/// Bytes of a Q4_0 block (a named constant: `Self::WB` cannot size the
+/// prefetch of a generic impl).
+const Q4_0_WB: usize = 18;
+
+/// Q4_0 weights × Q8_0 activations, integer dots by `D`.
+struct Q4_0<D>(PhantomData<D>);
+impl<D: IntDot> RowTile for Q4_0<D> {
+    const WB: usize = Q4_0_WB;
     #[inline(always)]
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
         let nb = p.cols / 32;
         let ap = p.act.as_ptr().add(t0 * p.act_stride);
         let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let off = b * Self::WB;
-            prefetch_next::<{ Self::WB }>(next, b);
+            prefetch_next::<Q4_0_WB>(next, b);
             let (w, dw) = load8(rows, off);
             for (t, acc) in acc.iter_mut().enumerate() {
-                // The Q8_0 block's quants from byte 2; group k = bytes 2 + 4k...
+                // The Q8_0 block's quants from byte 2; group k = bytes 2 + 4k.
                 let a = ap.add(t * p.act_stride + b * 34);
-                let mut s = _mm256_maddubs_epi16(w[0], bcast4(a.add(2)));
-                for (k, w) in w.iter().enumerate().skip(1) {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*w, bcast4(a.add(2 + 4 * k))));
-                }
                 // The block's integer dot: -8 sum(a) + sum(u a).
                 let bias = bcast4(sp.add((t * nb + b) * 4));
-                let i = _mm256_add_epi32(_mm256_madd_epi16(s, ones), bias);
+                let i = D::dot8_nibbles(bias, &w, bcast4x8(a.add(2)));
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(a)));
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), *acc);
             }
@@ -212,8 +228,8 @@ unsafe fn group<K: RowTile, R: Rows>(p: &Panel<'_>, rows: &R, r0: usize, out: &m
 }
 
 /// The whole panel: 8-row groups × tiles of up to [`MAX_T`] tokens.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<K: RowTile>(p: &Panel<'_>, out: &mut [f32]) {
+#[inline(always)]
+unsafe fn run_groups<K: RowTile>(p: &Panel<'_>, out: &mut [f32]) {
     let base = p.w.as_ptr();
     for r0 in (0..p.n_rows).step_by(LANES) {
         if r0 + LANES <= p.n_rows {
@@ -224,14 +240,37 @@ unsafe fn run<K: RowTile>(p: &Panel<'_>, out: &mut [f32]) {
     }
 }
 
-/// The Q4_0 panel: checks bounds (including the activation sums) first.
-pub(super) fn panel_q4_0(p: &Panel<'_>, out: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<K: RowTile>(p: &Panel<'_>, out: &mut [f32]) {
+    run_groups::<K>(p, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn run_vnni<K: RowTile>(p: &Panel<'_>, out: &mut [f32]) {
+    run_groups::<K>(p, out)
+}
+
+/// Bounds of a Q4_0 panel, including the activation sums.
+fn check_q4_0(p: &Panel<'_>, out: &[f32]) {
     p.check(hearth_quant::GgmlType::Q8_0, out);
     assert!(p.act_sums.len() >= p.n_tokens * (p.cols / 32) * 4, "panel activation sums too short");
+}
+
+/// The Q4_0 panel: checks bounds (including the activation sums) first.
+pub(super) fn panel_q4_0(p: &Panel<'_>, out: &mut [f32]) {
+    check_q4_0(p, out);
     // SAFETY: this kernel is only in tables handed out when AVX2, FMA and
-    // F16C were detected; `check` bounds every weight and activation read,
-    // the assert every sum read, and the stores go through slices of `out`.
-    unsafe { run::<Q4_0>(p, out) }
+    // F16C were detected; `check_q4_0` bounds every weight, activation and
+    // sum read, and the stores go through slices of `out`.
+    unsafe { run::<Q4_0<Madd>>(p, out) }
+}
+
+/// The Q4_0 panel with AVX-VNNI dots (the same bits as [`panel_q4_0`]).
+pub(super) fn panel_q4_0_vnni(p: &Panel<'_>, out: &mut [f32]) {
+    check_q4_0(p, out);
+    // SAFETY: as `panel_q4_0`, and this kernel is only in the avxvnni
+    // level's table, handed out when AVX-VNNI was detected too.
+    unsafe { run_vnni::<Q4_0<Vnni>>(p, out) }
 }
 
 /// The Q4_K panel: checks bounds first.

@@ -12,6 +12,7 @@
 
 use super::avx2::{self, rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;
+use super::int_dot::Madd;
 use super::tile::{hsum512, hsum512x4, run_panel, tail_dot, Fmt};
 use super::{avx512_pair, avx512_rows};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
@@ -29,16 +30,16 @@ pub(super) static KERNELS: Kernels = Kernels {
     quantize_f16: avx2::quantize_f16,
     quantize_q8_k: avx2::KERNELS.quantize_q8_k,
     panel_q4_0: super::avx2_rows::panel_q4_0,
-    panel_q4_1: |p, o| panel::<avx2::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| panel::<avx2::Q8_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
+    panel_q4_1: |p, o| panel::<avx2::Q4_1<Madd>, 4, 4, 4>(p, o, GgmlType::Q8_1),
+    panel_q8_0: |p, o| panel::<avx2::Q8_0<Madd>, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_f32: |p, o| panel::<F32, 4, 4, 4>(p, o, GgmlType::F32),
     // F16 × f32 (f16-rounded) activations: 4 rows × 6 tokens, so each
     // weight convert serves 6 FMAs (24 accumulators + 4 weights + 1
     // activation of the 32 registers).
     panel_f16: |p, o| panel::<F16, 4, 4, 6>(p, o, GgmlType::F32),
     panel_bf16: |p, o| panel::<BF16, 4, 4, 4>(p, o, GgmlType::BF16),
-    panel_q5_0: |p, o| panel::<avx2_k::Q5_0, 4, 4, 4>(p, o, GgmlType::Q8_0),
-    panel_q5_1: |p, o| panel::<avx2_k::Q5_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
+    panel_q5_0: |p, o| panel::<avx2_k::Q5_0<Madd>, 4, 4, 4>(p, o, GgmlType::Q8_0),
+    panel_q5_1: |p, o| panel::<avx2_k::Q5_1<Madd>, 4, 4, 4>(p, o, GgmlType::Q8_1),
     // One row per lane in 256-bit vectors: the avx2 level's (and llama.cpp's
     // repacked kernels') order.
     panel_q4_k: super::avx2_rows::panel_q4_k,

@@ -1,4 +1,5 @@
-//! x86-64 kernels: AVX2+FMA+F16C, and AVX-512 (F+BW+VL, VNNI when present).
+//! x86-64 kernels: AVX2+FMA+F16C, the same with AVX-VNNI, and AVX-512
+//! (F+BW+VL, VNNI when present).
 //!
 //! All kernels share one skeleton ([`tile`]): a tile of R weight rows × T
 //! tokens keeps R×T vector accumulators; each weight block is loaded (and
@@ -21,11 +22,17 @@ mod avx2_rows;
 mod avx512;
 mod avx512_pair;
 pub(crate) mod avx512_rows;
+mod avxvnni;
+mod int_dot;
 mod rows;
 mod tile;
 
 fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+fn has_avx_vnni() -> bool {
+    has_avx2() && is_x86_feature_detected!("avxvnni")
 }
 
 fn has_avx512() -> bool {
@@ -43,6 +50,7 @@ pub(crate) fn kernels(level: SimdLevel) -> Option<&'static Kernels> {
     match level {
         SimdLevel::Scalar => None,
         SimdLevel::Avx2 => has_avx2().then_some(&avx2::KERNELS),
+        SimdLevel::AvxVnni => has_avx_vnni().then_some(&avxvnni::KERNELS),
         SimdLevel::Avx512 if has_vnni() => Some(&avx512::KERNELS_VNNI),
         SimdLevel::Avx512 => has_avx512().then_some(&avx512::KERNELS),
     }
