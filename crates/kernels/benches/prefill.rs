@@ -38,7 +38,7 @@ fn main() {
     let tokens = args.get(2).copied().unwrap_or(256);
     let filter = std::env::args().skip(1).find(|a| a.parse::<usize>().is_err() && !a.starts_with('-')).unwrap_or_default();
     let pool = ThreadPool::new(threads);
-    let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512].into_iter().filter(|l| l.is_available()).collect();
+    let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|&l| l != SimdLevel::Scalar && l.is_available()).collect();
     let models = [("smollm2", layer(576, 192, 1536)), ("1b", layer(2048, 256, 5632))];
     let types = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0];
     struct Case {

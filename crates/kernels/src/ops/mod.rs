@@ -869,10 +869,9 @@ pub fn attend_block<'s>(
     s: AttnShape,
     scratch: &'s mut AttnScratch,
 ) -> &'s [f32] {
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx512 = false;
+    // The active (HEARTH_SIMD-capped) level, so `HEARTH_SIMD=avx2` on an AVX-512 CPU
+    // measures the whole step as an AVX2-only CPU runs it (the bits are the same).
+    let avx512 = crate::SimdLevel::active() == crate::SimdLevel::Avx512;
     attend_block_with(q, q_stride, n_tok, heads, k, v, kv_head, n_kv0, s, scratch, avx512)
 }
 

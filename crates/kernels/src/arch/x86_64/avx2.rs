@@ -16,6 +16,7 @@
 
 use super::avx2_k;
 use super::avx2_k_low;
+use super::avx2_q8;
 use super::avx2_rows;
 use super::int_dot::{IntDot, Madd};
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
@@ -35,7 +36,11 @@ pub(super) static KERNELS: Kernels = Kernels {
     quantize_q8_k: hearth_quant::k::quantize_row_q8_k,
     panel_q4_0: avx2_rows::panel_q4_0,
     panel_q4_1: |p, o| panel::<Q4_1<Madd>, 2, 4>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| panel::<Q8_0<Madd>, 2, 4>(p, o, GgmlType::Q8_0),
+    panel_q8_0: |p, o| {
+        p.check(GgmlType::Q8_0, o);
+        // SAFETY: as `panel`.
+        unsafe { panel_q8_0_avx2(p, o) }
+    },
     panel_f32: |p, o| panel::<F32, 2, 4>(p, o, GgmlType::F32),
     // F16 × f32 (f16-rounded) activations, as at the avx512 level: only the
     // weights are converted, once per step for the tile's 6 tokens (12
@@ -43,7 +48,11 @@ pub(super) static KERNELS: Kernels = Kernels {
     // FMA memory operand).
     panel_f16: |p, o| panel::<F16, 2, 6>(p, o, GgmlType::F32),
     panel_bf16: |p, o| panel::<BF16, 2, 4>(p, o, GgmlType::BF16),
-    panel_q5_0: |p, o| panel::<avx2_k::Q5_0<Madd>, 2, 4>(p, o, GgmlType::Q8_0),
+    panel_q5_0: |p, o| {
+        p.check(GgmlType::Q8_0, o);
+        // SAFETY: as `panel`.
+        unsafe { panel_q5_0_avx2(p, o) }
+    },
     panel_q5_1: |p, o| panel::<avx2_k::Q5_1<Madd>, 2, 4>(p, o, GgmlType::Q8_1),
     panel_q4_k: avx2_rows::panel_q4_k,
     panel_q6_k: |p, o| panel::<avx2_k::Q6K, 2, 4>(p, o, GgmlType::Q8_K),
@@ -63,6 +72,27 @@ fn panel<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32],
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn panel_avx2<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
     tiles::<F, R, T>(p, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_q8_0_avx2(p: &Panel<'_>, out: &mut [f32]) {
+    i8_block_tiles::<Q8_0<Madd>, avx2_q8::Q8_0, Madd>(p, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_q5_0_avx2(p: &Panel<'_>, out: &mut [f32]) {
+    i8_block_tiles::<avx2_k::Q5_0<Madd>, avx2_q8::Q5_0, Madd>(p, out)
+}
+
+/// A Q8_0 or Q5_0 panel at the 256-bit levels: the generic 4-row tile `F`
+/// for a matvec, `avx2_q8`'s tiles of `B` for several tokens (the same bits).
+#[inline(always)]
+pub(super) unsafe fn i8_block_tiles<F: Fmt, B: avx2_q8::I8Block, D: IntDot>(p: &Panel<'_>, out: &mut [f32]) {
+    if p.n_tokens == 1 {
+        run_panel::<F, 4, 1>(p, out)
+    } else {
+        avx2_q8::run::<B, D>(p, out)
+    }
 }
 
 /// The panel in the 256-bit levels' tiles: 4 rows for a matvec (one

@@ -44,6 +44,14 @@ unsafe fn mul_sum_us8_pairs<D: IntDot>(x: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(D::dot(x, y))
 }
 
+/// The 32 quants of the Q5_0 block at `p` as i8 (`q5 - 16`).
+#[inline(always)]
+pub(super) unsafe fn q5_0_quants(p: *const u8) -> __m256i {
+    // (nibble | 0xF0 where the fifth bit is clear) as i8 = q5 - 16.
+    let hi = _mm256_andnot_si256(bytes_from_bits_32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+    _mm256_or_si256(nibbles(p.add(6)), hi)
+}
+
 /// Q5_0 weights × Q8_0 activations.
 pub(super) struct Q5_0<D>(PhantomData<D>);
 impl<D: IntDot> Fmt for Q5_0<D> {
@@ -61,9 +69,7 @@ impl<D: IntDot> Fmt for Q5_0<D> {
     }
     #[inline(always)]
     unsafe fn load_w(p: *const u8) -> Self::W {
-        // (nibble | 0xF0 where the fifth bit is clear) as i8 = q5 - 16.
-        let hi = _mm256_andnot_si256(bytes_from_bits_32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-        (_mm256_or_si256(nibbles(p.add(6)), hi), f16_at(p))
+        (q5_0_quants(p), f16_at(p))
     }
     #[inline(always)]
     unsafe fn load_a(p: *const u8) -> Self::A {

@@ -56,12 +56,14 @@ impl IntDot for Vnni {
     }
     #[inline(always)]
     unsafe fn dot8_nibbles(acc: __m256i, w: &[__m256i; 8], s: [__m256i; 8]) -> __m256i {
-        // One dependent chain: blocks are independent, so out-of-order
-        // execution overlaps one block's chain with the next block's.
-        let mut a = acc;
-        for g in 0..8 {
-            a = _mm256_dpbusd_avx_epi32(a, w[g], s[g]);
-        }
-        a
+        // Four chains of two: `vpdpbusd` has 5 cycles of latency, and one
+        // chain of eight ran at half the speed of AVX2's independent
+        // multiplies (measured: Q4_0 prefill 71 vs 130 GFLOP/s).
+        let z = _mm256_setzero_si256();
+        let a = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, w[0], s[0]), w[4], s[4]);
+        let b = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, w[1], s[1]), w[5], s[5]);
+        let c = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, w[2], s[2]), w[6], s[6]);
+        let d = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, w[3], s[3]), w[7], s[7]);
+        _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d))
     }
 }

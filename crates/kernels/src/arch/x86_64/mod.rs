@@ -18,6 +18,7 @@ use crate::dispatch::{Kernels, SimdLevel};
 mod avx2;
 mod avx2_k;
 mod avx2_k_low;
+mod avx2_q8;
 mod avx2_rows;
 mod avx512;
 mod avx512_pair;
