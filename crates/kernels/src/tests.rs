@@ -846,53 +846,59 @@ proptest! {
     }
 }
 
-/// ggml's AVX2 `ggml_vec_dot_q8_0_q8_0` / `_q5_0_q8_0`, lane by lane: lane k of
-/// each block sums bytes 4k..4k+3 exactly, then `acc[k] = fma(d_w * d_a,
-/// float(sum), acc[k])`, and `hsum_float_8` at the end.
-fn ggml_avx2_i8_block(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
-    let h = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-    let wb = nbytes(wty, 32);
+/// ggml's AVX2 `ggml_vec_dot_q8_0_q8_0` and its Q5_0, Q4_1, Q5_1 siblings, lane
+/// by lane: lane k of each block sums bytes 4k..4k+3 exactly, then `acc[k] =
+/// fma(d_w * d_a, float(sum), acc[k])`, `hsum_float_8` at the end; Q4_1 and
+/// Q5_1 add `summs`, the `fma(m_w, s_a, summs)` of each block, last.
+fn ggml_avx2_block(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    let h = |b: &[u8], o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+    let (wb, ab) = (nbytes(wty, 32), nbytes(vec_dot_type(wty), 32));
+    let fifth = |b: &[u8], j: usize| (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> j) & 1;
+    let nib = |b: &[u8], j: usize| ((b[j % 16] >> (4 * (j / 16))) & 15) as u32;
     let q = |b: &[u8], j: usize| -> i32 {
         match wty {
             GgmlType::Q8_0 => b[2 + j] as i8 as i32,
-            _ => {
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                let lo = (b[6 + j % 16] >> (4 * (j / 16))) & 15;
-                (lo as u32 | (((qh >> j) & 1) << 4)) as i32 - 16
-            }
+            GgmlType::Q5_0 => (nib(&b[6..], j) | (fifth(&b[2..], j) << 4)) as i32 - 16,
+            GgmlType::Q4_1 => nib(&b[4..], j) as i32,
+            _ => (nib(&b[8..], j) | (fifth(&b[4..], j) << 4)) as i32,
         }
     };
-    let mut acc = [0f32; 8];
-    for (wb, ab) in w.chunks(wb).zip(a.chunks(34)).take(n / 32) {
-        let d = h(wb) * h(ab);
+    let (mut acc, mut summs) = ([0f32; 8], 0f32);
+    for (wb, ab) in w.chunks(wb).zip(a.chunks(ab)).take(n / 32) {
+        let d = h(wb, 0) * h(ab, 0);
+        let qa = &ab[ab.len() - 32..];
         for (k, acc) in acc.iter_mut().enumerate() {
-            let s: i32 = (4 * k..4 * k + 4).map(|j| q(wb, j) * ab[2 + j] as i8 as i32).sum();
+            let s: i32 = (4 * k..4 * k + 4).map(|j| q(wb, j) * qa[j] as i8 as i32).sum();
             *acc = d.mul_add(s as f32, *acc);
         }
+        if matches!(wty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            summs = h(wb, 2).mul_add(h(ab, 2), summs);
+        }
     }
-    hsum8(acc)
+    hsum8(acc) + summs
 }
 
-/// The 256-bit levels' Q8_0 and Q5_0 panels (`avx2_q8`'s tiles for several
-/// tokens, the generic tile for one) are ggml's AVX2 order bit for bit, over
-/// tile remainders (1..9 rows, 1..11 tokens) and scales across f16's range.
+/// The 256-bit levels' Q8_0, Q5_0, Q4_1 and Q5_1 panels (`avx2_q8`'s tiles for
+/// several tokens, the generic tile for one) are ggml's AVX2 order bit for bit,
+/// over tile remainders (1..9 rows, 1..11 tokens) and scales across f16's range.
 #[test]
-fn i8_block_tiles_equal_ggmls_order() {
+fn block_tiles_equal_ggmls_order() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(34);
-    for wty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+    for wty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q5_1] {
         for level in [SimdLevel::Avx2, SimdLevel::AvxVnni] {
             let Some(k) = Kernels::for_level(level) else { continue };
             for case in 0..60 {
                 let (rows, tokens, cols) = (1 + case % 9, 1 + case % 11, 32 * (1 + case % 7));
-                let (wrb, arb) = (nbytes(wty, cols), nbytes(GgmlType::Q8_0, cols));
+                let aty = vec_dot_type(wty);
+                let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
                 let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, false)).collect();
-                let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(GgmlType::Q8_0, cols, &mut rng, false)).collect();
+                let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
                 let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens, act_sums: &[] };
                 let mut out = vec![f32::NAN; rows * tokens];
                 (k.panel(wty).unwrap())(&p, &mut out);
                 for t in 0..tokens {
                     for r in 0..rows {
-                        let want = ggml_avx2_i8_block(wty, &w[r * wrb..][..wrb], &a[t * arb..][..arb], cols);
+                        let want = ggml_avx2_block(wty, &w[r * wrb..][..wrb], &a[t * arb..][..arb], cols);
                         let got = out[t * rows + r];
                         assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}): {got} vs {want}");
                     }

@@ -35,12 +35,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     // ggml's x86 build quantizes Q8_K activations with the reference code.
     quantize_q8_k: hearth_quant::k::quantize_row_q8_k,
     panel_q4_0: avx2_rows::panel_q4_0,
-    panel_q4_1: |p, o| panel::<Q4_1<Madd>, 2, 4>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| {
-        p.check(GgmlType::Q8_0, o);
-        // SAFETY: as `panel`.
-        unsafe { panel_q8_0_avx2(p, o) }
-    },
+    panel_q4_1: block_panel::<Q4_1<Madd>, avx2_q8::Q4_1>,
+    panel_q8_0: block_panel::<Q8_0<Madd>, avx2_q8::Q8_0>,
     panel_f32: |p, o| panel::<F32, 2, 4>(p, o, GgmlType::F32),
     // F16 × f32 (f16-rounded) activations, as at the avx512 level: only the
     // weights are converted, once per step for the tile's 6 tokens (12
@@ -48,12 +44,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     // FMA memory operand).
     panel_f16: |p, o| panel::<F16, 2, 6>(p, o, GgmlType::F32),
     panel_bf16: |p, o| panel::<BF16, 2, 4>(p, o, GgmlType::BF16),
-    panel_q5_0: |p, o| {
-        p.check(GgmlType::Q8_0, o);
-        // SAFETY: as `panel`.
-        unsafe { panel_q5_0_avx2(p, o) }
-    },
-    panel_q5_1: |p, o| panel::<avx2_k::Q5_1<Madd>, 2, 4>(p, o, GgmlType::Q8_1),
+    panel_q5_0: block_panel::<avx2_k::Q5_0<Madd>, avx2_q8::Q5_0>,
+    panel_q5_1: block_panel::<avx2_k::Q5_1<Madd>, avx2_q8::Q5_1>,
     panel_q4_k: avx2_rows::panel_q4_k,
     panel_q6_k: |p, o| panel::<avx2_k::Q6K, 2, 4>(p, o, GgmlType::Q8_K),
     panel_q5_k: |p, o| panel::<avx2_k::Q5K, 2, 4>(p, o, GgmlType::Q8_K),
@@ -74,20 +66,23 @@ unsafe fn panel_avx2<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out:
     tiles::<F, R, T>(p, out)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_q8_0_avx2(p: &Panel<'_>, out: &mut [f32]) {
-    i8_block_tiles::<Q8_0<Madd>, avx2_q8::Q8_0, Madd>(p, out)
+/// A Q8_0, Q5_0, Q4_1 or Q5_1 panel: checks bounds first.
+fn block_panel<F: Fmt, B: avx2_q8::Block>(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(avx2_q8::act_type::<B>(), out);
+    // SAFETY: as `panel`.
+    unsafe { block_panel_avx2::<F, B>(p, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_q5_0_avx2(p: &Panel<'_>, out: &mut [f32]) {
-    i8_block_tiles::<avx2_k::Q5_0<Madd>, avx2_q8::Q5_0, Madd>(p, out)
+unsafe fn block_panel_avx2<F: Fmt, B: avx2_q8::Block>(p: &Panel<'_>, out: &mut [f32]) {
+    block_tiles::<F, B, Madd>(p, out)
 }
 
-/// A Q8_0 or Q5_0 panel at the 256-bit levels: the generic 4-row tile `F`
-/// for a matvec, `avx2_q8`'s tiles of `B` for several tokens (the same bits).
+/// A panel of one of `avx2_q8`'s formats at the 256-bit levels: the generic
+/// 4-row tile of `F` for a matvec, `avx2_q8`'s tiles of `B` for several
+/// tokens (the same format: the same bits).
 #[inline(always)]
-pub(super) unsafe fn i8_block_tiles<F: Fmt, B: avx2_q8::I8Block, D: IntDot>(p: &Panel<'_>, out: &mut [f32]) {
+pub(super) unsafe fn block_tiles<F: Fmt, B: avx2_q8::Block, D: IntDot>(p: &Panel<'_>, out: &mut [f32]) {
     if p.n_tokens == 1 {
         run_panel::<F, 4, 1>(p, out)
     } else {

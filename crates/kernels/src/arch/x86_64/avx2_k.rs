@@ -86,6 +86,13 @@ impl<D: IntDot> Fmt for Q5_0<D> {
     }
 }
 
+/// The 32 quants of the Q5_1 block at `p` as u8 (0..31).
+#[inline(always)]
+pub(super) unsafe fn q5_1_quants(p: *const u8) -> __m256i {
+    let hi = _mm256_and_si256(bytes_from_bits_32(p.add(4)), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles(p.add(8)), hi)
+}
+
 /// Q5_1 weights × Q8_1 activations; `m_w · s_a` summed apart (ggml's `summs`).
 pub(super) struct Q5_1<D>(PhantomData<D>);
 impl<D: IntDot> Fmt for Q5_1<D> {
@@ -103,8 +110,7 @@ impl<D: IntDot> Fmt for Q5_1<D> {
     }
     #[inline(always)]
     unsafe fn load_w(p: *const u8) -> Self::W {
-        let hi = _mm256_and_si256(bytes_from_bits_32(p.add(4)), _mm256_set1_epi8(0x10));
-        (_mm256_or_si256(nibbles(p.add(8)), hi), f16_at(p), f16_at(p.add(2)))
+        (q5_1_quants(p), f16_at(p), f16_at(p.add(2)))
     }
     #[inline(always)]
     unsafe fn load_a(p: *const u8) -> Self::A {

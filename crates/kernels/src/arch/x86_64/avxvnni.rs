@@ -8,53 +8,32 @@
 //! K-quants other than Q4_K multiply i16 sums by per-sub-block scales in the
 //! same `vpmaddwd`, which `vpdpbusd` would not save: they stay AVX2's.
 
-use super::avx2::{self, tiles};
+use super::avx2;
 use super::avx2_k;
 use super::avx2_q8;
 use super::avx2_rows;
 use super::int_dot::Vnni;
 use super::tile::Fmt;
 use crate::dispatch::{Kernels, Panel, SimdLevel};
-use hearth_quant::GgmlType;
 
 pub(super) static KERNELS: Kernels = Kernels {
     level: SimdLevel::AvxVnni,
     panel_q4_0: avx2_rows::panel_q4_0_vnni,
-    panel_q4_1: |p, o| panel::<avx2::Q4_1<Vnni>>(p, o, GgmlType::Q8_1),
-    panel_q8_0: |p, o| {
-        p.check(GgmlType::Q8_0, o);
-        // SAFETY: as `panel`.
-        unsafe { panel_q8_0_avxvnni(p, o) }
-    },
-    panel_q5_0: |p, o| {
-        p.check(GgmlType::Q8_0, o);
-        // SAFETY: as `panel`.
-        unsafe { panel_q5_0_avxvnni(p, o) }
-    },
-    panel_q5_1: |p, o| panel::<avx2_k::Q5_1<Vnni>>(p, o, GgmlType::Q8_1),
+    panel_q4_1: panel::<avx2::Q4_1<Vnni>, avx2_q8::Q4_1>,
+    panel_q8_0: panel::<avx2::Q8_0<Vnni>, avx2_q8::Q8_0>,
+    panel_q5_0: panel::<avx2_k::Q5_0<Vnni>, avx2_q8::Q5_0>,
+    panel_q5_1: panel::<avx2_k::Q5_1<Vnni>, avx2_q8::Q5_1>,
     ..avx2::KERNELS
 };
 
-#[inline(always)]
-fn panel<F: Fmt>(p: &Panel<'_>, out: &mut [f32], aty: GgmlType) {
-    p.check(aty, out);
+fn panel<F: Fmt, B: avx2_q8::Block>(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(avx2_q8::act_type::<B>(), out);
     // SAFETY: this table is only handed out when AVX2, FMA, F16C and
     // AVX-VNNI were detected, and `check` bounds every access of the panel.
-    unsafe { panel_avxvnni::<F>(p, out) }
+    unsafe { panel_avxvnni::<F, B>(p, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn panel_q8_0_avxvnni(p: &Panel<'_>, out: &mut [f32]) {
-    avx2::i8_block_tiles::<avx2::Q8_0<Vnni>, avx2_q8::Q8_0, Vnni>(p, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn panel_q5_0_avxvnni(p: &Panel<'_>, out: &mut [f32]) {
-    avx2::i8_block_tiles::<avx2_k::Q5_0<Vnni>, avx2_q8::Q5_0, Vnni>(p, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn panel_avxvnni<F: Fmt>(p: &Panel<'_>, out: &mut [f32]) {
-    // The avx2 level's tile shapes for these types.
-    tiles::<F, 2, 4>(p, out)
+unsafe fn panel_avxvnni<F: Fmt, B: avx2_q8::Block>(p: &Panel<'_>, out: &mut [f32]) {
+    avx2::block_tiles::<F, B, Vnni>(p, out)
 }
