@@ -182,7 +182,9 @@ fn matmul_impl(
 
     // 2. Panels of rows, handed out dynamically (`PanelQueue`).
     let most = if n_tokens <= SMALL_BATCH { (PANEL_OUT / n_tokens) / PANEL_ROWS * PANEL_ROWS } else { PANEL_ROWS };
-    let queue = PanelQueue::new(rows, pool.n_threads(), most);
+    // Where `out` starts within a cache line, in f32s (see `PanelQueue`).
+    let skew = (out.as_ptr() as usize / 4) % LINE_F32;
+    let queue = PanelQueue::new(rows, pool.n_threads(), most, skew);
     let op = SendPtr(out.as_mut_ptr());
     pool.run(|_, _| {
         let mut buf = [0f32; PANEL_OUT];
@@ -228,6 +230,13 @@ fn matmul_impl(
 /// 2 threads ran 7% faster with this queue (docs/BENCHMARKS.md). With `most`
 /// = `PANEL_ROWS` (prefill) every panel is `PANEL_ROWS` rows.
 ///
+/// Panel boundaries fall on the output's 64-byte cache lines (`skew`: where
+/// `out` starts within a line, in f32s): a prefill's panel writes one run of
+/// its rows per token, and a boundary inside a line has two threads writing
+/// that line for every token. With a heap buffer 16 bytes into a line that
+/// false sharing cost 2-thread Q8_0 prefill 12-15% (SmolLM2 layer, 120-130
+/// against 146 GFLOP/s, docs/BENCHMARKS.md).
+///
 /// The split never changes a result: each output element is computed by one
 /// thread from start to finish the same way whatever its panel.
 struct PanelQueue {
@@ -235,17 +244,30 @@ struct PanelQueue {
     rows: usize,
     share: usize,
     most: usize,
+    skew: usize,
 }
 
+/// f32s per 64-byte cache line.
+const LINE_F32: usize = 16;
+
 impl PanelQueue {
-    fn new(rows: usize, n_threads: usize, most: usize) -> Self {
-        PanelQueue { next: AtomicUsize::new(0), rows, share: 2 * n_threads.max(1), most: most.max(PANEL_ROWS) }
+    fn new(rows: usize, n_threads: usize, most: usize, skew: usize) -> Self {
+        PanelQueue { next: AtomicUsize::new(0), rows, share: 2 * n_threads.max(1), most: most.max(PANEL_ROWS), skew: skew % LINE_F32 }
     }
 
-    /// Rows of the panel that starts at row `r0`.
+    /// Rows of the panel that starts at row `r0`: its share of the rows left,
+    /// ending on a line boundary (moved back, or forward when that would
+    /// leave it empty) unless it ends the matrix.
     fn len_at(&self, r0: usize) -> usize {
         let left = self.rows - r0;
-        (left / self.share).next_multiple_of(PANEL_ROWS).clamp(PANEL_ROWS, self.most).min(left)
+        let n = (left / self.share).next_multiple_of(PANEL_ROWS).clamp(PANEL_ROWS, self.most).min(left);
+        let end = r0 + n;
+        if end == self.rows {
+            return n;
+        }
+        let past = (self.skew + end) % LINE_F32;
+        let end = if end - past > r0 { end - past } else { end + LINE_F32 - past };
+        end.min(self.rows) - r0
     }
 
     /// The next panel `(first row, rows)`, or `None` when all are taken.
@@ -292,34 +314,47 @@ mod queue_tests {
     use super::{PanelQueue, PANEL_ROWS};
 
     /// Panels tile the rows exactly once, in order, shrinking, whole
-    /// `PANEL_ROWS` but the last, within `most`.
+    /// `PANEL_ROWS` but the last, within `most`; with the output at `skew`
+    /// f32s into a cache line, every boundary on a line (the first and last
+    /// panels shorter or longer by less than a line).
     #[test]
     fn panels_cover_the_rows_once_and_shrink() {
         for rows in [1, 15, 16, 17, 256, 1000, 4096, 11008, 32000] {
             for threads in [1, 2, 3, 8] {
                 for most in [PANEL_ROWS, 128, 4096] {
-                    let q = PanelQueue::new(rows, threads, most);
-                    let mut panels = Vec::new();
-                    while let Some(p) = q.take() {
-                        panels.push(p);
+                    for skew in [0, 4, 15] {
+                        check(rows, threads, most, skew);
                     }
-                    let mut at = 0;
-                    for (i, &(r0, n)) in panels.iter().enumerate() {
-                        assert_eq!(r0, at, "rows {rows} threads {threads}");
-                        assert!(n > 0 && n <= most.max(PANEL_ROWS));
-                        if i + 1 < panels.len() {
-                            assert_eq!(n % PANEL_ROWS, 0);
-                            assert!(panels[i + 1].1 <= n, "panels must not grow: {panels:?}");
-                        }
-                        at += n;
-                    }
-                    assert_eq!(at, rows);
-                    assert_eq!(q.take(), None);
                 }
             }
         }
-        // Control: decode of 4096 rows on 2 threads starts with a quarter of them.
-        let q = PanelQueue::new(4096, 2, 4096);
-        assert_eq!(q.take(), Some((0, 1024)));
+        // Control: decode of 4096 rows on 2 threads starts with a quarter of them,
+        // and a 4-float skew moves its end back by 4 rows.
+        assert_eq!(PanelQueue::new(4096, 2, 4096, 0).take(), Some((0, 1024)));
+        assert_eq!(PanelQueue::new(4096, 2, 4096, 4).take(), Some((0, 1020)));
+    }
+
+    fn check(rows: usize, threads: usize, most: usize, skew: usize) {
+        let q = PanelQueue::new(rows, threads, most, skew);
+        let mut panels = Vec::new();
+        while let Some(p) = q.take() {
+            panels.push(p);
+        }
+        let mut at = 0;
+        let line = super::LINE_F32;
+        for (i, &(r0, n)) in panels.iter().enumerate() {
+            assert_eq!(r0, at, "rows {rows} threads {threads}");
+            assert!(n > 0 && n < most.max(PANEL_ROWS) + line, "{panels:?}");
+            if i + 1 < panels.len() {
+                assert_eq!((skew + r0 + n) % line, 0, "boundary off a line: skew {skew} {panels:?}");
+                if i > 0 {
+                    assert_eq!(n % PANEL_ROWS, 0);
+                    assert!(panels[i + 1].1 <= n, "panels must not grow: {panels:?}");
+                }
+            }
+            at += n;
+        }
+        assert_eq!(at, rows);
+        assert_eq!(q.take(), None);
     }
 }

@@ -183,6 +183,64 @@ impl ThreadPool {
     }
 }
 
+/// Elements below which [`ThreadPool::for_rows`] runs on the calling thread alone:
+/// waking the pool costs a few microseconds, about what 16K elements of a norm take.
+pub const FOR_ROWS_MIN: usize = 1 << 14;
+
+impl ThreadPool {
+    /// Run `f(part, first_row)` over `x` (`[rows, width]`) cut into one run of whole
+    /// rows per thread, or over all of `x` on the calling thread when it has fewer than
+    /// [`FOR_ROWS_MIN`] elements or the pool one thread.
+    ///
+    /// For row-wise and elementwise ops (norms, RoPE, activations, residual adds) in
+    /// prefill, which otherwise run on one thread while the others wait. Every part
+    /// starts at a multiple of 16 elements from `x`'s start, so an op whose SIMD loop
+    /// handles 8 or 16 elements at a time and the rest in a scalar tail treats each
+    /// element as it would over the whole of `x`: results do not depend on the thread
+    /// count.
+    pub fn for_rows<F: Fn(&mut [f32], usize) + Sync>(&self, x: &mut [f32], width: usize, f: F) {
+        let n = self.n_threads();
+        if n == 1 || width == 0 || x.len() < FOR_ROWS_MIN || IN_POOL.with(Cell::get) {
+            return f(x, 0);
+        }
+        let rows = x.len() / width;
+        // Rows per 16-element boundary: split points are multiples of this.
+        let step = 16 / gcd(width, 16);
+        let cut = |i: usize| (rows * i / n) / step * step;
+        let base = SendPtr(x.as_mut_ptr());
+        let len = x.len();
+        self.run(|i, n| {
+            let (r0, r1) = (cut(i), if i + 1 == n { rows } else { cut(i + 1) });
+            let end = if i + 1 == n { len } else { r1 * width };
+            if r0 * width < end {
+                // SAFETY: the parts [cut(i) * width, cut(i + 1) * width) are disjoint
+                // (cut is non-decreasing) and within `x`, which outlives `run`.
+                let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(r0 * width), end - r0 * width) };
+                f(part, r0);
+            }
+        });
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// A raw pointer the pool's threads may share (each writes a disjoint part).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         let s = &*self.shared;

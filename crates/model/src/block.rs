@@ -118,16 +118,32 @@ impl<'a> Block<'a> {
         }
     }
 
+    // The row-wise and elementwise ops below run over the pool's threads in whole rows
+    // (`ThreadPool::for_rows`: a prefill's tokens split among them, the same result
+    // whatever the thread count); a decode step's single row stays on one thread.
+
     /// `out = rmsnorm(x) · w`, rows of `n_embd`.
     pub fn norm(&self, x: &[f32], w: &[f32], out: &mut [f32], name: &str) {
-        ops::rmsnorm(x, w, self.c.rms_eps, out);
+        let n = w.len();
+        self.pool.for_rows(out, n, |o, r0| ops::rmsnorm(&x[r0 * n..r0 * n + o.len()], w, self.c.rms_eps, o));
         self.trace(name, out);
     }
 
     /// `x = rmsnorm(x) · w` in place, rows of `w.len()` (`n_embd`, or one head).
     pub fn norm_inplace(&self, x: &mut [f32], w: &[f32], name: &str) {
-        ops::rmsnorm_inplace(x, w, self.c.rms_eps);
+        self.pool.for_rows(x, w.len(), |x, _| ops::rmsnorm_inplace(x, w, self.c.rms_eps));
         self.trace(name, x);
+    }
+
+    /// `x += y`, `[n, width]` each (a residual add).
+    pub fn add(&self, x: &mut [f32], y: &[f32], width: usize) {
+        self.pool.for_rows(x, width, |x, r0| ops::add_assign(x, &y[r0 * width..r0 * width + x.len()]));
+    }
+
+    /// `gate = act(gate) ⊙ up` with `act` SwiGLU's or GEGLU's (`ops::swiglu`,
+    /// `ops::geglu`), `[n, width]` each.
+    pub fn glu(&self, act: fn(&mut [f32], &[f32]), gate: &mut [f32], up: &[f32], width: usize) {
+        self.pool.for_rows(gate, width, |g, r0| act(g, &up[r0 * width..r0 * width + g.len()]));
     }
 
     /// `out += b` for this node's part of a bias of matrix `m`'s outputs (Q, K or V).
@@ -150,8 +166,10 @@ impl<'a> Block<'a> {
             return;
         }
         for sp in self.spans {
-            ops::rope(&mut q[sp.row * qd..(sp.row + sp.len) * qd], self.share.n_head, c.head_dim, sp.pos0, &r);
-            ops::rope(&mut k[sp.row * kvd..(sp.row + sp.len) * kvd], self.share.n_head_kv, c.head_dim, sp.pos0, &r);
+            // Each token's rotation depends on its position alone.
+            let (nh, nkv, hd) = (self.share.n_head, self.share.n_head_kv, c.head_dim);
+            self.pool.for_rows(&mut q[sp.row * qd..(sp.row + sp.len) * qd], qd, |x, t0| ops::rope(x, nh, hd, sp.pos0 + t0, &r));
+            self.pool.for_rows(&mut k[sp.row * kvd..(sp.row + sp.len) * kvd], kvd, |x, t0| ops::rope(x, nkv, hd, sp.pos0 + t0, &r));
         }
         self.trace("Qrope", q);
         self.trace("Krope", k);

@@ -84,18 +84,18 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
     b.attention(a.q, a.k, a.v, a.attn)?;
     b.matmul(Mat::O, a.attn, a.xb)?;
     b.norm_inplace(a.xb, l.v(Vector::PostAttnNorm), "attn_post_norm");
-    ops::add_assign(a.x, a.xb);
+    b.add(a.x, a.xb, b.c.n_embd);
     b.trace("sa_out", a.x);
 
     // FFN (GEGLU): x += post_norm(W_down · (gelu(W_gate·xb) ⊙ W_up·xb)).
     b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
     b.matmul(Mat::Gate, a.xb, a.gate)?;
     b.matmul(Mat::Up, a.xb, a.up)?;
-    ops::geglu(a.gate, a.up);
+    b.glu(ops::geglu, a.gate, a.up, a.up.len() / b.n);
     b.trace("ffn_geglu", a.gate);
     b.matmul(Mat::Down, a.gate, a.xb)?;
     b.norm_inplace(a.xb, l.v(Vector::PostFfnNorm), "ffn_post_norm");
-    ops::add_assign(a.x, a.xb);
+    b.add(a.x, a.xb, b.c.n_embd);
     b.trace("l_out", a.x);
     Ok(())
 }

@@ -47,17 +47,17 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
     b.attention(a.q, a.k, a.v, a.attn)?;
     // x += attn·Woᵀ
     b.matmul(Mat::O, a.attn, a.xb)?;
-    ops::add_assign(a.x, a.xb);
+    b.add(a.x, a.xb, b.c.n_embd);
     b.trace("ffn_inp", a.x);
 
     // FFN (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb), xb = rmsnorm(x)·ffn_norm.
     b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
     b.matmul(Mat::Gate, a.xb, a.gate)?;
     b.matmul(Mat::Up, a.xb, a.up)?;
-    ops::swiglu(a.gate, a.up);
+    b.glu(ops::swiglu, a.gate, a.up, a.up.len() / b.n);
     b.trace("ffn_swiglu", a.gate);
     b.matmul(Mat::Down, a.gate, a.xb)?;
-    ops::add_assign(a.x, a.xb);
+    b.add(a.x, a.xb, b.c.n_embd);
     b.trace("l_out", a.x);
     Ok(())
 }
