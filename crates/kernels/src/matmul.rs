@@ -16,6 +16,7 @@
 //! counts and for a token alone vs. inside a batch (per SIMD level).
 
 use crate::dispatch::{Kernels, Panel, SimdLevel, PANEL_ROWS, PANEL_TOKENS};
+use crate::pool::SendPtr;
 use crate::{KernelError, ThreadPool, WeightView};
 use hearth_quant::{vec_dot_type, GgmlType};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,19 +28,6 @@ const SMALL_BATCH: usize = PANEL_TOKENS;
 
 /// Activations at least this many elements are quantized on all threads.
 const PAR_QUANTIZE_MIN: usize = 1 << 15;
-
-/// A raw pointer that may cross threads; users guarantee disjoint access.
-#[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
-// SAFETY: only used to hand disjoint sub-slices of one `&mut` buffer to the
-// pool's threads, which all finish before the borrow ends.
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-impl<T> SendPtr<T> {
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
 
 /// Quantize activations `x` (a whole number of blocks) into `out` as
 /// `vec_dot_type(wty)` — the form [`matmul`] feeds its kernels.

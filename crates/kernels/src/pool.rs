@@ -230,13 +230,15 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-/// A raw pointer the pool's threads may share (each writes a disjoint part).
+/// A raw pointer that may cross threads; users guarantee disjoint access.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+// SAFETY: only used to hand disjoint sub-slices of one `&mut` buffer to the
+// pool's threads, which all finish before the borrow ends.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }
