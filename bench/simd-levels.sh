@@ -27,15 +27,17 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
-usage() { echo "usage: LLAMA_DIR=DIR $0 [LEVELS] [THREADS] [P] [N] [R] MODEL.gguf..." >&2; exit 2; }
+usage() { echo "usage: LLAMA_DIR=DIR $0 [LEVELS=avx2,avxvnni,avx512] [THREADS=1,2] [P=512] [N=128] [R=3] MODEL.gguf..." >&2; exit 2; }
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; usage; }
 [[ -n "${LLAMA_DIR:-}" ]] || { echo "error: set LLAMA_DIR (see the top of $0)" >&2; exit 2; }
 levels="avx2,avxvnni,avx512"; threads="1,2"; p=512; n=128; r=3
-[[ $# -ge 1 && "$1" =~ ^[a-z0-9,]+$ && ! -f "$1" ]] && { levels="$1"; shift; }
+[[ $# -ge 1 && "$1" =~ ^[a-z][a-z0-9,]*$ && ! -f "$1" ]] && { levels="$1"; shift; }
 [[ $# -ge 1 && "$1" =~ ^[0-9,]+$ && ! -f "$1" ]] && { threads="$1"; shift; }
 [[ $# -ge 1 && "$1" =~ ^[0-9]+$ && ! -f "$1" ]] && { p="$1"; shift; }
 [[ $# -ge 1 && "$1" =~ ^[0-9]+$ && ! -f "$1" ]] && { n="$1"; shift; }
 [[ $# -ge 1 && "$1" =~ ^[0-9]+$ && ! -f "$1" ]] && { r="$1"; shift; }
 [[ $# -ge 1 ]] || usage
+for m in "$@"; do [[ -f "$m" ]] || { echo "error: model file not found: $m" >&2; usage; }; done
 
 HEARTH="${HEARTH:-$root/target/release/hearth}"
 [[ -x "$HEARTH" ]] || { echo "error: no hearth binary at $HEARTH (cargo build --release -p hearth)" >&2; exit 2; }

@@ -8,8 +8,9 @@
 //!   and any batch composition.
 //! - [`ThreadPool`]: persistent workers; [`physical_cores`] for sizing it.
 //! - [`SimdLevel`] / [`simd_level`]: the kernels in use, picked once per
-//!   process from CPU features (scalar, AVX2, AVX-512 (+VNNI)); capped by the
-//!   `HEARTH_SIMD=scalar|avx2|avx512` environment variable.
+//!   process from CPU features (scalar, AVX2, AVX2 + AVX-VNNI, AVX-512 (+VNNI)); capped
+//!   by the `HEARTH_SIMD=scalar|avx2|avxvnni|avx512` environment variable (a level the
+//!   CPU lacks means the best one below it).
 //! - [`quantize_activations`], [`dequantize_row`]: the row conversions.
 //!
 //! Layout: `generic.rs` is the portable path (the `hearth-quant` reference);
