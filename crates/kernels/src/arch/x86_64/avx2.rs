@@ -61,9 +61,15 @@ fn panel<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32],
     unsafe { panel_avx2::<F, R, T>(p, out) }
 }
 
+/// The panel in the 256-bit tiles: 4 rows for a matvec (one activation step
+/// shared by more rows), R rows × T tokens otherwise.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn panel_avx2<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
-    tiles::<F, R, T>(p, out)
+    if p.n_tokens == 1 {
+        run_panel::<F, 4, 1>(p, out)
+    } else {
+        run_panel::<F, R, T>(p, out)
+    }
 }
 
 /// A Q8_0, Q5_0, Q4_1 or Q5_1 panel: checks bounds first.
@@ -87,17 +93,6 @@ pub(super) unsafe fn block_tiles<F: Fmt, B: avx2_q8::Block, D: IntDot>(p: &Panel
         run_panel::<F, 4, 1>(p, out)
     } else {
         avx2_q8::run::<B, D>(p, out)
-    }
-}
-
-/// The panel in the 256-bit levels' tiles: 4 rows for a matvec (one
-/// activation step shared by more rows), R rows × T tokens otherwise.
-#[inline(always)]
-pub(super) unsafe fn tiles<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
-    if p.n_tokens == 1 {
-        run_panel::<F, 4, 1>(p, out)
-    } else {
-        run_panel::<F, R, T>(p, out)
     }
 }
 

@@ -96,6 +96,7 @@ impl Block for Q5_1 {
         super::avx2_k::q5_1_quants(p)
     }
 }
+
 /// Most tokens per tile: 2 rows × 4 tokens of accumulators, 2 rows of
 /// weights (signed and absolute), the scale products (and minimum terms)
 /// and temporaries fill the 16 registers.
