@@ -144,12 +144,13 @@ unsafe fn tile<B: Block, D: IntDot, const R: usize, const T: usize>(p: &Panel<'_
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     // m_w·s_a of row r, token t in lane t.
     let mut acc_min = [_mm256_setzero_ps(); R];
+    let pf = super::prefetch_rows(p, r0, R);
     for b in 0..nb {
-        // The next tile's rows, into L2, once per 64 bytes of a row, as the
-        // generic tile does.
-        if b % (64 / B::WB) == 0 {
+        // The rows a few tiles on, into L2, once per 64 bytes of a row, as
+        // the generic tile does.
+        if !pf.is_null() && b % (64 / B::WB) == 0 {
             for r in 0..R {
-                _mm_prefetch::<_MM_HINT_T1>(wp.wrapping_add((R + r) * rs + b * B::WB) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(r * rs + b * B::WB) as *const i8);
             }
         }
         let a = ap.add(b * ab);

@@ -51,13 +51,13 @@ const MAX_T: usize = 4;
 trait RowTile {
     /// Bytes of one weight block.
     const WB: usize;
-    /// Tokens `t0..t0+T` × the 8 rows, into `out[t]`; `next` is the next
-    /// group's first byte (prefetched; may be past the panel), or null when an
-    /// earlier tile of the group has already prefetched it.
+    /// Tokens `t0..t0+T` × the 8 rows, into `out[t]`; `next` is the first
+    /// byte of a group ahead (`prefetch_rows`), or null when an earlier tile
+    /// of the group has already prefetched it or it is past the matrix.
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]);
 }
 
-/// The next group's bytes of block `b` into L2, spread evenly over this
+/// The bytes of block `b` of the group `next` starts (`prefetch_rows`: a few groups on) into L2, spread evenly over this
 /// group's blocks as one sequential stream (its rows are contiguous).
 #[inline(always)]
 unsafe fn prefetch_next<const WB: usize>(next: *const u8, b: usize) {
@@ -207,12 +207,12 @@ impl<D: IntDot> RowTile for Q4_0<D> {
 #[inline(always)]
 unsafe fn group<K: RowTile, R: Rows>(p: &Panel<'_>, rows: &R, r0: usize, out: &mut [f32]) {
     let n = LANES.min(p.n_rows - r0);
-    let next_group = p.w.as_ptr().wrapping_add((r0 + LANES) * p.row_stride);
+    let next_group = super::prefetch_rows(p, r0, LANES);
     let mut buf = [[0f32; LANES]; MAX_T];
     let mut t0 = 0;
     while t0 < p.n_tokens {
         let nt = MAX_T.min(p.n_tokens - t0);
-        // The first tile prefetches the next group; the others find it cached.
+        // The first tile prefetches a group ahead; the others find it cached.
         let next = if t0 == 0 { next_group } else { std::ptr::null() };
         match nt {
             1 => K::tile::<R, 1>(p, rows, next, t0, &mut buf),

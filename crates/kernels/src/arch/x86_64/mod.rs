@@ -13,7 +13,7 @@
 //! per lane, 8 or 16 rows transposed in registers, in llama.cpp's repacked
 //! kernels' float order rather than its plain `ggml_vec_dot` one.
 
-use crate::dispatch::{Kernels, SimdLevel};
+use crate::dispatch::{Kernels, Panel, SimdLevel};
 
 mod avx2;
 mod avx2_k;
@@ -27,6 +27,49 @@ mod avxvnni;
 mod int_dot;
 mod rows;
 mod tile;
+
+/// How far ahead of the rows being multiplied the kernels prefetch the
+/// matrix into L2: about this many bytes of weights, in whole units (a tile's
+/// or a row group's rows), at least [`MIN_UNITS_AHEAD`] and at most
+/// [`MAX_UNITS_AHEAD`] units.
+///
+/// Why: one unit ahead (the rule until session 14) kept too little in flight
+/// on an AMD EPYC (Zen 4) host whose memory answers later than the Intel host
+/// it was tuned on: at the avx2 level, 1 thread, SmolLM2 Q8_0 decode ran
+/// 80-88 tok/s one tile (2.4 KiB) ahead and 111-131 four tiles ahead; the
+/// 7B Q4_0 4.6 tok/s one group (18 KiB) ahead and 5.5-5.7 two groups ahead;
+/// the 1B 20-22 tok/s one group ahead, 23-27 four ahead (docs/BENCHMARKS.md).
+/// More than four short units ahead lost again (the first units of every
+/// matrix come unprefetched, and SmolLM2's matrices are only 0.3-1 MiB).
+const PREFETCH_AHEAD: usize = 32 << 10;
+const MIN_UNITS_AHEAD: usize = 2;
+const MAX_UNITS_AHEAD: usize = 4;
+
+/// The first byte of the `unit` rows [`PREFETCH_AHEAD`] past row `r` of the
+/// panel, for a 256-bit kernel to prefetch while it works on rows
+/// `r..r + unit` (see [`prefetch_units_ahead`]).
+#[inline(always)]
+fn prefetch_rows(p: &Panel<'_>, r: usize, unit: usize) -> *const u8 {
+    let ahead = PREFETCH_AHEAD.div_ceil((unit * p.row_stride).max(1)).clamp(MIN_UNITS_AHEAD, MAX_UNITS_AHEAD);
+    prefetch_units_ahead(p, r, unit, ahead)
+}
+
+/// The first byte of the `unit` rows `ahead` units past row `r` of the
+/// panel; null when those rows run past the matrix's end (`p.w` runs to
+/// it), where a prefetch would only bring in bytes of another tensor.
+///
+/// Ahead of the panel's own end is still the right place: clamping the
+/// prefetch to the panel (threads take the panels in turn) lost 8-20% of
+/// SmolLM2 Q8_0 decode at both 1 and 2 threads (panels then start cold).
+#[inline(always)]
+fn prefetch_units_ahead(p: &Panel<'_>, r: usize, unit: usize, ahead: usize) -> *const u8 {
+    let start = (r + ahead * unit) * p.row_stride;
+    if start + unit * p.row_stride <= p.w.len() {
+        p.w.as_ptr().wrapping_add(start)
+    } else {
+        std::ptr::null()
+    }
+}
 
 fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")

@@ -150,17 +150,17 @@ unsafe fn tile<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, r0: usize,
     let wp = p.w.as_ptr().add(r0 * rs);
     let ap = p.act.as_ptr().add(t0 * ast);
     let mut acc = [[F::zero(); T]; R];
+    let pf = super::prefetch_rows(p, r0, R);
     for b in 0..nb {
-        // The same bytes of the next tile's rows, into L2, once per 64 bytes
-        // of a row (a prefetch per step of a short block costs more than it
-        // brings). A row is only a few KiB, so a fixed distance ahead in the
-        // row would skip each tile's first KiB; "next tile" keeps every
-        // stream a tile ahead. The address may be past the slice, which a
-        // prefetch tolerates.
-        if b % (64 / F::WB).max(1) == 0 {
+        // The same bytes of the rows a few tiles on (`prefetch_rows`), into
+        // L2, once per 64 bytes of a row (a prefetch per step of a short
+        // block costs more than it brings). A row is only a few KiB, so a
+        // fixed distance ahead in the row would skip each tile's first KiB;
+        // whole tiles ahead keep every stream ahead.
+        if !pf.is_null() && b % (64 / F::WB).max(1) == 0 {
             for r in 0..R {
                 for l in 0..F::WB.div_ceil(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(wp.wrapping_add((R + r) * rs + b * F::WB + 64 * l) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(r * rs + b * F::WB + 64 * l) as *const i8);
                 }
             }
         }
