@@ -810,8 +810,11 @@ struct BlockScratch {
     acc: Vec<f32>,
     m: Vec<f32>,
     sum: Vec<f32>,
+    // Only the x86-64 f16 path reads these two (an aarch64 one is issue #19's).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kf: Vec<f32>,
     vf: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     score: Vec<f32>,
 }
 
@@ -888,7 +891,7 @@ fn attend_block_with<'s>(
     n_kv0: usize,
     s: AttnShape,
     scratch: &'s mut AttnScratch,
-    avx512: bool,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] avx512: bool,
 ) -> &'s [f32] {
     let (hd, nh) = (s.head_dim, heads.len());
     let nq = n_tok * nh;
