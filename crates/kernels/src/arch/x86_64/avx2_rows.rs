@@ -57,19 +57,6 @@ trait RowTile {
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]);
 }
 
-/// The bytes of block `b` of the group `next` starts (`prefetch_rows`: a few groups on) into L2, spread evenly over this
-/// group's blocks as one sequential stream (its rows are contiguous).
-#[inline(always)]
-unsafe fn prefetch_next<const WB: usize>(next: *const u8, b: usize) {
-    if next.is_null() {
-        return;
-    }
-    let pf = next.wrapping_add(b * LANES * WB);
-    for l in (0..LANES * WB).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
-    }
-}
-
 /// 4×4 transposes of dwords within each 128-bit lane of `a`: out `h`, lane
 /// L, dword k = dword h of `a[k]`'s lane L.
 #[inline(always)]
@@ -185,7 +172,7 @@ impl<D: IntDot> RowTile for Q4_0<D> {
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let off = b * Self::WB;
-            prefetch_next::<Q4_0_WB>(next, b);
+            super::prefetch_group_step(next, b, LANES * Q4_0_WB);
             let (w, dw) = load8(rows, off);
             for (t, acc) in acc.iter_mut().enumerate() {
                 // The Q8_0 block's quants from byte 2; group k = bytes 2 + 4k.
@@ -361,7 +348,7 @@ impl RowTile for Q4K {
         let mut acc_min = [_mm256_setzero_ps(); T];
         for b in 0..nsb {
             let off = b * Self::WB;
-            prefetch_next::<{ Self::WB }>(next, b);
+            super::prefetch_group_step(next, b, LANES * Self::WB);
             let (sc, mn, dw, dminw) = q4_k_scales(rows, off);
             let ab = ap.add(b * 292);
             // Mins: imin = sum_j min_j * (sum of sub-block j's activations).

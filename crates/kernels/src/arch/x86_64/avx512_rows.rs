@@ -182,12 +182,7 @@ unsafe fn tile<F: RowFmt, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, row
         // A later group's bytes into L2, spread evenly over this group's
         // blocks as one sequential stream (its rows are contiguous): for a
         // matvec, 16 scattered row streams kept less memory in flight.
-        if !g.next.is_null() {
-            let pf = g.next.wrapping_add(b * LANES * F::WB);
-            for l in (0..LANES * F::WB).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
-            }
-        }
+        super::prefetch_group_step(g.next, b, LANES * F::WB);
         let (w, dw) = F::load16(rows, g.idx, off);
         for (t, acc) in acc.iter_mut().enumerate() {
             let a = ap.add(t * p.act_stride + b * 34);

@@ -14,6 +14,7 @@
 //! kernels' float order rather than its plain `ggml_vec_dot` one.
 
 use crate::dispatch::{Kernels, Panel, SimdLevel};
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
 
 mod avx2;
 mod avx2_k;
@@ -68,6 +69,22 @@ fn prefetch_units_ahead(p: &Panel<'_>, r: usize, unit: usize, ahead: usize) -> *
         p.w.as_ptr().wrapping_add(start)
     } else {
         std::ptr::null()
+    }
+}
+
+/// Step `b` of a row group's prefetch of a later group (`group`, from
+/// [`prefetch_rows`] or [`prefetch_units_ahead`]; null: nothing): that
+/// group's `step_bytes` bytes of block `b` (the group's rows are contiguous,
+/// so the blocks of all its rows make one sequential stream, spread evenly
+/// over the current group's blocks), into L2.
+#[inline(always)]
+unsafe fn prefetch_group_step(group: *const u8, b: usize, step_bytes: usize) {
+    if group.is_null() {
+        return;
+    }
+    let pf = group.wrapping_add(b * step_bytes);
+    for l in (0..step_bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(l) as *const i8);
     }
 }
 
