@@ -11,6 +11,7 @@ use half::f16;
 mod act;
 mod dot_order;
 mod rope;
+mod tiled;
 pub use act::{add_rows, geglu, rmsnorm_inplace, scale};
 pub use dot_order::F16DotOrder;
 pub use rope::{rope, rope_norm, Rope, RopeLayout};
@@ -131,7 +132,7 @@ mod x86 {
     /// power-of-two multiplies, 2^⌊n/2⌋ then 2^(n−⌊n/2⌋): the first is exact, so only the
     /// second rounds, as scalef does.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn expf_ggml(x: __m256) -> __m256 {
+    pub(super) unsafe fn expf_ggml(x: __m256) -> __m256 {
         let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
         let r = c(EXP_SHIFT);
         let z = _mm256_fmadd_ps(x, c(EXP_LOG2E), r);
@@ -367,8 +368,6 @@ mod x86 {
         ms: &'a [f32],
         vs: &'a [f32],
         resc: &'a [bool],
-        /// Round the accumulators to f16 after every step (`VKQ16`); off on the f32 path.
-        round: bool,
     }
 
     /// One row's `t3` vector ([`dot_t3`]'s reduction): 256- or 512-bit products.
@@ -464,18 +463,14 @@ mod x86 {
                 let w = _mm256_set1_ps(st.ms[r]);
                 for a in acc.iter_mut().take(nv) {
                     *a = _mm256_mul_ps(*a, w);
-                    if st.round {
-                        *a = round16(*a);
-                    }
+                    *a = round16(*a);
                 }
             }
             let w = _mm256_set1_ps(st.vs[r]);
             let vp = vf.add(r * 8 * nv);
             for (c, a) in acc.iter_mut().enumerate().take(nv) {
                 *a = _mm256_fmadd_ps(_mm256_loadu_ps(vp.add(8 * c)), w, *a);
-                if st.round {
-                    *a = round16(*a);
-                }
+                *a = round16(*a);
             }
         }
         for (c, a) in acc.iter().enumerate().take(nv) {
@@ -512,17 +507,13 @@ mod x86 {
                     let w = _mm512_set1_ps(sq.ms[r]);
                     for a in qa.iter_mut().take(nz) {
                         *a = _mm512_mul_ps(*a, w);
-                        if sq.round {
-                            *a = round16_512(*a);
-                        }
+                        *a = round16_512(*a);
                     }
                 }
                 let w = _mm512_set1_ps(sq.vs[r]);
                 for (a, &x) in qa.iter_mut().zip(&vr).take(nz) {
                     *a = _mm512_fmadd_ps(x, w, *a);
-                    if sq.round {
-                        *a = round16_512(*a);
-                    }
+                    *a = round16_512(*a);
                 }
             }
         }
@@ -631,7 +622,7 @@ mod x86 {
                     }
                     // The accumulators, rounded to f16 after every step (`VKQ16`).
                     let st: [Steps<'_>; 4] =
-                        std::array::from_fn(|qi| Steps { ms: &ms[qi][..nr], vs: &vs[qi][..nr], resc: &resc[qi][..nr], round: !s.f32_path });
+                        std::array::from_fn(|qi| Steps { ms: &ms[qi][..nr], vs: &vs[qi][..nr], resc: &resc[qi][..nr] });
                     let vf = b.vf.as_ptr().add(r0 * hd);
                     match (w512, nv, cnt) {
                         (true, 8, 4) => mad512::<4, 4>(4, aps, vf, st),
@@ -680,9 +671,11 @@ pub struct AttnShape {
     /// gives the same bits as the whole cache.
     pub ring: usize,
     /// With an f16 cache: compute in f32 (queries unrounded, K and V widened, f32
-    /// accumulators), as llama.cpp's tiled flash attention does for batches of at least
-    /// [`F32_PATH_MIN_TOKENS`] tokens; else ggml's per-query path (queries rounded to
-    /// f16, f16 accumulators), which llama.cpp runs for smaller batches and decode.
+    /// accumulators), block by block over 32 cache rows with a vectorised softmax, as
+    /// llama.cpp's tiled flash attention does for batches of at least
+    /// [`F32_PATH_MIN_TOKENS`] tokens (not its bits: see `ops/tiled.rs` for the order);
+    /// else ggml's per-query path (queries rounded to f16, f16 accumulators), which
+    /// llama.cpp runs for smaller batches and decode, to the bit.
     pub f32_path: bool,
     /// Which llama.cpp build's summation order the f16 score dots follow
     /// ([`F16DotOrder`]; default [`F16DotOrder::from_env`]).
@@ -828,12 +821,24 @@ impl BlockScratch {
             sum: vec![0.0; BLOCK_MAX_QUERIES],
             kf: vec![0.0; r],
             vf: vec![0.0; r],
-            score: vec![0.0; BLOCK_ROWS],
+            score: vec![0.0; 2 * BLOCK_ROWS],
         }
     }
 
     fn bytes(head_dim: usize) -> usize {
-        4 * (2 * BLOCK_MAX_QUERIES * head_dim + 2 * BLOCK_MAX_QUERIES + 2 * BLOCK_ROWS * head_dim + BLOCK_ROWS)
+        4 * (2 * BLOCK_MAX_QUERIES * head_dim + 2 * BLOCK_MAX_QUERIES + 2 * BLOCK_ROWS * head_dim + 2 * BLOCK_ROWS)
+    }
+
+    /// Grow to what the tiled f32 path needs for `nq` queries of `head_dim`: a block of
+    /// K and V rows as f32 and the scores of two queries.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn fit_tiled(&mut self, head_dim: usize, nq: usize) {
+        let rows = tiled::TILE_KV * head_dim;
+        for (buf, n) in [(&mut self.acc, nq * head_dim), (&mut self.kf, rows), (&mut self.vf, rows), (&mut self.score, 2 * tiled::TILE_KV), (&mut self.m, nq), (&mut self.sum, nq)] {
+            if buf.len() < n {
+                buf.resize(n, 0.0);
+            }
+        }
     }
 }
 
@@ -858,7 +863,9 @@ fn round_f16(src: &[f32], dst: &mut [f32]) {
 /// libm `expf`). With an f16 K and V cache (and `head_dim` a multiple of 64,
 /// AVX2/FMA/F16C) a chunk is also converted to f32 once for the whole tile and scored
 /// with 512-bit vectors where the CPU has AVX-512F (then up to 4 heads of a token step
-/// through the V rows together).
+/// through the V rows together). On the f32 path ([`AttnShape::f32_path`]) with an f16
+/// cache the tile runs blockwise (`ops/tiled.rs`): each query's result still depends
+/// only on the query, its position and the cache, so it is [`attend`]'s too.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_block<'s>(
     q: &[f32],
@@ -900,7 +907,7 @@ fn attend_block_with<'s>(
     out.resize((nq * hd).max(out.len()), 0.0);
     let tile = Tile { n_tok, nh, kv_head, n_kv0, s };
     #[cfg(target_arch = "x86_64")]
-    if let (KvRows::F16(kc), KvRows::F16(vc)) = (k, v) {
+    if let (KvRows::F16(kc), KvRows::F16(vc), false) = (k, v, s.f32_path) {
         if nq > 1
             && hd.is_multiple_of(64)
             && hd <= MAX_HEAD_DIM
@@ -913,12 +920,7 @@ fn attend_block_with<'s>(
             }
             let b = &mut scratch.block;
             for i in 0..nq {
-                let (src, dst) = (tile.query(q, q_stride, heads.start, i), &mut b.qh[i * hd..(i + 1) * hd]);
-                if s.f32_path {
-                    dst.copy_from_slice(src);
-                } else {
-                    round_f16(src, dst);
-                }
+                round_f16(tile.query(q, q_stride, heads.start, i), &mut b.qh[i * hd..(i + 1) * hd]);
             }
             // SAFETY: the features were just detected; the buffers hold `nq` queries and
             // BLOCK_ROWS rows of `hd` values.
@@ -977,23 +979,25 @@ fn attend_tile(q: &[f32], q_stride: usize, h0: usize, t: Tile, k: KvRows<'_>, v:
         buf.resize(nq.max(buf.len()), 0.0);
     }
     let (kv_head, s) = (t.kv_head, t.s);
-    let vals = Vals { acc16, acc32: &mut b.acc[..nq * hd], rows_f32: &mut b.vf, m: &mut b.m[..nq], sum: &mut b.sum[..nq] };
     let out = &mut out[..nq * hd];
+    if let (KvRows::F16(k), KvRows::F16(v), true) = (k, v, s.f32_path) {
+        // llama.cpp's tiled path: f32 queries, K and V rows widened to f32, blockwise.
+        for i in 0..nq {
+            b.qh[i * hd..(i + 1) * hd].copy_from_slice(query(i));
+        }
+        let qh = std::mem::take(&mut b.qh);
+        tiled::attend(t, &qh[..nq * hd], k, v, b, out);
+        b.qh = qh;
+        return;
+    }
+    let vals = Vals { acc16, acc32: &mut b.acc[..nq * hd], rows_f32: &mut b.vf, m: &mut b.m[..nq], sum: &mut b.sum[..nq] };
     match k {
         KvRows::F16(k) if s.f32_path => {
-            // llama.cpp's tiled path: f32 queries, K rows widened to f32, f32 accumulators.
+            // f32 queries against f16 K (not rounded), another V type.
             for i in 0..nq {
                 b.qh[i * hd..(i + 1) * hd].copy_from_slice(query(i));
             }
-            // (KeyF16's dot takes any f32 query: here it is not rounded.)
-            let key = KeyF16 { q: &b.qh[..nq * hd], k, kv_head, s };
-            match v {
-                KvRows::F16(v) => {
-                    let Vals { acc32, rows_f32, m, sum, .. } = vals;
-                    online_softmax(t, &key, &mut ValF32::new(RowsF16 { v, kv_head, s }, acc32, hd, rows_f32), m, sum, out)
-                }
-                _ => attend_v(t, &key, v, vals, out),
-            }
+            attend_v(t, &KeyF16 { q: &b.qh[..nq * hd], k, kv_head, s }, v, vals, out)
         }
         KvRows::F16(k) => {
             for i in 0..nq {
@@ -1247,24 +1251,6 @@ impl F32Rows for RowsF32<'_> {
     #[inline(always)]
     fn row<'s>(&'s self, j: usize, _: &'s mut [f32]) -> &'s [f32] {
         &self.v[row_elems(j, self.kv_head, self.s)]
-    }
-}
-
-/// f16 V rows widened to f32 (the tiled path).
-struct RowsF16<'a> {
-    v: &'a [f16],
-    kv_head: usize,
-    s: AttnShape,
-}
-
-impl F32Rows for RowsF16<'_> {
-    const CONVERTS: bool = true;
-    #[inline(always)]
-    fn row<'s>(&'s self, j: usize, tmp: &'s mut [f32]) -> &'s [f32] {
-        for (d, x) in tmp.iter_mut().zip(&self.v[row_elems(j, self.kv_head, self.s)]) {
-            *d = x.to_f32();
-        }
-        tmp
     }
 }
 

@@ -1,0 +1,436 @@
+//! Prefill attention over an f16 KV cache in f32, block by block ("flash attention",
+//! Dao et al. 2022, §3.1, Algorithm 1): a batch of at least
+//! [`super::F32_PATH_MIN_TOKENS`] tokens of one sequence takes this path, as llama.cpp's
+//! `ggml_compute_forward_flash_attn_ext_tiled` does.
+//!
+//! For one query `q` (f32, `[head_dim]`) at position `p`, which sees cache rows
+//! `lo..=p` (`lo = p + 1 − window`, or 0):
+//!
+//! ```text
+//! m = −∞, l = 0, acc = 0                           (running max, sum, [head_dim])
+//! for each block B = [32·b, 32·b + 32) of absolute positions that meets lo..=p:
+//!     s_j = (Σ_d q_d · k_jd) · scale                for the visible rows j of B
+//!     m' = max(m, max_j s_j)
+//!     if m' > m: α = e^(m − m'), l = l·α, acc = acc·α
+//!     p_j = e^(s_j − m')  (0 for rows of B it does not see)
+//!     l = l + Σ_j p_j,  acc = acc + Σ_j p_j · v_j
+//! out = acc / l
+//! ```
+//!
+//! The order of every rounding is fixed by the query and the absolute positions alone:
+//! each score is one FMA chain over `d` from 0; `e^x` is ggml's vectorised `expf`
+//! ([`super::expf_ggml`]); `Σ_j p_j` adds the block's 32 values as four vectors of 8
+//! lanes in order, then the 8 lanes in a fixed tree ([`hsum8`]); `acc` takes the rows
+//! in order, one FMA each. So a query's result does not depend on the tile it was
+//! computed in (batch invariance, issue #8), nor on the vector width: [`attend_portable`]
+//! is the definition, and the x86 kernel ([`x86::attend`]) gives its bits.
+//!
+//! Why blocks instead of llama.cpp's per-row recurrence ([`super::attend`]): the max
+//! and its rescale happen once per 32 rows, `e^x` runs on vectors, and the scores of a
+//! block are a small matrix product whose K rows (transposed to `[head_dim, 32]`) each
+//! feed several queries from registers.
+
+use super::{expf_ggml, row_elems, Tile};
+use half::f16;
+
+/// Cache rows per block; blocks start at multiples of this absolute position.
+pub(super) const TILE_KV: usize = 32;
+
+/// The fixed 8-lane sum of [`hsum8`] on a scalar array: `(x0+x4)+(x2+x6)` plus
+/// `(x1+x5)+(x3+x7)` (the halves of a 256-bit vector added, then twice folded).
+#[inline(always)]
+fn hsum8(x: [f32; 8]) -> f32 {
+    let h = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+/// The sum of a block's 32 weights in the kernel's order: lane `c` of four 8-lane
+/// vectors added in order, then [`hsum8`].
+#[inline(always)]
+fn block_sum(p: &[f32; TILE_KV]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (c, l) in lanes.iter_mut().enumerate() {
+        *l = ((p[c] + p[8 + c]) + p[16 + c]) + p[24 + c];
+    }
+    hsum8(lanes)
+}
+
+/// The rows query `i` of the tile sees: `lo..hi` (absolute positions).
+#[inline(always)]
+fn visible(t: &Tile, i: usize) -> (usize, usize) {
+    let hi = t.n_kv0 + i / t.nh;
+    (hi.saturating_sub(t.s.window), hi)
+}
+
+/// The tile's queries against f16 K and V rows: `q` holds the queries as f32,
+/// `[n_tok · nh, head_dim]`; results to `out`, same shape. Portable; the definition of
+/// the path's bits (see the module docs).
+pub(super) fn attend_portable(t: Tile, q: &[f32], k: &[f16], v: &[f16], out: &mut [f32]) {
+    let s = t.s;
+    let hd = s.head_dim;
+    for i in 0..t.n_tok * t.nh {
+        let qi = &q[i * hd..(i + 1) * hd];
+        let (lo, hi) = visible(&t, i);
+        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+        let mut acc = vec![0f32; hd];
+        let mut b0 = lo / TILE_KV * TILE_KV;
+        while b0 < hi {
+            let (r0, r1) = (lo.max(b0), hi.min(b0 + TILE_KV));
+            let mut sc = [0f32; TILE_KV];
+            let mut mx = f32::NEG_INFINITY;
+            for j in r0..r1 {
+                let mut d = 0f32;
+                for (a, b) in qi.iter().zip(&k[row_elems(j, t.kv_head, s)]) {
+                    d = a.mul_add(b.to_f32(), d);
+                }
+                sc[j - b0] = d * s.scale;
+                if sc[j - b0] > mx {
+                    mx = sc[j - b0];
+                }
+            }
+            let m_new = if mx > m { mx } else { m };
+            if m_new > m && m != f32::NEG_INFINITY {
+                let alpha = expf_ggml(m - m_new);
+                l *= alpha;
+                acc.iter_mut().for_each(|a| *a *= alpha);
+            }
+            m = m_new;
+            let mut p = [0f32; TILE_KV];
+            for j in r0..r1 {
+                p[j - b0] = expf_ggml(sc[j - b0] - m);
+            }
+            l += block_sum(&p);
+            for j in r0..r1 {
+                for (a, x) in acc.iter_mut().zip(&v[row_elems(j, t.kv_head, s)]) {
+                    *a = p[j - b0].mul_add(x.to_f32(), *a);
+                }
+            }
+            b0 += TILE_KV;
+        }
+        let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+        for (o, a) in out[i * hd..(i + 1) * hd].iter_mut().zip(&acc) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// [`attend_portable`] on the fastest kernel this CPU has; the same bits.
+/// `scratch`: [`BlockScratch`](super::BlockScratch) of at least `head_dim`.
+pub(super) fn attend(t: Tile, q: &[f32], k: &[f16], v: &[f16], scratch: &mut super::BlockScratch, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if t.s.head_dim.is_multiple_of(8)
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        scratch.fit_tiled(t.s.head_dim, t.n_tok * t.nh);
+        // SAFETY: the features were just detected; `scratch` was sized for this tile.
+        unsafe { x86::attend(t, q, k, v, scratch, out) };
+        return;
+    }
+    let _ = scratch;
+    attend_portable(t, q, k, v, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::{row_elems, x86::expf_ggml, BlockScratch, Tile};
+    use super::{visible, TILE_KV};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// [`super::hsum8`] on a vector.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn hsum8(x: __m256) -> f32 {
+        let h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let f = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(f, _mm_movehdup_ps(f)))
+    }
+
+    /// Lanes `c` of a block (rows `8·v + c` for vector `v`) with `a ≤ 8·v + c < b`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn lane_mask(vi: usize, a: usize, b: usize) -> __m256 {
+        let idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * vi as i32));
+        let ge = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(a as i32 - 1));
+        let lt = _mm256_cmpgt_epi32(_mm256_set1_epi32(b as i32), idx);
+        _mm256_castsi256_ps(_mm256_and_si256(ge, lt))
+    }
+
+    /// Scores of two queries against a block's K rows (`kt`: `[head_dim, 32]`):
+    /// `sc0`, `sc1` = 4 vectors of 8 rows each, one FMA chain per lane over `d`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn scores2(hd: usize, q0: *const f32, q1: *const f32, kt: *const f32, scale: f32) -> ([__m256; 4], [__m256; 4]) {
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut b = [_mm256_setzero_ps(); 4];
+        for d in 0..hd {
+            let k = kt.add(d * TILE_KV);
+            let (x0, x1) = (_mm256_broadcast_ss(&*q0.add(d)), _mm256_broadcast_ss(&*q1.add(d)));
+            for c in 0..4 {
+                let kv = _mm256_loadu_ps(k.add(8 * c));
+                a[c] = _mm256_fmadd_ps(x0, kv, a[c]);
+                b[c] = _mm256_fmadd_ps(x1, kv, b[c]);
+            }
+        }
+        let sv = _mm256_set1_ps(scale);
+        (a.map(|x| _mm256_mul_ps(x, sv)), b.map(|x| _mm256_mul_ps(x, sv)))
+    }
+
+    /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[32, head_dim]`),
+    /// rows in order; `off` is the first element of the chunk within a row.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn pv<const N: usize>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+        let mut x = [_mm256_setzero_ps(); N];
+        for (c, a) in x.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(acc.add(8 * c));
+        }
+        for r in r0..r1 {
+            let w = _mm256_set1_ps(p[r]);
+            let vr = vf.add(r * hd);
+            for (c, a) in x.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr.add(8 * c)), *a);
+            }
+        }
+        for (c, a) in x.iter().enumerate() {
+            _mm256_storeu_ps(acc.add(8 * c), *a);
+        }
+    }
+
+    /// [`pv`] over the whole head in chunks of up to 64 elements.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn pv_head(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+        let mut off = 0;
+        while off < hd {
+            let (a, v) = (acc.add(off), vf.add(off));
+            match (hd - off) / 8 {
+                1 => pv::<1>(a, p, v, hd, r0, r1),
+                2 => pv::<2>(a, p, v, hd, r0, r1),
+                3 => pv::<3>(a, p, v, hd, r0, r1),
+                4 => pv::<4>(a, p, v, hd, r0, r1),
+                5 => pv::<5>(a, p, v, hd, r0, r1),
+                6 => pv::<6>(a, p, v, hd, r0, r1),
+                7 => pv::<7>(a, p, v, hd, r0, r1),
+                _ => pv::<8>(a, p, v, hd, r0, r1),
+            }
+            off += 64;
+        }
+    }
+
+    /// [`super::attend_portable`] with AVX2/FMA/F16C. Each block's K rows are widened
+    /// once for the tile into `b.kf` transposed (`[head_dim, 32]`) and its V rows into
+    /// `b.vf` (`[32, head_dim]`); queries are scored two at a time, sharing each K load.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend(t: Tile, q: &[f32], k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
+        let s = t.s;
+        let hd = s.head_dim;
+        let nq = t.n_tok * t.nh;
+        let (m, l, acc) = (&mut b.m[..nq], &mut b.sum[..nq], &mut b.acc[..nq * hd]);
+        m.fill(f32::NEG_INFINITY);
+        l.fill(0.0);
+        acc.fill(0.0);
+        // Rows any query of the tile sees: the first query's `lo` to the last one's `hi`.
+        let (lo_all, _) = visible(&t, 0);
+        let (_, hi_all) = visible(&t, nq - 1);
+        let (kt, vf, sc) = (b.kf.as_mut_ptr(), b.vf.as_mut_ptr(), b.score.as_mut_ptr());
+        let mut b0 = lo_all / TILE_KV * TILE_KV;
+        while b0 < hi_all {
+            let (u0, u1) = (lo_all.max(b0), hi_all.min(b0 + TILE_KV));
+            // Widen the rows of this block that some query sees. Rows outside u0..u1
+            // keep stale values: their scores are masked and their V rows never read.
+            let mut tmp = [0f32; 8];
+            for j in u0..u1 {
+                let e = row_elems(j, t.kv_head, s);
+                let (kr, vr) = (k[e.clone()].as_ptr(), v[e].as_ptr());
+                let r = j - b0;
+                for c in (0..hd).step_by(8) {
+                    let kx = _mm256_cvtph_ps(_mm_loadu_si128(kr.add(c) as *const __m128i));
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), kx);
+                    for (e, &x) in tmp.iter().enumerate() {
+                        *kt.add((c + e) * TILE_KV + r) = x;
+                    }
+                    _mm256_storeu_ps(vf.add(r * hd + c), _mm256_cvtph_ps(_mm_loadu_si128(vr.add(c) as *const __m128i)));
+                }
+            }
+            // Queries that see rows of this block, two at a time for the scores.
+            let mut i = 0;
+            while i < nq {
+                let (lo, hi) = visible(&t, i);
+                if hi <= b0 || lo >= b0 + TILE_KV {
+                    i += 1;
+                    continue;
+                }
+                // The next query, if it sees this block too (else score query i twice).
+                let i1 = if i + 1 < nq {
+                    let (lo1, hi1) = visible(&t, i + 1);
+                    if hi1 > b0 && lo1 < b0 + TILE_KV {
+                        i + 1
+                    } else {
+                        i
+                    }
+                } else {
+                    i
+                };
+                let (s0, s1) = scores2(hd, q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd), kt, s.scale);
+                for c in 0..4 {
+                    _mm256_storeu_ps(sc.add(8 * c), s0[c]);
+                    _mm256_storeu_ps(sc.add(TILE_KV + 8 * c), s1[c]);
+                }
+                step(&t, i, b0, sc, vf, m, l, acc);
+                if i1 != i {
+                    step(&t, i1, b0, sc.add(TILE_KV), vf, m, l, acc);
+                }
+                i = i1 + 1;
+            }
+            b0 += TILE_KV;
+        }
+        for i in 0..nq {
+            let inv = _mm256_set1_ps(if l[i] == 0.0 { 0.0 } else { 1.0 / l[i] });
+            let (a, o) = (acc.as_ptr().add(i * hd), out.as_mut_ptr().add(i * hd));
+            for c in (0..hd).step_by(8) {
+                _mm256_storeu_ps(o.add(c), _mm256_mul_ps(_mm256_loadu_ps(a.add(c)), inv));
+            }
+        }
+    }
+
+    /// One query's update for one block from its 32 scores `sc` (rows it does not see
+    /// hold anything): max, rescale, weights, sum, and the V rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn step(t: &Tile, i: usize, b0: usize, sc: *const f32, vf: *const f32, m: &mut [f32], l: &mut [f32], acc: &mut [f32]) {
+        let hd = t.s.head_dim;
+        let (lo, hi) = visible(t, i);
+        let (a, bnd) = (lo.max(b0) - b0, hi.min(b0 + TILE_KV) - b0);
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut sv = [_mm256_setzero_ps(); 4];
+        let mut mk = [_mm256_setzero_ps(); 4];
+        let mut mx = ninf;
+        for c in 0..4 {
+            mk[c] = lane_mask(c, a, bnd);
+            sv[c] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sc.add(8 * c)), mk[c]);
+            mx = _mm256_max_ps(sv[c], mx);
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        let m_old = m[i];
+        let m_new = if mx > m_old { mx } else { m_old };
+        let ai = acc.as_mut_ptr().add(i * hd);
+        if m_new > m_old && m_old != f32::NEG_INFINITY {
+            let alpha = super::super::expf_ggml(m_old - m_new);
+            l[i] *= alpha;
+            let av = _mm256_set1_ps(alpha);
+            for c in (0..hd).step_by(8) {
+                _mm256_storeu_ps(ai.add(c), _mm256_mul_ps(_mm256_loadu_ps(ai.add(c)), av));
+            }
+        }
+        m[i] = m_new;
+        let mv = _mm256_set1_ps(m_new);
+        let mut p = [0f32; TILE_KV];
+        let mut part = _mm256_setzero_ps();
+        for c in 0..4 {
+            let e = _mm256_and_ps(expf_ggml(_mm256_sub_ps(sv[c], mv)), mk[c]);
+            _mm256_storeu_ps(p.as_mut_ptr().add(8 * c), e);
+            part = if c == 0 { e } else { _mm256_add_ps(part, e) };
+        }
+        l[i] += hsum8(part);
+        pv_head(ai, &p, vf, hd, a, bnd);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AttnShape, BlockScratch, F16DotOrder};
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn shape(n_head: usize, n_head_kv: usize, head_dim: usize, window: usize, ring: usize) -> AttnShape {
+        AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window,
+            ring,
+            f32_path: true,
+            f16_dot: F16DotOrder::Avx512,
+        }
+    }
+
+    /// The kernel this CPU runs gives [`attend_portable`]'s bits for every head width
+    /// (multiples of 8 up to 256, chunks of 64 and a tail), tile shape, window and ring,
+    /// and both are within float error of the exact softmax (f64): a kernel that skipped
+    /// the sum's rescale (tried) fails here.
+    #[test]
+    fn kernel_matches_the_portable_definition_and_exact_softmax() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x711e);
+        for &(hd, n_kv_head, nh) in &[(64, 3, 3), (128, 2, 4), (8, 1, 1), (40, 2, 3), (96, 1, 5), (256, 1, 2), (72, 2, 1)] {
+            for &(n_kv0, n_tok, window, ring) in
+                &[(1, 16, usize::MAX, usize::MAX), (31, 7, usize::MAX, usize::MAX), (64, 9, usize::MAX, usize::MAX), (100, 12, 20, usize::MAX), (90, 5, 33, 40), (3, 1, usize::MAX, usize::MAX)]
+            {
+                if n_tok * nh > super::super::BLOCK_MAX_QUERIES {
+                    continue;
+                }
+                let s = shape(nh * n_kv_head, n_kv_head, hd, window, ring);
+                let rows = (n_kv0 + n_tok).min(ring);
+                let spread = if hd == 96 { 6.0 } else { 1.5 };
+                let k: Vec<f16> = (0..rows * n_kv_head * hd).map(|_| f16::from_f32(rng.gen_range(-spread..spread))).collect();
+                let v: Vec<f16> = (0..rows * n_kv_head * hd).map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0))).collect();
+                let nq = n_tok * nh;
+                let q: Vec<f32> = (0..nq * hd).map(|_| rng.gen_range(-spread..spread)).collect();
+                for kv_head in 0..n_kv_head {
+                    let t = Tile { n_tok, nh, kv_head, n_kv0, s };
+                    let mut want = vec![0f32; nq * hd];
+                    attend_portable(t, &q, &k, &v, &mut want);
+                    let mut got = vec![0f32; nq * hd];
+                    attend(t, &q, &k, &v, &mut BlockScratch::new(8), &mut got);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "hd {hd} nh {nh} n_kv0 {n_kv0} n_tok {n_tok} window {window} ring {ring}");
+                    // Against the exact softmax in f64 over the same f16 rows.
+                    for i in 0..nq {
+                        let (lo, hi) = visible(&t, i);
+                        let at = |j: usize| row_elems(j, kv_head, s);
+                        let sc: Vec<f64> = (lo..hi)
+                            .map(|j| q[i * hd..][..hd].iter().zip(&k[at(j)]).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>() * s.scale as f64)
+                            .collect();
+                        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                        let tot: f64 = w.iter().sum();
+                        for d in 0..hd {
+                            let e = (lo..hi).zip(&w).map(|(j, w)| w * v[at(j)][d].to_f64()).sum::<f64>() / tot;
+                            let g = got[i * hd + d] as f64;
+                            assert!((g - e).abs() < 1e-4 * (1.0 + e.abs()), "hd {hd} query {i} d {d}: {g} vs exact {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A query's result depends only on its position and the absolute block grid, not
+    /// on the rows its tile neighbours see: the last token alone and inside a tile of 16.
+    /// Control: moving the query one position earlier changes its bits.
+    #[test]
+    fn a_query_alone_equals_the_same_query_in_a_tile() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0xb10c);
+        let (hd, n_ctx) = (64, 150);
+        let s = shape(1, 1, hd, usize::MAX, usize::MAX);
+        let k: Vec<f16> = (0..n_ctx * hd).map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0))).collect();
+        let v: Vec<f16> = (0..n_ctx * hd).map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0))).collect();
+        let q: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let mut sc = BlockScratch::new(hd);
+        let mut tile = vec![0f32; 16 * hd];
+        attend(Tile { n_tok: 16, nh: 1, kv_head: 0, n_kv0: 120, s }, &q, &k, &v, &mut sc, &mut tile);
+        let last = &q[15 * hd..];
+        let mut alone = vec![0f32; hd];
+        attend(Tile { n_tok: 1, nh: 1, kv_head: 0, n_kv0: 135, s }, last, &k, &v, &mut sc, &mut alone);
+        assert_eq!(&tile[15 * hd..], &alone[..]);
+        let mut earlier = vec![0f32; hd];
+        attend(Tile { n_tok: 1, nh: 1, kv_head: 0, n_kv0: 134, s }, last, &k, &v, &mut sc, &mut earlier);
+        assert_ne!(alone, earlier);
+    }
+}
