@@ -70,8 +70,9 @@ impl PreConfig {
     }
 }
 
-/// Every `tokenizer.ggml.pre` value this crate accepts, for error messages.
-pub(crate) const SUPPORTED_PRE: &[&str] = &[
+/// Every `tokenizer.ggml.pre` value this crate accepts (for error messages, and for
+/// the fuzz target that runs each one).
+pub const SUPPORTED_PRE: &[&str] = &[
     "default",
     "llama3",
     "llama-v3",
