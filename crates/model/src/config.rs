@@ -131,7 +131,7 @@ impl ModelConfig {
         };
         let n_layer = k.int("block_count")?;
         // Per-layer tables are allocated from this count before any tensor is looked
-        // at: a hostile header saying 2^32 - 1 layers asked for 4 GB (found by fuzzing).
+        // at: a fuzzed header saying 2,583,691,264 layers asked for 2.6 GB.
         if n_layer > MAX_LAYERS {
             return k.bad("block_count", format!("{n_layer} layers is more than {MAX_LAYERS}: not a real model"));
         }
