@@ -36,6 +36,18 @@ PY
   i=$((i + 1))
 done
 
+# Long runs of one character (8 KB, the target's -max_len) for the reference
+# vocabularies and some of the small ones, so super-linear encoding shows from the start
+# (libFuzzer grows input lengths slowly on its own).
+python3 - "$c/tokenizer" <<'PY'
+import sys
+out = sys.argv[1]
+for pick in list(range(7)) + [7, 20, 40, 60, 88]:
+    for i, ch in enumerate(["a", " ", "1", "\n", "\t", "中", "🦙", ".", "é", "'", "\u200b"]):
+        data = bytes([pick, 0]) + (ch * (8000 // len(ch.encode()))).encode()
+        open(f"{out}/run-{pick}-{i}", "wb").write(data)
+PY
+
 # Chat templates: the real ones, as they are (rendered over a default conversation).
 cp "$ref"/chat-templates/*.jinja $c/chat_template/ 2>/dev/null || true
 

@@ -36,3 +36,26 @@ fn bpe_round_trip_drops_bytes_only_where_a_merge_leaves_the_vocabulary() {
         assert_eq!(suite.tok.decode(&ids), text, "{v}");
     }
 }
+
+/// Long runs of one character (the input that makes a backtracking regex or a naive
+/// merge loop quadratic) encode in near-linear time with every reference vocabulary:
+/// 32 KiB takes milliseconds; quadratic behaviour would take minutes. The fuzz target
+/// starts from such runs (fuzz/seed.sh) under a 2 s per-input limit.
+#[test]
+fn long_runs_of_one_character_stay_fast() {
+    if !common::reference_dir().join("vocab").exists() {
+        eprintln!("skipping: no reference data");
+        return;
+    }
+    for v in common::VOCABS {
+        let suite = common::load_suite(v);
+        for c in ["a", " ", "1", "\n", "中", "🦙", "'", "\u{200b}"] {
+            let text = c.repeat(32768 / c.len());
+            let start = std::time::Instant::now();
+            let ids = suite.tok.encode(&text, false, false);
+            let took = start.elapsed();
+            assert!(!ids.is_empty());
+            assert!(took < std::time::Duration::from_secs(5), "{v}: 32 KiB of {c:?} took {took:?}");
+        }
+    }
+}
