@@ -60,11 +60,11 @@ for t in "${targets[@]}"; do
   if ! cargo +nightly fuzz run -O "$t" "corpus/$t" -- "${limit[@]}" -max_len="$(max_len "$t")" \
        -timeout="$(time_limit "$t")" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
     echo "FAILED: $t (log: fuzz/$log, input: fuzz/artifacts/$t/)"
-    grep -E "^==|panicked|ERROR|SUMMARY|Test unit written" "$log" | head -20 || true
+    grep -a -E "^==|panicked|ERROR|SUMMARY|Test unit written" "$log" | head -20 || true
     status=1
     continue
   fi
   # The last status line holds the totals: "#N DONE cov: C ft: F corp: ..."
-  { grep -E "^#[0-9]+[[:space:]]+DONE" "$log" | tail -1; grep -E "^Done|stat::(number_of_executed_units|peak_rss_mb)" "$log"; } | sed "s/^/   /" || true
+  { grep -a -E "^#[0-9]+[[:space:]]+DONE" "$log" | tail -1; grep -a -E "^Done|stat::(number_of_executed_units|peak_rss_mb)" "$log"; } | sed "s/^/   /" || true
 done
 exit $status
