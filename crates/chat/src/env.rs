@@ -21,9 +21,23 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, Output, State, Undefi
 use crate::error::RaisedException;
 use crate::pyjson::{self, JsonOptions};
 
+/// Instructions one render may execute. Templates come inside GGUF files, i.e. from
+/// strangers: without a cap `{% for i in range(99999) %}{% for j in range(99999) %}`
+/// (minijinja caps one range at 100,000 items, not their nesting) or a macro that
+/// calls itself in a loop renders for hours. The reference templates render a
+/// 1,000-message conversation within the cap (tests/templates.rs), and a runaway
+/// template stops after about a second.
+pub const MAX_FUEL: u64 = 20_000_000;
+
+/// Most bytes one render may produce: far beyond any context window's worth of text,
+/// and small enough that a template printing `"x" * 99999999` in a loop fails instead
+/// of filling memory.
+pub const MAX_OUTPUT: usize = 64 << 20;
+
 /// Builds the environment; `now` fixes `strftime_now`'s clock (None = real time).
 pub(crate) fn build(now: Option<SystemTime>) -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(MAX_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);

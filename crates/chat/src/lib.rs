@@ -48,6 +48,25 @@ use serde_json::{json, Map, Value as Json};
 
 pub use error::ChatError;
 
+pub use env::{MAX_FUEL, MAX_OUTPUT};
+
+/// A render's output buffer that refuses to grow past [`MAX_OUTPUT`] bytes.
+struct CappedOutput(Vec<u8>);
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_OUTPUT {
+            return Err(std::io::Error::other(format!("the rendered prompt exceeds {MAX_OUTPUT} bytes")));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Name the template is registered under inside its environment.
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -296,8 +315,11 @@ impl ChatTemplate {
         let conventions = self.conventional_context(extra)?;
         // Earlier contexts win; later ones only fill names still undefined.
         let ctx = context! { ..base, ..Value::from_serialize(extra), ..conventions };
-        tmpl.render(ctx)
-            .map_err(|e| ChatError::from_engine(e, false))
+        let mut out = CappedOutput(Vec::new());
+        tmpl.render_captured_to(ctx, &mut out)
+            .map_err(|e| ChatError::from_engine(e, false))?;
+        // The formatter writes whole `str`s, so the bytes are UTF-8.
+        String::from_utf8(out.0).map_err(|e| ChatError::Render { line: None, message: e.to_string() })
     }
 
     /// Variables llama.cpp supplies for templates that expect the caller to

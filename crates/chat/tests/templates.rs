@@ -176,3 +176,34 @@ fn system_role_is_polyfilled_when_template_rejects_it() {
     );
     assert_eq!(out, expected);
 }
+
+/// The fuel cap (`hearth_chat::MAX_FUEL`) stops runaway templates only: every
+/// reference template renders a 1,000-message conversation within it. (A template that
+/// rendered before would fail under the cap if this did not hold.)
+#[test]
+fn reference_templates_render_long_conversations_within_the_fuel_cap() {
+    let Some(files) = template_files() else { return };
+    let mut messages = vec![Message::new("system", SYSTEM)];
+    for i in 0..500 {
+        messages.push(Message::new("user", format!("question {i}?")));
+        messages.push(Message::new("assistant", format!("answer {i}.")));
+    }
+    messages.push(Message::new("user", USER_2));
+    let (mut failures, mut rendered) = (Vec::new(), 0);
+    for path in &files {
+        let source = std::fs::read_to_string(path).unwrap();
+        let Ok(t) = ChatTemplate::with_fixed_time(&source, "<s>", "</s>", fixed_now()) else { continue };
+        // Templates that reject this conversation for their own reasons (role order,
+        // raise_exception) are not about the cap; only running out of fuel is.
+        match t.render(&messages, true) {
+            Ok(out) => {
+                assert!(out.contains("answer 499."), "{}: the conversation is cut short", path.display());
+                rendered += 1;
+            }
+            Err(e) if e.to_string().contains("fuel") => failures.push(format!("{}: {e}", path.display())),
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(rendered * 10 >= files.len() * 9, "only {rendered} of {} templates rendered", files.len());
+}

@@ -9,6 +9,9 @@ use crate::error::{ModelError, Result};
 use hearth_gguf::GgufFile;
 use hearth_kernels::ops::{Rope, RopeLayout};
 
+/// Most layers a model may have (the largest open models have about 130).
+pub const MAX_LAYERS: usize = 4096;
+
 /// Architectures whose forward pass hearth implements (`general.architecture`).
 pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "phi3"];
 
@@ -127,6 +130,11 @@ impl ModelConfig {
             None => f.get_array("tokenizer.ggml.tokens")?.len(),
         };
         let n_layer = k.int("block_count")?;
+        // Per-layer tables are allocated from this count before any tensor is looked
+        // at: a fuzzed header saying 2,583,691,264 layers asked for 2.6 GB.
+        if n_layer > MAX_LAYERS {
+            return k.bad("block_count", format!("{n_layer} layers is more than {MAX_LAYERS}: not a real model"));
+        }
         let n_ctx_train = k.int("context_length")?;
         let rope = k.rope(head_dim, n_ctx_train, arch)?;
         let mut cfg = Self {

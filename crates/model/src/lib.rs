@@ -35,7 +35,7 @@ mod weights;
 pub mod quantize;
 
 pub use arch::{Arch, Holds, LayerTensor, Mat, Vector, ARCHS};
-pub use config::{ModelConfig, RopeConfig, RopeScaling, SUPPORTED_ARCHS};
+pub use config::{ModelConfig, RopeConfig, RopeScaling, MAX_LAYERS, SUPPORTED_ARCHS};
 pub use context::{Context, ContextBuffers, Logits, Segment};
 pub use error::{ModelError, Result};
 pub use kv_cache::{CacheType, KvCache, KvLayout};

@@ -18,8 +18,11 @@ pub(crate) struct BpeMerges {
     pub merges: FxHashMap<(u32, u32), (u32, u32)>,
     /// Piece of the one-char string that byte `b` maps to.
     pub byte_piece: [u32; 256],
-    /// Token of the one-char string `b` for ASCII bytes (llama.cpp's fallback looks up
-    /// single bytes of the encoded text; only ASCII ones can be vocab strings).
+    /// Token of the one-char string `b` for printable ASCII bytes: when a merge makes a
+    /// string that is not a token, llama.cpp looks up each byte of the encoded text on
+    /// its own, and only those bytes encode as themselves. The other bytes of such a
+    /// piece are dropped, as llama.cpp drops them (StarCoder's vocabulary has merges
+    /// like that: `decode(encode("\u{79e79}"))` loses the first byte).
     pub ascii_token: [Option<u32>; 128],
 }
 

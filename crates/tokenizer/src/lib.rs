@@ -39,5 +39,6 @@ mod tokenizer;
 mod unicode;
 
 pub use error::TokenizerError;
+pub use pretok::SUPPORTED_PRE;
 pub use stream::StreamDecoder;
 pub use tokenizer::{Tokenizer, TokenizerKind};

@@ -12,6 +12,7 @@
 //! token ids depend on.
 
 use crate::unicode::{self, LETTER, MARK, NUMBER, PUNCTUATION, SYMBOL, WHITESPACE};
+use std::sync::Mutex;
 
 /// GPT-2's pattern; run by [`split_gpt2`].
 pub(crate) const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -70,8 +71,9 @@ impl PreConfig {
     }
 }
 
-/// Every `tokenizer.ggml.pre` value this crate accepts, for error messages.
-pub(crate) const SUPPORTED_PRE: &[&str] = &[
+/// Every `tokenizer.ggml.pre` value this crate accepts (for error messages, and for
+/// the fuzz target that runs each one).
+pub const SUPPORTED_PRE: &[&str] = &[
     "default",
     "llama3",
     "llama-v3",
@@ -327,6 +329,30 @@ fn collapse_regex(expr: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// Regexes compiled so far in this process, by pattern. The patterns come from the
+/// fixed table in [`pre_config`], so this holds at most a few dozen entries; building
+/// one costs milliseconds (far more under a sanitizer), and a process may build the same
+/// tokenizer more than once (`Model::from_file` builds its own; the structure-aware
+/// fuzz target builds two per input and spent half its time compiling these regexes).
+/// A clone shares the compiled automata.
+static COMPILED: Mutex<Vec<(String, fancy_regex::Regex)>> = Mutex::new(Vec::new());
+
+/// `pattern` compiled (with the backtracking limit every step uses), from [`COMPILED`]
+/// when it was compiled before. Failures are not cached.
+fn compile(pattern: &str) -> Result<fancy_regex::Regex, String> {
+    // A panic while the lock was held cannot leave a half-written entry: recover it.
+    let cached = |c: &Vec<(String, fancy_regex::Regex)>| c.iter().find(|(p, _)| p == pattern).map(|(_, re)| re.clone());
+    if let Some(re) = cached(&COMPILED.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(re);
+    }
+    let re = fancy_regex::RegexBuilder::new(pattern).backtrack_limit(10_000_000).build().map_err(|e| e.to_string())?;
+    let mut c = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
+    if cached(&c).is_none() {
+        c.push((pattern.to_string(), re.clone()));
+    }
+    Ok(re)
+}
+
 impl PreTokenizer {
     /// Compile a list of regexes; the error names the regex at fault.
     pub(crate) fn new(exprs: &[&str]) -> Result<Self, (String, String)> {
@@ -340,10 +366,7 @@ impl PreTokenizer {
                 let collapsed = uses_categories(expr);
                 let pattern =
                     if collapsed { collapse_regex(expr).map_err(|e| (expr.to_string(), e))? } else { expr.to_string() };
-                let re = fancy_regex::RegexBuilder::new(&pattern)
-                    .backtrack_limit(10_000_000)
-                    .build()
-                    .map_err(|e| (expr.to_string(), e.to_string()))?;
+                let re = compile(&pattern).map_err(|e| (expr.to_string(), e))?;
                 Step::Regex { re, collapsed }
             };
             steps.push(step);
@@ -667,6 +690,18 @@ mod tests {
             let cfg = pre_config(pre).unwrap_or_else(|| panic!("{pre} listed but unknown"));
             PreTokenizer::new(cfg.exprs).unwrap_or_else(|e| panic!("{pre}: {e:?}"));
         }
+    }
+
+    /// A second tokenizer with the same pre-tokenizer reuses the compiled regexes, and
+    /// splits the same way.
+    #[test]
+    fn compiled_regexes_are_reused() {
+        let text = "Hello world's 12345 ok\n\n  x é中";
+        let a = PreTokenizer::new(&[QWEN2]).unwrap();
+        let b = PreTokenizer::new(&[QWEN2]).unwrap();
+        assert_eq!(a.split(text), b.split(text));
+        let pattern = collapse_regex(QWEN2).unwrap();
+        assert_eq!(COMPILED.lock().unwrap().iter().filter(|(p, _)| *p == pattern).count(), 1);
     }
 
     #[test]

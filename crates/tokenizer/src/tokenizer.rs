@@ -612,7 +612,10 @@ impl Tokenizer {
     }
 
     /// Concatenated pieces of `ids` (control tokens omitted), invalid UTF-8 replaced.
-    /// No space clean-up, so for byte-level BPE `decode(encode(s)) == s`; SentencePiece
+    /// No space clean-up, so for byte-level BPE `decode(encode(s)) == s` whenever every
+    /// merge's result is in the vocabulary (otherwise that piece keeps only its
+    /// printable ASCII bytes, as in llama.cpp; the decoded bytes are always a
+    /// subsequence of the input's); SentencePiece
     /// output keeps the prefix space. See [`Tokenizer::detokenize`] for llama.cpp's exact
     /// `llama_detokenize`.
     pub fn decode(&self, ids: &[u32]) -> String {
@@ -795,7 +798,10 @@ fn build_merges(
         if let Some(&p) = pieces.get(&*c.encode_utf8(&mut buf)) {
             byte_piece[b] = p;
         }
-        if b < 128 {
+        // llama.cpp looks up single bytes of the byte-level *encoded* word, and only
+        // the printable ASCII bytes (0x21..=0x7E) encode as themselves: a raw space or
+        // newline is `Ġ`/`Ċ` there, never a one-byte string.
+        if (0x21..=0x7E).contains(&b) {
             let one = [b as u8];
             if let Ok(s) = std::str::from_utf8(&one) {
                 ascii_token[b] = pieces.get(s).copied().filter(|&i| (i as usize) < n_vocab);
