@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the cargo-fuzz targets (fuzz/, docs/FUZZING.md) one after another, each for a
-# time or a number of executions, from seed corpora built by fuzz/seed.sh. Fails on the
-# first crash, hang (-timeout) or allocation over -rss_limit_mb; the failing input is
-# left in fuzz/artifacts/<target>/ (turn it into a regression test, see FUZZING.md).
+# time or a number of executions, from seed corpora built by fuzz/seed.sh. Runs every
+# target, then exits non-zero if any of them crashed, hung (-timeout) or allocated over
+# -rss_limit_mb; a failing input is left in fuzz/artifacts/<target>/ (turn it into a
+# regression test, see FUZZING.md).
 #
 #   scripts/fuzz.sh                      # every target, 60 s each
 #   scripts/fuzz.sh -t 600 tokenizer     # one target, 10 minutes
@@ -12,6 +13,7 @@
 # target's executions and coverage (libFuzzer's cov/ft) and keeps the full logs in
 # fuzz/logs/.
 set -euo pipefail
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 cd "$(dirname "$0")/../fuzz"
 limit=(-max_total_time=60)
 while getopts "t:r:" o; do

@@ -132,20 +132,20 @@ fn last_position_logits_match_llama_cpp() {
     }
 }
 
-/// Greedy decoding one token at a time, following llama.cpp's tokens `want`; returns
-/// how many steps agree before the first that does not, and at that step how far
-/// llama.cpp's token was below hearth's choice in hearth's logits.
-fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> (usize, f32) {
+/// Greedy decoding one token at a time, fed llama.cpp's tokens `want` (teacher forcing,
+/// so one near-tie does not send the rest of the text elsewhere): per step, whether
+/// hearth's top token is llama.cpp's, and how far llama.cpp's token is below hearth's top
+/// logit in hearth's logits (0 where they agree).
+fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> Vec<(bool, f32)> {
     let mut ctx = context(n_ctx, n_batch);
     let mut logits = ctx.eval(prompt, Logits::Last).unwrap().to_vec();
-    for (i, &w) in want.iter().enumerate() {
+    let mut steps = Vec::new();
+    for &w in want {
         let t = argmax(&logits);
-        if t != w {
-            return (i, logits[t as usize] - logits[w as usize]);
-        }
-        logits = ctx.eval(&[t], Logits::Last).unwrap().to_vec();
+        steps.push((t == w, logits[t as usize] - logits[w as usize]));
+        logits = ctx.eval(&[w], Logits::Last).unwrap().to_vec();
     }
-    (want.len(), 0.0)
+    steps
 }
 
 /// Every prompt's greedy tokens (plain text, code, chat through the template, and 744
@@ -153,23 +153,29 @@ fn follow(prompt: &[u32], want: &[u32], n_ctx: usize, n_batch: usize) -> (usize,
 /// repacked Q4_K gemm (an f32 add every 64 elements) while its decode steps and all of
 /// hearth's take the gemv order (one per super-block; `bit_for_bit_with_llama_cpps_default_kernels`
 /// matches llama.cpp's decode path to the bit): the prompt's K/V differ in the last bits,
-/// so the tokens must agree until, at most, a step where llama.cpp's token is within 0.5
-/// of hearth's top logit, and at least half of all steps agree. Measured: 11, 32, 8, 32
-/// (gaps 0.065 and 0.073 at the first differences). The long prompt runs the
-/// local layers through their 512-position window, with batches of 64: their KV cache is
-/// then a ring of 575 positions, which wraps.
+/// so at every step hearth's top token must be llama.cpp's or within 0.5 of it (the
+/// near-tie bound; llama.cpp's own repacked vs plain runs differ by up to 0.53 in a
+/// top-5 logit), and at least 7 in 8 steps must agree. Fed llama.cpp's tokens, so a
+/// near-tie costs one step, not the rest of the prompt's (until 2026-12-03 this test
+/// followed hearth's own tokens and stopped at the first difference: 11, 32, 8 and 32
+/// steps agreed, gaps 0.065 and 0.073; the long prompt then flipped at step 1 by 0.275
+/// at the avx2 level when the prefill attention became blockwise, as llama.cpp's is).
+/// The long prompt runs the local layers through their 512-position window, with
+/// batches of 64: their KV cache is then a ring of 575 positions, which wraps.
 #[test]
 fn greedy_tokens_match_llama_cpp() {
     let (mut total, mut equal) = (0, 0);
     for p in prompts() {
         let prompt = ids(&p["prompt_ids"]);
         let want = ids(&p["generated_ids"]);
-        let (same, gap) = follow(&prompt, &want, 2048, 64);
-        eprintln!("gemma3 {}: {same} of {} greedy tokens equal llama.cpp's (gap at the first difference {gap:.3})", p["name"], want.len());
-        assert!(gap < 0.5, "prompt {}: {same} equal tokens, then llama.cpp's is {gap} below hearth's", p["name"]);
+        let steps = follow(&prompt, &want, 2048, 64);
+        let same = steps.iter().filter(|s| s.0).count();
+        let gap = steps.iter().map(|s| s.1).fold(0f32, f32::max);
+        eprintln!("gemma3 {}: {same} of {} greedy tokens equal llama.cpp's (largest gap {gap:.3})", p["name"], want.len());
+        assert!(gap < 0.5, "prompt {}: llama.cpp's token is {gap} below hearth's at some step", p["name"]);
         (total, equal) = (total + want.len(), equal + same);
     }
-    assert!(2 * equal >= total, "only {equal} of {total} greedy tokens equal llama.cpp's");
+    assert!(8 * equal >= 7 * total, "only {equal} of {total} greedy tokens equal llama.cpp's");
 }
 
 /// Perplexity on the GPL text at -c 512 and 1024 within 0.5% of llama-perplexity's.

@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! m = −∞, l = 0, acc = 0                           (running max, sum, [head_dim])
-//! for each block B = [32·b, 32·b + 32) of absolute positions that meets lo..=p:
+//! for each block B = [64·b, 64·b + 64) of absolute positions that meets lo..=p:
 //!     s_j = (Σ_d q_d · k_jd) · scale                for the visible rows j of B
 //!     m' = max(m, max_j s_j)
 //!     if m' > m: α = e^(m − m'), l = l·α, acc = acc·α
@@ -17,24 +17,28 @@
 //! out = acc / l
 //! ```
 //!
-//! The order of every rounding is fixed by the query and the absolute positions alone:
-//! each score is one FMA chain over `d` from 0; `e^x` is ggml's vectorised `expf`
-//! ([`super::expf_ggml`]); `Σ_j p_j` adds the block's 32 values as four vectors of 8
-//! lanes in order, then the 8 lanes in a fixed tree ([`hsum8`]); `acc` takes the rows
-//! in order, one FMA each. So a query's result does not depend on the tile it was
-//! computed in (batch invariance, issue #8), nor on the vector width: [`attend_portable`]
-//! is the definition, and the x86 kernel ([`x86::attend`]) gives its bits.
+//! Every rounding follows llama.cpp's `ggml_compute_forward_flash_attn_ext_tiled` on an
+//! AVX2 build (KV tiles of 64 cache cells, `GGML_FA_TILE_KV`): each score is one FMA chain
+//! over `d` from 0, then one multiply by `scale`; `e^(s − m')` is ggml's vectorised
+//! `expf` ([`super::expf_ggml`]) and the rescale `α` is libm's `expf`; `Σ_j p_j` is
+//! `ggml_vec_soft_max_f32`'s: each run of 8 by [`hsum8`], the 8 run sums added in f64,
+//! then added to `l` in f64 and rounded once; `acc` takes the rows in order, one FMA
+//! each. So where llama.cpp's cache cells are the absolute positions (one sequence,
+//! no ring), the two give the same bits; and a query's result never depends on the tile
+//! it was computed in (batch invariance, issue #8), nor on the vector width:
+//! [`attend_portable`] is the definition, and the x86 kernel ([`x86::attend`]) gives
+//! its bits.
 //!
-//! Why blocks instead of llama.cpp's per-row recurrence ([`super::attend`]): the max
-//! and its rescale happen once per 32 rows, `e^x` runs on vectors, and the scores of a
-//! block are a small matrix product whose K rows (transposed to `[head_dim, 32]`) each
+//! Why blocks instead of the per-row recurrence ([`super::attend`]): the max
+//! and its rescale happen once per 64 rows, `e^x` runs on vectors, and the scores of a
+//! block are a small matrix product whose K rows (transposed to `[head_dim, 64]`) each
 //! feed several queries from registers.
 
 use super::{expf_ggml, row_elems, Tile};
 use half::f16;
 
 /// Cache rows per block; blocks start at multiples of this absolute position.
-pub(super) const TILE_KV: usize = 32;
+pub(super) const TILE_KV: usize = 64;
 
 /// The fixed 8-lane sum of [`hsum8`] on a scalar array: `(x0+x4)+(x2+x6)` plus
 /// `(x1+x5)+(x3+x7)` (the halves of a 256-bit vector added, then twice folded).
@@ -44,15 +48,11 @@ fn hsum8(x: [f32; 8]) -> f32 {
     (h[0] + h[2]) + (h[1] + h[3])
 }
 
-/// The sum of a block's 32 weights in the kernel's order: lane `c` of four 8-lane
-/// vectors added in order, then [`hsum8`].
+/// The sum of a block's 64 weights in llama.cpp's order (`ggml_vec_soft_max_f32`, AVX2):
+/// each run of 8 summed by [`hsum8`] in f32, the eight sums added in order in f64.
 #[inline(always)]
-fn block_sum(p: &[f32; TILE_KV]) -> f32 {
-    let mut lanes = [0f32; 8];
-    for (c, l) in lanes.iter_mut().enumerate() {
-        *l = ((p[c] + p[8 + c]) + p[16 + c]) + p[24 + c];
-    }
-    hsum8(lanes)
+fn block_sum(p: &[f32; TILE_KV]) -> f64 {
+    p.chunks_exact(8).map(|c| hsum8(c.try_into().unwrap()) as f64).fold(0.0, |a, x| a + x)
 }
 
 /// The rows query `i` of the tile sees: `lo..hi` (absolute positions).
@@ -90,7 +90,7 @@ pub(super) fn attend_portable(t: Tile, q: &[f32], k: &[f16], v: &[f16], out: &mu
             }
             let m_new = if mx > m { mx } else { m };
             if m_new > m && m != f32::NEG_INFINITY {
-                let alpha = expf_ggml(m - m_new);
+                let alpha = (m - m_new).exp();
                 l *= alpha;
                 acc.iter_mut().for_each(|a| *a *= alpha);
             }
@@ -99,7 +99,7 @@ pub(super) fn attend_portable(t: Tile, q: &[f32], k: &[f16], v: &[f16], out: &mu
             for j in r0..r1 {
                 p[j - b0] = expf_ggml(sc[j - b0] - m);
             }
-            l += block_sum(&p);
+            l = (l as f64 + block_sum(&p)) as f32;
             for j in r0..r1 {
                 for (a, x) in acc.iter_mut().zip(&v[row_elems(j, t.kv_head, s)]) {
                     *a = p[j - b0].mul_add(x.to_f32(), *a);
@@ -158,11 +158,12 @@ mod x86 {
         _mm256_castsi256_ps(_mm256_and_si256(ge, lt))
     }
 
-    /// Scores of two queries against a block's K rows (`kt`: `[head_dim, 32]`):
+    /// Scores of two queries against a block's K rows (`kt`: `[head_dim, 64]`, from the half-block in use):
     /// `sc0`, `sc1` = 4 vectors of 8 rows each, one FMA chain per lane over `d`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn scores2(hd: usize, q0: *const f32, q1: *const f32, kt: *const f32, scale: f32) -> ([__m256; 4], [__m256; 4]) {
+        // `kt` points at the half-block's first column; rows of `kt` are TILE_KV apart.
         let mut a = [_mm256_setzero_ps(); 4];
         let mut b = [_mm256_setzero_ps(); 4];
         for d in 0..hd {
@@ -178,7 +179,7 @@ mod x86 {
         (a.map(|x| _mm256_mul_ps(x, sv)), b.map(|x| _mm256_mul_ps(x, sv)))
     }
 
-    /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[32, head_dim]`),
+    /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[64, head_dim]`),
     /// rows in order; `off` is the first element of the chunk within a row.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -221,8 +222,8 @@ mod x86 {
     }
 
     /// [`super::attend_portable`] with AVX2/FMA/F16C. Each block's K rows are widened
-    /// once for the tile into `b.kf` transposed (`[head_dim, 32]`) and its V rows into
-    /// `b.vf` (`[32, head_dim]`); queries are scored two at a time, sharing each K load.
+    /// once for the tile into `b.kf` transposed (`[head_dim, 64]`) and its V rows into
+    /// `b.vf` (`[64, head_dim]`); queries are scored two at a time, sharing each K load.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend(t: Tile, q: &[f32], k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
         let s = t.s;
@@ -274,10 +275,14 @@ mod x86 {
                 } else {
                     i
                 };
-                let (s0, s1) = scores2(hd, q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd), kt, s.scale);
-                for c in 0..4 {
-                    _mm256_storeu_ps(sc.add(8 * c), s0[c]);
-                    _mm256_storeu_ps(sc.add(TILE_KV + 8 * c), s1[c]);
+                // Each lane's FMA chain is independent, so the block's two halves of 32
+                // columns are scored one after the other (8 accumulators, not 16).
+                for half in 0..2 {
+                    let (s0, s1) = scores2(hd, q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd), kt.add(32 * half), s.scale);
+                    for c in 0..4 {
+                        _mm256_storeu_ps(sc.add(32 * half + 8 * c), s0[c]);
+                        _mm256_storeu_ps(sc.add(TILE_KV + 32 * half + 8 * c), s1[c]);
+                    }
                 }
                 step(&t, i, b0, sc, vf, m, l, acc);
                 if i1 != i {
@@ -296,7 +301,7 @@ mod x86 {
         }
     }
 
-    /// One query's update for one block from its 32 scores `sc` (rows it does not see
+    /// One query's update for one block from its 64 scores `sc` (rows it does not see
     /// hold anything): max, rescale, weights, sum, and the V rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -306,10 +311,10 @@ mod x86 {
         let (lo, hi) = visible(t, i);
         let (a, bnd) = (lo.max(b0) - b0, hi.min(b0 + TILE_KV) - b0);
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut sv = [_mm256_setzero_ps(); 4];
-        let mut mk = [_mm256_setzero_ps(); 4];
+        let mut sv = [_mm256_setzero_ps(); TILE_KV / 8];
+        let mut mk = [_mm256_setzero_ps(); TILE_KV / 8];
         let mut mx = ninf;
-        for c in 0..4 {
+        for c in 0..TILE_KV / 8 {
             mk[c] = lane_mask(c, a, bnd);
             sv[c] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sc.add(8 * c)), mk[c]);
             mx = _mm256_max_ps(sv[c], mx);
@@ -321,7 +326,7 @@ mod x86 {
         let m_new = if mx > m_old { mx } else { m_old };
         let ai = acc.as_mut_ptr().add(i * hd);
         if m_new > m_old && m_old != f32::NEG_INFINITY {
-            let alpha = super::super::expf_ggml(m_old - m_new);
+            let alpha = (m_old - m_new).exp(); // libm's expf, as llama.cpp's `expf(Mold - Mnew)`
             l[i] *= alpha;
             let av = _mm256_set1_ps(alpha);
             for c in (0..hd).step_by(8) {
@@ -331,13 +336,13 @@ mod x86 {
         m[i] = m_new;
         let mv = _mm256_set1_ps(m_new);
         let mut p = [0f32; TILE_KV];
-        let mut part = _mm256_setzero_ps();
-        for c in 0..4 {
+        let mut sum = 0f64;
+        for c in 0..TILE_KV / 8 {
             let e = _mm256_and_ps(expf_ggml(_mm256_sub_ps(sv[c], mv)), mk[c]);
             _mm256_storeu_ps(p.as_mut_ptr().add(8 * c), e);
-            part = if c == 0 { e } else { _mm256_add_ps(part, e) };
+            sum += hsum8(e) as f64;
         }
-        l[i] += hsum8(part);
+        l[i] = (l[i] as f64 + sum) as f32;
         pv_head(ai, &p, vf, hd, a, bnd);
     }
 }
