@@ -812,8 +812,14 @@ struct BlockScratch {
 }
 
 impl BlockScratch {
+    /// K/V rows of f32 either path widens at a time: the block path's [`BLOCK_ROWS`],
+    /// the tiled path's KV tile ([`tiled::TILE_KV`]).
+    const ROWS: usize = if BLOCK_ROWS > tiled::TILE_KV { BLOCK_ROWS } else { tiled::TILE_KV };
+    /// Scores kept at a time: one query's block of rows, or two queries' KV tiles.
+    const SCORES: usize = if BLOCK_ROWS > 2 * tiled::TILE_KV { BLOCK_ROWS } else { 2 * tiled::TILE_KV };
+
     fn new(head_dim: usize) -> Self {
-        let (q, r) = (BLOCK_MAX_QUERIES * head_dim, BLOCK_ROWS * head_dim);
+        let (q, r) = (BLOCK_MAX_QUERIES * head_dim, Self::ROWS * head_dim);
         Self {
             qh: vec![0.0; q],
             acc: vec![0.0; q],
@@ -821,20 +827,21 @@ impl BlockScratch {
             sum: vec![0.0; BLOCK_MAX_QUERIES],
             kf: vec![0.0; r],
             vf: vec![0.0; r],
-            score: vec![0.0; 2 * BLOCK_ROWS],
+            score: vec![0.0; Self::SCORES],
         }
     }
 
     fn bytes(head_dim: usize) -> usize {
-        4 * (2 * BLOCK_MAX_QUERIES * head_dim + 2 * BLOCK_MAX_QUERIES + 2 * BLOCK_ROWS * head_dim + 2 * BLOCK_ROWS)
+        4 * (2 * BLOCK_MAX_QUERIES * head_dim + 2 * BLOCK_MAX_QUERIES + 2 * Self::ROWS * head_dim + Self::SCORES)
     }
 
-    /// Grow to what the tiled f32 path needs for `nq` queries of `head_dim`: a block of
-    /// K and V rows as f32 and the scores of two queries.
+    /// Grow to what the tiled f32 path needs for `nq` queries of `head_dim` (a scratch
+    /// made by [`Self::new`] for a smaller `head_dim` has too few): a KV tile of K and V
+    /// rows as f32 and the scores of two queries.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn fit_tiled(&mut self, head_dim: usize, nq: usize) {
         let rows = tiled::TILE_KV * head_dim;
-        for (buf, n) in [(&mut self.acc, nq * head_dim), (&mut self.kf, rows), (&mut self.vf, rows), (&mut self.score, 2 * tiled::TILE_KV), (&mut self.m, nq), (&mut self.sum, nq)] {
+        for (buf, n) in [(&mut self.acc, nq * head_dim), (&mut self.kf, rows), (&mut self.vf, rows), (&mut self.score, Self::SCORES), (&mut self.m, nq), (&mut self.sum, nq)] {
             if buf.len() < n {
                 buf.resize(n, 0.0);
             }
