@@ -188,6 +188,7 @@ macro_rules! float_fmt {
             const EPB: usize = 8;
             const WB: usize = 8 * $wsz;
             const AB: usize = 8 * $asz;
+            const UNROLL_GROUPS: bool = true;
             type W = __m256;
             type A = __m256;
             type Acc = __m256;

@@ -140,6 +140,7 @@ impl Fmt for Q4_1 {
     const WB: usize = 20;
     const AB: usize = 36;
     const ROWS: usize = 2;
+    const UNROLL_GROUPS: bool = true;
     /// (nibbles, d per half, m per half)
     type W = (__m512i, __m512, __m512);
     /// (q, d, s in lanes 0 and 8)

@@ -39,6 +39,16 @@ pub(super) trait Fmt {
     unsafe fn load_rows(p: *const u8, _next: usize) -> Self::W {
         Self::load_w(p)
     }
+    /// Whether a tile runs its steps in unrolled groups of one prefetch each
+    /// (64 weight bytes of a row) rather than one step at a time with a
+    /// test for the prefetch in every step. Grouped, the F16 2 × 6 tile at
+    /// avx2 lost its per-step test and the address arithmetic that test
+    /// kept from folding (72 -> 77 GFLOP/s on SmolLM2's matmuls, `cargo
+    /// bench --bench prefill -- 1 9 512 smollm2`), and the avx512 paired
+    /// Q4_1 tile ran 80-88 -> 108; the avx512 F16 4 × 6 tile spilled
+    /// accumulators across a group (104 -> 72): set by measurement, per
+    /// format.
+    const UNROLL_GROUPS: bool = false;
     /// The dots of the `ROWS` rows of `acc`.
     #[inline(always)]
     unsafe fn finish_rows(acc: Self::Acc) -> [f32; 2] {
@@ -137,6 +147,44 @@ pub(super) unsafe fn hsum512(v: __m512) -> f32 {
 }
 
 
+/// Block `b` of the `R` rows a few tiles on (`prefetch_rows`; null: none),
+/// into L2. A row is only a few KiB, so a fixed distance ahead in the row
+/// would skip each tile's first KiB; whole tiles ahead keep every stream
+/// ahead. Called once per 64 bytes of a row: a prefetch per step of a short
+/// block costs more than it brings.
+#[inline(always)]
+unsafe fn prefetch<F: Fmt, const R: usize>(pf: *const u8, rs: usize, b: usize) {
+    if pf.is_null() {
+        return;
+    }
+    for r in 0..R {
+        for l in 0..F::WB.div_ceil(64) {
+            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(r * rs + b * F::WB + 64 * l) as *const i8);
+        }
+    }
+}
+
+/// Step `b` (one `F::EPB`-element block) of every (row, token) pair of a
+/// tile whose rows start at `wp` and tokens at `ap`.
+#[inline(always)]
+unsafe fn step<F: Fmt, const R: usize, const T: usize>(mut acc: [[F::Acc; T]; R], wp: *const u8, ap: *const u8, rs: usize, ast: usize, b: usize) -> [[F::Acc; T]; R] {
+    let units = R.div_ceil(F::ROWS);
+    // (Not `array::from_fn`: its closure is not reliably inlined into
+    // target-feature code, which costs 20x.)
+    let mut w = [const { MaybeUninit::<F::W>::uninit() }; R];
+    for u in 0..units {
+        let next = if u * F::ROWS + 1 < R { rs } else { 0 };
+        w[u].write(F::load_rows(wp.add(u * F::ROWS * rs + b * F::WB), next));
+    }
+    for t in 0..T {
+        let a = F::load_a(ap.add(t * ast + b * F::AB));
+        for u in 0..units {
+            acc[u][t] = F::pair(acc[u][t], w[u].assume_init(), a);
+        }
+    }
+    acc
+}
+
 /// Rows `r0..r0+R` × tokens `t0..t0+T` of the panel. A weight unit (and an
 /// accumulator) holds `F::ROWS` rows: with 2, an odd last row is loaded twice
 /// and its second copy's result dropped (lanes never mix, so a row's
@@ -151,31 +199,27 @@ unsafe fn tile<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, r0: usize,
     let ap = p.act.as_ptr().add(t0 * ast);
     let mut acc = [[F::zero(); T]; R];
     let pf = super::prefetch_rows(p, r0, R);
-    for b in 0..nb {
-        // The same bytes of the rows a few tiles on (`prefetch_rows`), into
-        // L2, once per 64 bytes of a row (a prefetch per step of a short
-        // block costs more than it brings). A row is only a few KiB, so a
-        // fixed distance ahead in the row would skip each tile's first KiB;
-        // whole tiles ahead keep every stream ahead.
-        if !pf.is_null() && b % (64 / F::WB).max(1) == 0 {
-            for r in 0..R {
-                for l in 0..F::WB.div_ceil(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(r * rs + b * F::WB + 64 * l) as *const i8);
-                }
+    // One prefetch per 64 bytes of a row: every `group` steps.
+    let group = (64 / F::WB).max(1);
+    if F::UNROLL_GROUPS {
+        let mut b = 0;
+        while b + group <= nb {
+            prefetch::<F, R>(pf, rs, b);
+            for s in 0..group {
+                acc = step::<F, R, T>(acc, wp, ap, rs, ast, b + s);
             }
+            b += group;
         }
-        // (Not `array::from_fn`: its closure is not reliably inlined into
-        // target-feature code, which costs 20x.)
-        let mut w = [const { MaybeUninit::<F::W>::uninit() }; R];
-        for u in 0..units {
-            let next = if u * F::ROWS + 1 < R { rs } else { 0 };
-            w[u].write(F::load_rows(wp.add(u * F::ROWS * rs + b * F::WB), next));
+        while b < nb {
+            acc = step::<F, R, T>(acc, wp, ap, rs, ast, b);
+            b += 1;
         }
-        for t in 0..T {
-            let a = F::load_a(ap.add(t * ast + b * F::AB));
-            for u in 0..units {
-                acc[u][t] = F::pair(acc[u][t], w[u].assume_init(), a);
+    } else {
+        for b in 0..nb {
+            if b % group == 0 {
+                prefetch::<F, R>(pf, rs, b);
             }
+            acc = step::<F, R, T>(acc, wp, ap, rs, ast, b);
         }
     }
     let tail = p.cols - nb * F::EPB;
