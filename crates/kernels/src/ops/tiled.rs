@@ -183,6 +183,7 @@ mod x86 {
     /// rows in order; `off` is the first element of the chunk within a row.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
+    #[allow(clippy::needless_range_loop)] // r indexes p and offsets vf
     unsafe fn pv<const N: usize>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
         let mut x = [_mm256_setzero_ps(); N];
         for (c, a) in x.iter_mut().enumerate() {
@@ -292,8 +293,8 @@ mod x86 {
             }
             b0 += TILE_KV;
         }
-        for i in 0..nq {
-            let inv = _mm256_set1_ps(if l[i] == 0.0 { 0.0 } else { 1.0 / l[i] });
+        for (i, &li) in l.iter().enumerate().take(nq) {
+            let inv = _mm256_set1_ps(if li == 0.0 { 0.0 } else { 1.0 / li });
             let (a, o) = (acc.as_ptr().add(i * hd), out.as_mut_ptr().add(i * hd));
             for c in (0..hd).step_by(8) {
                 _mm256_storeu_ps(o.add(c), _mm256_mul_ps(_mm256_loadu_ps(a.add(c)), inv));

@@ -2,8 +2,8 @@
 //!
 //! Quantized dots keep the avx2 level's arithmetic, so results are
 //! bit-identical across the two levels: Q4_0 and Q4_K are one row per lane
-//! in llama.cpp's repacked order (`avx2_rows`, or for Q4_0 `avx512_rows` with
-//! VNNI: the same order); the others are ggml's plain order, with
+//! in llama.cpp's repacked order (Q4_K 16 rows a vector in `avx512_q4k`;
+//! Q4_0 `avx2_rows`, or `avx512_rows` with VNNI: the same order); the others are ggml's plain order, with
 //! `avx512_pair` putting two weight rows in the halves of a 512-bit vector
 //! (Q4_1/Q8_0 without VNNI, Q4_1 with it) and the rest running the AVX2
 //! code in the wider tiles the 32 EVEX registers allow. The exception is Q8_0
@@ -19,7 +19,8 @@ use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
 use std::arch::x86_64::*;
 
-/// AVX-512 without VNNI: AVX2 integer dots (Q4_0 and Q4_K AVX2's rows),
+/// AVX-512 without VNNI: AVX2 integer dots (Q4_0 AVX2's rows; Q4_K 16 rows
+/// a vector, `avx512_q4k`),
 /// 512-bit float dots. Every quantized dot gives the avx2
 /// level's results.
 pub(super) static KERNELS: Kernels = Kernels {
@@ -40,9 +41,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_bf16: |p, o| panel::<BF16, 4, 4, 4>(p, o, GgmlType::BF16),
     panel_q5_0: |p, o| panel::<avx2_k::Q5_0<Madd>, 4, 4, 4>(p, o, GgmlType::Q8_0),
     panel_q5_1: |p, o| panel::<avx2_k::Q5_1<Madd>, 4, 4, 4>(p, o, GgmlType::Q8_1),
-    // One row per lane in 256-bit vectors: the avx2 level's (and llama.cpp's
-    // repacked kernels') order.
-    panel_q4_k: super::avx2_rows::panel_q4_k,
+    // One row per lane, 16 rows in 512-bit vectors: the avx2 level's (and
+    // llama.cpp's repacked kernels') order.
+    panel_q4_k: super::avx512_q4k::panel_q4_k,
     // Q5_K/Q6_K unpack more per pair: 4×4 tiles measured slower than AVX2's 2×4.
     panel_q6_k: avx2::KERNELS.panel_q6_k,
     panel_q5_k: avx2::KERNELS.panel_q5_k,

@@ -30,7 +30,7 @@ use crate::dispatch::Panel;
 use std::arch::x86_64::*;
 
 /// Rows per lane group.
-const LANES: usize = 16;
+pub(super) const LANES: usize = 16;
 /// Longest row stride the 32-bit gather offsets of a group reach.
 pub(super) const MAX_ROW_STRIDE: usize = i32::MAX as usize / LANES;
 /// Most tokens per tile: 16 accumulators + 8 weight vectors + scales fit the 32 registers.
@@ -58,7 +58,7 @@ unsafe fn scales16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> __m512 {
 /// 4×4 transposes of dwords within each 128-bit lane of `a`: out `h`, lane
 /// L, dword k = dword h of `a[k]`'s lane L.
 #[inline(always)]
-unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
+pub(super) unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
     let t0 = _mm512_unpacklo_epi32(a[0], a[1]);
     let t1 = _mm512_unpackhi_epi32(a[0], a[1]);
     let t2 = _mm512_unpacklo_epi32(a[2], a[3]);
@@ -68,7 +68,7 @@ unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
 
 /// Four 16-byte rows in the four 128-bit lanes.
 #[inline(always)]
-unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> __m512i {
+pub(super) unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> __m512i {
     let v = _mm512_castsi128_si512(_mm_loadu_si128(p0 as *const __m128i));
     let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p1 as *const __m128i));
     let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p2 as *const __m128i));
@@ -77,7 +77,7 @@ unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> 
 
 /// Two 32-byte rows in the two 256-bit halves.
 #[inline(always)]
-unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
+pub(super) unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
     let v = _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i));
     _mm512_inserti64x4::<1>(v, _mm256_loadu_si256(p1 as *const __m256i))
 }
@@ -126,20 +126,20 @@ impl RowFmt for Q8_0 {
 }
 
 /// A 16-row group of a panel.
-struct Group {
+pub(super) struct Group {
     /// `rows[i] - rows[0]`, for the scale gather (rows past the panel
     /// repeat its last row; their lanes are not stored).
-    idx: __m512i,
+    pub(super) idx: __m512i,
     /// The first byte of the next group, to prefetch (null past the matrix).
-    next: *const u8,
+    pub(super) next: *const u8,
     /// First row and rows stored (≤ 16).
-    r0: usize,
-    n: usize,
+    pub(super) r0: usize,
+    pub(super) n: usize,
 }
 
 impl Group {
     #[inline(always)]
-    unsafe fn new(p: &Panel<'_>, r0: usize) -> Self {
+    pub(super) unsafe fn new(p: &Panel<'_>, r0: usize) -> Self {
         let last = p.n_rows - 1;
         let mut idx = [0i32; LANES];
         for (i, x) in idx.iter_mut().enumerate() {
@@ -159,13 +159,13 @@ impl Group {
 
     /// Row addresses of a full group.
     #[inline(always)]
-    fn strided(&self, p: &Panel<'_>) -> Strided {
+    pub(super) fn strided(&self, p: &Panel<'_>) -> Strided {
         Strided::new(p.w.as_ptr().wrapping_add(self.r0 * p.row_stride), p.row_stride)
     }
 
     /// Row addresses of a partial group.
     #[inline(always)]
-    fn listed(&self, p: &Panel<'_>) -> Listed<LANES> {
+    pub(super) fn listed(&self, p: &Panel<'_>) -> Listed<LANES> {
         Listed::new(p.w.as_ptr(), p.row_stride, self.r0, p.n_rows)
     }
 }

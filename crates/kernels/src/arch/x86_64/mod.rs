@@ -23,6 +23,7 @@ mod avx2_q8;
 mod avx2_rows;
 mod avx512;
 mod avx512_pair;
+mod avx512_q4k;
 pub(crate) mod avx512_rows;
 mod avxvnni;
 mod int_dot;

@@ -167,6 +167,7 @@ unsafe fn prefetch<F: Fmt, const R: usize>(pf: *const u8, rs: usize, b: usize) {
 /// Step `b` (one `F::EPB`-element block) of every (row, token) pair of a
 /// tile whose rows start at `wp` and tokens at `ap`.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // w[u] and acc[u][t] in both orders
 unsafe fn step<F: Fmt, const R: usize, const T: usize>(mut acc: [[F::Acc; T]; R], wp: *const u8, ap: *const u8, rs: usize, ast: usize, b: usize) -> [[F::Acc; T]; R] {
     let units = R.div_ceil(F::ROWS);
     // (Not `array::from_fn`: its closure is not reliably inlined into

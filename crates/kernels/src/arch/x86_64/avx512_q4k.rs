@@ -1,0 +1,222 @@
+//! AVX-512 Q4_K × Q8_K with one weight row per lane, 16 rows a group.
+//!
+//! `avx2_rows`' Q4_K kernel in 512-bit vectors: per super-block the 16 rows'
+//! scales and mins are transposed into one dword lane per row, each 32-byte
+//! run of quants into 8 vectors (group `g`: bytes 4g..4g+3 of row i in lane
+//! i; low nibbles are sub-block 2jj, high nibbles 2jj + 1), and a token's
+//! sub-block is 8 `vpmaddubsw` against its 4-byte groups broadcast from
+//! memory, summed as i16, one `vpmaddwd` by the rows' scales, one add. The
+//! integer sums and the float steps per (row, token) are `avx2_rows`' (the
+//! model is `tests::row_lane_dot_q4_k`), so the two levels give the same
+//! bits: llama.cpp's repacked `ggml_gemm_q4_K_8x8_q8_K` order.
+//!
+//! Why: the avx512 level ran Q4_K prefill on the 256-bit kernel, no faster
+//! than avx2, and behind llama.cpp's AVX-512 build (0.85-0.92x on a
+//! 1B-shaped file, docs/BENCHMARKS.md); twice the rows per instruction is
+//! what the wider registers give.
+//!
+//! i16 sums cannot overflow: an i16 lane collects 16 products of a nibble
+//! (0..15) and a Q8_K quant (|q| ≤ 128): at most 16 · 15 · 128 = 30720.
+
+use super::avx512_rows::{halves2, lanes4, transpose4, Group, LANES, MAX_ROW_STRIDE};
+use super::rows::Rows;
+use crate::dispatch::Panel;
+use std::arch::x86_64::*;
+
+/// Bytes of a Q4_K super-block: d, dmin (f16), 12 scale bytes, 128 quant bytes.
+const WB: usize = 144;
+/// Bytes of a Q8_K super-block: d (f32), 256 quants, 16 i16 sums.
+const AB: usize = 292;
+/// Most tokens per tile. Measured on a 1B-shaped Q4_K file (`hearth bench
+/// -p 128 -n 0 -t 1`, Intel Xeon): 4 tokens 91 tok/s, 8 tokens 107-108, 16
+/// tokens 106-112 (the 8 weight vectors of a sub-block serve more tokens;
+/// past 8 the accumulators spill).
+const MAX_T: usize = 8;
+
+/// The `vpshufb` pattern taking bytes b0 and b1 of every dword to its two
+/// i16 halves (zero-extended), in every 128-bit lane.
+#[inline(always)]
+unsafe fn pairs(b0: i32, b1: i32) -> __m512i {
+    const Z: i32 = 0x80;
+    let d0 = b0 | (Z << 8) | (b1 << 16) | (Z << 24);
+    let d = 0x0404_0404; // + 4 per dword: the same bytes of the next dword
+    _mm512_broadcast_i32x4(_mm_setr_epi32(d0, d0 + d, d0 + 2 * d, d0 + 3 * d))
+}
+
+/// The 16 rows' scales and mins of the super-block at `off`, one row per
+/// dword lane: `sc[j]` = (scale j, scale j) as two i16 (the `vpmaddwd`
+/// factor of sub-block j's i16 pair sums), `mn[k]` = (min 2k, min 2k+1) as
+/// two i16; and the rows' d and dmin (one gather of the dword holding both).
+#[inline(always)]
+unsafe fn scales<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], [__m512i; 4], __m512, __m512) {
+    // Bytes off+4..off+20 of row i, transposed: u[h] = dword h in lane i;
+    // dwords 0..2 are the 12 scale bytes (ggml's `get_scale_min_k4` as
+    // dword arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`).
+    let q = off + 4;
+    let u = transpose4([
+        lanes4(rows.at(0, q), rows.at(4, q), rows.at(8, q), rows.at(12, q)),
+        lanes4(rows.at(1, q), rows.at(5, q), rows.at(9, q), rows.at(13, q)),
+        lanes4(rows.at(2, q), rows.at(6, q), rows.at(10, q), rows.at(14, q)),
+        lanes4(rows.at(3, q), rows.at(7, q), rows.at(11, q), rows.at(15, q)),
+    ]);
+    let (km1, km2, km3) = (_mm512_set1_epi32(0x3f3f3f3f), _mm512_set1_epi32(0x0f0f0f0f), _mm512_set1_epi32(0x03030303));
+    let sc_lo = _mm512_and_si512(u[0], km1);
+    let mn_lo = _mm512_and_si512(u[1], km1);
+    let sc_hi = _mm512_or_si512(_mm512_and_si512(u[2], km2), _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u[0]), km3)));
+    let mn_hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi32::<4>(u[2]), km2),
+        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u[1]), km3)),
+    );
+    let sc = [
+        _mm512_shuffle_epi8(sc_lo, pairs(0, 0)),
+        _mm512_shuffle_epi8(sc_lo, pairs(1, 1)),
+        _mm512_shuffle_epi8(sc_lo, pairs(2, 2)),
+        _mm512_shuffle_epi8(sc_lo, pairs(3, 3)),
+        _mm512_shuffle_epi8(sc_hi, pairs(0, 0)),
+        _mm512_shuffle_epi8(sc_hi, pairs(1, 1)),
+        _mm512_shuffle_epi8(sc_hi, pairs(2, 2)),
+        _mm512_shuffle_epi8(sc_hi, pairs(3, 3)),
+    ];
+    let mn = [
+        _mm512_shuffle_epi8(mn_lo, pairs(0, 1)),
+        _mm512_shuffle_epi8(mn_lo, pairs(2, 3)),
+        _mm512_shuffle_epi8(mn_hi, pairs(0, 1)),
+        _mm512_shuffle_epi8(mn_hi, pairs(2, 3)),
+    ];
+    // d in the low half of the dword at `off`, dmin in the high half.
+    let v = _mm512_i32gather_epi32::<1>(idx, rows.at(0, off) as *const i32);
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v)));
+    (sc, mn, d, dmin)
+}
+
+/// Bytes `off..off + 32` of the 16 rows transposed: vector g holds bytes
+/// 4g..4g+3 of row i in lane i (as `avx512_rows::Q8_0::load16`).
+#[inline(always)]
+unsafe fn transpose16x32<R: Rows>(rows: &R, off: usize) -> [__m512i; 8] {
+    let h2 = |a: usize, b: usize| halves2(rows.at(a, off), rows.at(b, off));
+    // After the in-lane transposes u[h] holds dword h (128-bit lanes 0, 2)
+    // and 4 + h (lanes 1, 3) of rows 0-3, 4-7; v[h] of rows 8-11, 12-15.
+    let u = transpose4([h2(0, 4), h2(1, 5), h2(2, 6), h2(3, 7)]);
+    let v = transpose4([h2(8, 12), h2(9, 13), h2(10, 14), h2(11, 15)]);
+    let lo = |h: usize| _mm512_shuffle_i32x4::<0x88>(u[h], v[h]);
+    let hi = |h: usize| _mm512_shuffle_i32x4::<0xdd>(u[h], v[h]);
+    [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)]
+}
+
+/// The (unaligned) 4 bytes at `p` in every dword lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m512i {
+    _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+/// Sub-block `j` of T tokens: `isum[t] += scale_j * sum(w * a)` per row.
+#[inline(always)]
+unsafe fn sub<const T: usize>(w: &[__m512i; 8], sc: __m512i, ap: *const u8, stride: usize, j: usize, isum: &mut [__m512i; T]) {
+    for (t, isum) in isum.iter_mut().enumerate() {
+        let a = ap.add(t * stride + 4 + 32 * j);
+        let mut s = _mm512_maddubs_epi16(w[0], bcast4(a));
+        for (g, w) in w.iter().enumerate().skip(1) {
+            s = _mm512_add_epi16(s, _mm512_maddubs_epi16(*w, bcast4(a.add(4 * g))));
+        }
+        *isum = _mm512_add_epi32(*isum, _mm512_madd_epi16(s, sc));
+    }
+}
+
+/// Tokens `t0..t0+T` × the group's rows.
+#[inline(always)]
+unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: usize, out: &mut [f32]) {
+    let nsb = p.cols / 256;
+    let ap = p.act.as_ptr().add(t0 * p.act_stride);
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut acc_min = [_mm512_setzero_ps(); T];
+    let m4 = _mm512_set1_epi8(0x0f);
+    for b in 0..nsb {
+        let off = b * WB;
+        super::prefetch_group_step(g.next, b, LANES * WB);
+        let (sc, mn, dw, dminw) = scales(rows, g.idx, off);
+        let ab = ap.add(b * AB);
+        // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
+        for (t, acc_min) in acc_min.iter_mut().enumerate() {
+            let a = ab.add(t * p.act_stride);
+            let bs = _mm256_loadu_si256(a.add(260) as *const __m256i);
+            // [sum of sub-block 0, .., 7] as i16 (|sum| ≤ 32 · 128).
+            let s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+            let b01 = _mm512_broadcastd_epi32(s32);
+            let b23 = _mm512_broadcastd_epi32(_mm_srli_si128::<4>(s32));
+            let b45 = _mm512_broadcastd_epi32(_mm_srli_si128::<8>(s32));
+            let b67 = _mm512_broadcastd_epi32(_mm_srli_si128::<12>(s32));
+            let imin = _mm512_add_epi32(
+                _mm512_add_epi32(_mm512_madd_epi16(mn[0], b01), _mm512_madd_epi16(mn[1], b23)),
+                _mm512_add_epi32(_mm512_madd_epi16(mn[2], b45), _mm512_madd_epi16(mn[3], b67)),
+            );
+            let da = _mm512_set1_ps(std::ptr::read_unaligned(a as *const f32));
+            *acc_min = _mm512_fmadd_ps(_mm512_mul_ps(dminw, da), _mm512_cvtepi32_ps(imin), *acc_min);
+        }
+        let mut isum = [_mm512_setzero_si512(); T];
+        for jj in 0..4 {
+            let raw = transpose16x32(rows, off + 16 + 32 * jj);
+            let lo = |i: usize| _mm512_and_si512(raw[i], m4);
+            let w = [lo(0), lo(1), lo(2), lo(3), lo(4), lo(5), lo(6), lo(7)];
+            sub::<T>(&w, sc[2 * jj], ab, p.act_stride, 2 * jj, &mut isum);
+            let hi = |i: usize| _mm512_and_si512(_mm512_srli_epi16::<4>(raw[i]), m4);
+            let w = [hi(0), hi(1), hi(2), hi(3), hi(4), hi(5), hi(6), hi(7)];
+            sub::<T>(&w, sc[2 * jj + 1], ab, p.act_stride, 2 * jj + 1, &mut isum);
+        }
+        for t in 0..T {
+            let da = _mm512_set1_ps(std::ptr::read_unaligned(ab.add(t * p.act_stride) as *const f32));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+        }
+    }
+    let mask: __mmask16 = if g.n == LANES { !0 } else { (1u16 << g.n) - 1 };
+    for t in 0..T {
+        _mm512_mask_storeu_ps(out.as_mut_ptr().add((t0 + t) * p.n_rows + g.r0), mask, _mm512_sub_ps(acc[t], acc_min[t]));
+    }
+}
+
+/// One group × tiles of up to [`MAX_T`] tokens.
+#[inline(always)]
+unsafe fn tiles<R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, out: &mut [f32]) {
+    let mut t0 = 0;
+    while t0 < p.n_tokens {
+        let nt = MAX_T.min(p.n_tokens - t0);
+        macro_rules! go {
+            ($($t:literal)*) => {
+                match nt {
+                    $($t => tile::<R, $t>(p, g, rows, t0, out),)*
+                    _ => unreachable!("tile of {nt} tokens"),
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8);
+        t0 += nt;
+    }
+}
+
+/// The whole panel: 16-row groups × tiles of up to [`MAX_T`] tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn run(p: &Panel<'_>, out: &mut [f32]) {
+    for r0 in (0..p.n_rows).step_by(LANES) {
+        let g = Group::new(p, r0);
+        if g.n == LANES {
+            tiles(p, &g, &g.strided(p), out)
+        } else {
+            tiles(p, &g, &g.listed(p), out)
+        }
+    }
+}
+
+/// The Q4_K panel: checks bounds first. Rows too far apart for the scale
+/// gather's 32-bit offsets take `avx2_rows`' kernel: the same arithmetic.
+pub(super) fn panel_q4_k(p: &Panel<'_>, out: &mut [f32]) {
+    if p.row_stride > MAX_ROW_STRIDE {
+        return super::avx2_rows::panel_q4_k(p, out);
+    }
+    p.check(hearth_quant::GgmlType::Q8_K, out);
+    // SAFETY: this kernel is only in the avx512 level's tables, handed out
+    // when AVX2/FMA/F16C and AVX-512 F/BW/VL were detected; `check` bounds
+    // every weight and activation read (a partial group's missing rows
+    // repeat its last row), and the masked stores stay inside `out`'s
+    // checked size.
+    unsafe { run(p, out) }
+}
