@@ -133,7 +133,6 @@ unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: 
     let m4 = _mm512_set1_epi8(0x0f);
     for b in 0..nsb {
         let off = b * WB;
-        super::prefetch_group_step(g.next, b, LANES * WB);
         let (sc, mn, dw, dminw) = scales(rows, g.idx, off);
         let ab = ap.add(b * AB);
         // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
@@ -155,6 +154,19 @@ unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: 
         }
         let mut isum = [_mm512_setzero_si512(); T];
         for jj in 0..4 {
+            // As `avx2_rows`' Q4_K: a quarter of a later group's
+            // super-block into L2 per 32-byte run (one burst of 36 lines
+            // stalled), and for decode this group's next super-block into
+            // L1, four rows per run.
+            super::prefetch_group_step(g.next, 4 * b + jj, LANES * WB / 4);
+            if T == 1 && b + 1 < nsb {
+                for r in 4 * jj..4 * jj + 4 {
+                    let q = rows.at(r, off + WB);
+                    for o in [0, 64, 128, WB - 1] {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
+                    }
+                }
+            }
             let raw = transpose16x32(rows, off + 16 + 32 * jj);
             let lo = |i: usize| _mm512_and_si512(raw[i], m4);
             let w = [lo(0), lo(1), lo(2), lo(3), lo(4), lo(5), lo(6), lo(7)];
