@@ -18,7 +18,7 @@
 //! i16 sums cannot overflow: an i16 lane collects 16 products of a nibble
 //! (0..15) and a Q8_K quant (|q| ≤ 128): at most 16 · 15 · 128 = 30720.
 
-use super::avx512_rows::{halves2, lanes4, transpose4, Group, LANES, MAX_ROW_STRIDE};
+use super::avx512_rows::{transpose16x16, transpose16x32, Group, LANES, MAX_ROW_STRIDE};
 use super::rows::Rows;
 use crate::dispatch::Panel;
 use std::arch::x86_64::*;
@@ -52,13 +52,7 @@ unsafe fn scales<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], 
     // Bytes off+4..off+20 of row i, transposed: u[h] = dword h in lane i;
     // dwords 0..2 are the 12 scale bytes (ggml's `get_scale_min_k4` as
     // dword arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`).
-    let q = off + 4;
-    let u = transpose4([
-        lanes4(rows.at(0, q), rows.at(4, q), rows.at(8, q), rows.at(12, q)),
-        lanes4(rows.at(1, q), rows.at(5, q), rows.at(9, q), rows.at(13, q)),
-        lanes4(rows.at(2, q), rows.at(6, q), rows.at(10, q), rows.at(14, q)),
-        lanes4(rows.at(3, q), rows.at(7, q), rows.at(11, q), rows.at(15, q)),
-    ]);
+    let u = transpose16x16(rows, off + 4);
     let (km1, km2, km3) = (_mm512_set1_epi32(0x3f3f3f3f), _mm512_set1_epi32(0x0f0f0f0f), _mm512_set1_epi32(0x03030303));
     let sc_lo = _mm512_and_si512(u[0], km1);
     let mn_lo = _mm512_and_si512(u[1], km1);
@@ -88,20 +82,6 @@ unsafe fn scales<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], 
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
     let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v)));
     (sc, mn, d, dmin)
-}
-
-/// Bytes `off..off + 32` of the 16 rows transposed: vector g holds bytes
-/// 4g..4g+3 of row i in lane i (as `avx512_rows::Q8_0::load16`).
-#[inline(always)]
-unsafe fn transpose16x32<R: Rows>(rows: &R, off: usize) -> [__m512i; 8] {
-    let h2 = |a: usize, b: usize| halves2(rows.at(a, off), rows.at(b, off));
-    // After the in-lane transposes u[h] holds dword h (128-bit lanes 0, 2)
-    // and 4 + h (lanes 1, 3) of rows 0-3, 4-7; v[h] of rows 8-11, 12-15.
-    let u = transpose4([h2(0, 4), h2(1, 5), h2(2, 6), h2(3, 7)]);
-    let v = transpose4([h2(8, 12), h2(9, 13), h2(10, 14), h2(11, 15)]);
-    let lo = |h: usize| _mm512_shuffle_i32x4::<0x88>(u[h], v[h]);
-    let hi = |h: usize| _mm512_shuffle_i32x4::<0xdd>(u[h], v[h]);
-    [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)]
 }
 
 /// The (unaligned) 4 bytes at `p` in every dword lane.

@@ -58,7 +58,7 @@ unsafe fn scales16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> __m512 {
 /// 4×4 transposes of dwords within each 128-bit lane of `a`: out `h`, lane
 /// L, dword k = dword h of `a[k]`'s lane L.
 #[inline(always)]
-pub(super) unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
+unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
     let t0 = _mm512_unpacklo_epi32(a[0], a[1]);
     let t1 = _mm512_unpackhi_epi32(a[0], a[1]);
     let t2 = _mm512_unpacklo_epi32(a[2], a[3]);
@@ -68,7 +68,7 @@ pub(super) unsafe fn transpose4(a: [__m512i; 4]) -> [__m512i; 4] {
 
 /// Four 16-byte rows in the four 128-bit lanes.
 #[inline(always)]
-pub(super) unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> __m512i {
+unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> __m512i {
     let v = _mm512_castsi128_si512(_mm_loadu_si128(p0 as *const __m128i));
     let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p1 as *const __m128i));
     let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p2 as *const __m128i));
@@ -77,9 +77,38 @@ pub(super) unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *co
 
 /// Two 32-byte rows in the two 256-bit halves.
 #[inline(always)]
-pub(super) unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
+unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
     let v = _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i));
     _mm512_inserti64x4::<1>(v, _mm256_loadu_si256(p1 as *const __m256i))
+}
+
+/// Bytes `q..q + 16` of the 16 rows transposed: vector h holds bytes
+/// 4h..4h+3 of row i in lane i.
+#[inline(always)]
+pub(super) unsafe fn transpose16x16<R: Rows>(rows: &R, q: usize) -> [__m512i; 4] {
+    // Lane L of vector k: row 4L + k, so the transposes put row i in lane i.
+    transpose4([
+        lanes4(rows.at(0, q), rows.at(4, q), rows.at(8, q), rows.at(12, q)),
+        lanes4(rows.at(1, q), rows.at(5, q), rows.at(9, q), rows.at(13, q)),
+        lanes4(rows.at(2, q), rows.at(6, q), rows.at(10, q), rows.at(14, q)),
+        lanes4(rows.at(3, q), rows.at(7, q), rows.at(11, q), rows.at(15, q)),
+    ])
+}
+
+/// Bytes `q..q + 32` of the 16 rows transposed: vector g holds bytes
+/// 4g..4g+3 of row i in lane i.
+#[inline(always)]
+pub(super) unsafe fn transpose16x32<R: Rows>(rows: &R, q: usize) -> [__m512i; 8] {
+    let h2 = |a: usize, b: usize| halves2(rows.at(a, q), rows.at(b, q));
+    // Halves of input k (k < 4): rows k and k + 4; of the second four:
+    // rows 8 + k, 12 + k. After the in-lane transposes, u[h] holds dword
+    // h (lanes 0, 2) and 4 + h (lanes 1, 3) of rows 0-3, 4-7; v[h] of
+    // rows 8-11, 12-15.
+    let u = transpose4([h2(0, 4), h2(1, 5), h2(2, 6), h2(3, 7)]);
+    let v = transpose4([h2(8, 12), h2(9, 13), h2(10, 14), h2(11, 15)]);
+    let lo = |h: usize| _mm512_shuffle_i32x4::<0x88>(u[h], v[h]);
+    let hi = |h: usize| _mm512_shuffle_i32x4::<0xdd>(u[h], v[h]);
+    [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)]
 }
 
 pub(super) struct Q4_0;
@@ -89,14 +118,7 @@ impl RowFmt for Q4_0 {
     unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
         // (No closures or `array::map` here: they are not reliably inlined
         // into target-feature code, and a call per vector costs 20x.)
-        let q = off + 2;
-        // Lane L of vector k: row 4L + k, so the transposes put row i in lane i.
-        let u = transpose4([
-            lanes4(rows.at(0, q), rows.at(4, q), rows.at(8, q), rows.at(12, q)),
-            lanes4(rows.at(1, q), rows.at(5, q), rows.at(9, q), rows.at(13, q)),
-            lanes4(rows.at(2, q), rows.at(6, q), rows.at(10, q), rows.at(14, q)),
-            lanes4(rows.at(3, q), rows.at(7, q), rows.at(11, q), rows.at(15, q)),
-        ]);
+        let u = transpose16x16(rows, off + 2);
         let m = _mm512_set1_epi8(0x0f);
         let lo = |v: __m512i| _mm512_and_si512(v, m);
         let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
@@ -110,18 +132,10 @@ impl RowFmt for Q8_0 {
     const WB: usize = 34;
     #[inline(always)]
     unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
-        let q = off + 2;
-        let h2 = |a: usize, b: usize| halves2(rows.at(a, q), rows.at(b, q));
-        // Halves of input k (k < 4): rows k and k + 4; of the second four:
-        // rows 8 + k, 12 + k. After the in-lane transposes, u[h] holds dword
-        // h (lanes 0, 2) and 4 + h (lanes 1, 3) of rows 0-3, 4-7; v[h] of
-        // rows 8-11, 12-15.
-        let u = transpose4([h2(0, 4), h2(1, 5), h2(2, 6), h2(3, 7)]);
-        let v = transpose4([h2(8, 12), h2(9, 13), h2(10, 14), h2(11, 15)]);
+        let q = transpose16x32(rows, off + 2);
         let s = _mm512_set1_epi8(-128);
-        let lo = |h: usize| _mm512_xor_si512(_mm512_shuffle_i32x4::<0x88>(u[h], v[h]), s);
-        let hi = |h: usize| _mm512_xor_si512(_mm512_shuffle_i32x4::<0xdd>(u[h], v[h]), s);
-        ([lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)], scales16(rows, idx, off))
+        let u = |g: usize| _mm512_xor_si512(q[g], s);
+        ([u(0), u(1), u(2), u(3), u(4), u(5), u(6), u(7)], scales16(rows, idx, off))
     }
 }
 
