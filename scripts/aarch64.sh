@@ -7,6 +7,10 @@
 #   scripts/aarch64.sh build              # release `hearth` binary for aarch64
 #   scripts/aarch64.sh test [CRATE...]    # cargo test --release of CRATEs under qemu
 #                                         # (default: hearth-kernels)
+#   scripts/aarch64.sh ci                 # what .ci/run does: install if needed, then the
+#                                         # kernel tests at `neon` (QEMU_CPU=cortex-a72, no
+#                                         # dotprod) and `neon+dotprod` (QEMU_CPU=max), and
+#                                         # SmolLM2's greedy tokens and logits vs llama.cpp
 #
 # Why Debian's toolchain: this machine's rustup has no aarch64 standard library and cannot
 # fetch one (only package registries are reachable), while Debian's `rustc-web` (Rust 1.96)
@@ -15,11 +19,12 @@
 # compilers never share build outputs. qemu-aarch64 emulates NEON, dotprod and i8mm, and
 # `is_aarch64_feature_detected!` sees them.
 #
-# What works today: every crate builds (`check`, `build`); the kernels have no NEON paths
-# yet, so an ARM build runs the scalar level. `test` does not finish yet: under
-# qemu-aarch64 10.0 the kernel tests' binary spins in user code, with no system call, before
-# its first test ends (seen 2026-12-02; issue #19 tracks that, the NEON kernels and the CI
-# subset).
+# Under qemu the arm64 binaries run against the arm64 glibc that `libstd-rust-web-dev:arm64`
+# brings (libc6:arm64, in /lib/aarch64-linux-gnu), loader and libc from the same package. Not
+# with `-L /usr/aarch64-linux-gnu`: that takes the loader from the cross package
+# (libc6-arm64-cross, another glibc build) while /etc/ld.so.cache still hands it the multiarch
+# libc.so.6, and the mismatched pair spins in the first pthread_create (glibc's stack cache
+# list, read with another layout) — every test binary hung that way before.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -28,10 +33,16 @@ target=aarch64-unknown-linux-gnu
 export RUSTC=/usr/bin/rustc
 export CARGO_TARGET_DIR="$root/target/aarch64-cross"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+# The multiarch arm64 glibc when installed (see above), else the cross package's.
+if [[ -e /lib/ld-linux-aarch64.so.1 ]]; then
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64"
+else
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+fi
 
 have_toolchain() {
   [[ -x /usr/bin/rustc ]] && command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null \
+    && [[ -e /lib/ld-linux-aarch64.so.1 ]] \
     && /usr/bin/rustc --print sysroot >/dev/null 2>&1 \
     && [[ -d "$(/usr/bin/rustc --print sysroot)/lib/rustlib/$target" ]]
 }
@@ -45,7 +56,7 @@ install() {
   dpkg --add-architecture arm64
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
+    rustc-web libstd-rust-web-dev:arm64 libc6:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
   echo "installed: $(/usr/bin/rustc --version), $(aarch64-linux-gnu-gcc --version | head -1), $(qemu-aarch64 --version | head -1)"
 }
 
@@ -74,9 +85,22 @@ case "$cmd" in
     for c in "${crates[@]}"; do args+=(-p "$c"); done
     cargo test --release --target "$target" "${args[@]}"
     ;;
+  ci)
+    have_toolchain || install
+    # Kernel tests at each NEON level: a CPU without dotprod, then one with it (every test
+    # checks each level the CPU has; both levels must equal the avx2 level's bits).
+    for cpu in cortex-a72 max; do
+      echo "== hearth-kernels under qemu-aarch64 -cpu $cpu"
+      QEMU_CPU=$cpu cargo test --release --target "$target" -p hearth-kernels --lib
+    done
+    # A whole model: SmolLM2 Q4_1's greedy tokens equal llama.cpp's (exactly: the NEON
+    # kernels sum in the x86 SIMD order) and its logits within 0.05.
+    echo "== SmolLM2 under qemu-aarch64 -cpu max"
+    QEMU_CPU=max cargo test --release --target "$target" -p hearth-model --test smollm2 -- q4_1_greedy q4_1_logits
+    ;;
   -h | --help | "")
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     [[ -n "$cmd" ]] || exit 2
     ;;
-  *) echo "error: unknown command $cmd (install, check, build, test)" >&2; exit 2 ;;
+  *) echo "error: unknown command $cmd (install, check, build, test, ci)" >&2; exit 2 ;;
 esac

@@ -3,7 +3,7 @@
 //! Every kernel family exists once per [`SimdLevel`]; a [`Kernels`] table of
 //! plain function pointers is built per level and the best one the CPU
 //! supports is picked once ([`Kernels::active`]). `HEARTH_SIMD=scalar|avx2|avxvnni|avx512`
-//! caps the level (tests, benchmarks, bisecting a numerical difference).
+//! (x86-64) or `scalar|neon|neon+dotprod` (aarch64) caps the level (tests, benchmarks, bisecting a numerical difference).
 //! Nothing requires `-C target-cpu=native`.
 //!
 //! Table entries are safe `fn`s: the arch modules wrap their
@@ -25,19 +25,30 @@ pub enum SimdLevel {
     AvxVnni,
     /// x86-64 AVX-512 F+BW+VL (+ VNNI `vpdpbusd` for integer dots when present).
     Avx512,
+    /// aarch64 Advanced SIMD (NEON), every ARMv8-A core: integer dots by
+    /// widening multiplies (`smull`, `sadalp`). Bit-identical to `Avx2`.
+    Neon,
+    /// NEON with the dot-product extension (`sdot`: ARMv8.2-A's FEAT_DotProd,
+    /// Cortex-A55/A76 and later, Apple M1). Bit-identical to `Neon`.
+    NeonDot,
 }
 
 impl SimdLevel {
     /// Every level, lowest first.
-    pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512];
+    /// (Levels of the other architecture are never available, so a cap
+    /// orders only the levels of the CPU's own family.)
+    pub const ALL: [SimdLevel; 6] =
+        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512, SimdLevel::Neon, SimdLevel::NeonDot];
 
-    /// `"scalar"`, `"avx2"`, `"avxvnni"` or `"avx512"`.
+    /// `"scalar"`, `"avx2"`, `"avxvnni"`, `"avx512"`, `"neon"` or `"neon+dotprod"`.
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::AvxVnni => "avxvnni",
             SimdLevel::Avx512 => "avx512",
+            SimdLevel::Neon => "neon",
+            SimdLevel::NeonDot => "neon+dotprod",
         }
     }
 
@@ -226,7 +237,8 @@ impl Kernels {
                 let level = SimdLevel::from_name(&s);
                 if level.is_none() && !s.trim().is_empty() {
                     // A typo must not silently mean "no cap".
-                    eprintln!("warning: HEARTH_SIMD={s:?} is none of scalar, avx2, avxvnni, avx512; using the best level");
+                    let names: Vec<&str> = SimdLevel::ALL.iter().map(|l| l.name()).collect();
+                    eprintln!("warning: HEARTH_SIMD={s:?} is none of {}; using the best level", names.join(", "));
                 }
                 level
             });

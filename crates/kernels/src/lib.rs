@@ -8,13 +8,14 @@
 //!   and any batch composition.
 //! - [`ThreadPool`]: persistent workers; [`physical_cores`] for sizing it.
 //! - [`SimdLevel`] / [`simd_level`]: the kernels in use, picked once per
-//!   process from CPU features (scalar, AVX2, AVX2 + AVX-VNNI, AVX-512 (+VNNI)); capped
-//!   by the `HEARTH_SIMD=scalar|avx2|avxvnni|avx512` environment variable (a level the
-//!   CPU lacks means the best one below it).
+//!   process from CPU features (scalar, AVX2, AVX2 + AVX-VNNI, AVX-512 (+VNNI) on
+//!   x86-64; NEON, NEON + dotprod on aarch64); capped by the
+//!   `HEARTH_SIMD=scalar|avx2|avxvnni|avx512|neon|neon+dotprod` environment variable (a
+//!   level the CPU lacks means the best one below it).
 //! - [`quantize_activations`], [`dequantize_row`]: the row conversions.
 //!
 //! Layout: `generic.rs` is the portable path (the `hearth-quant` reference);
-//! `arch/x86_64/` holds the SIMD kernels; `dispatch.rs` holds the table of
+//! `arch/x86_64/` and `arch/aarch64/` hold the SIMD kernels; `dispatch.rs` holds the table of
 //! function pointers; `ops.rs` the elementwise and attention ops.
 //!
 //! ```

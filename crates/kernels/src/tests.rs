@@ -531,7 +531,14 @@ fn env_var_caps_the_level() {
     // The active level is fixed per process; here only check names parse.
     assert_eq!(SimdLevel::from_name("AVX2"), Some(SimdLevel::Avx2));
     assert_eq!(SimdLevel::from_name("scalar"), Some(SimdLevel::Scalar));
+    assert_eq!(SimdLevel::from_name("neon+dotprod"), Some(SimdLevel::NeonDot));
+    for l in SimdLevel::ALL {
+        assert_eq!(SimdLevel::from_name(l.name()), Some(l));
+    }
     assert!(SimdLevel::Scalar.is_available());
+    // Advanced SIMD is baseline on aarch64: its level is always there.
+    #[cfg(target_arch = "aarch64")]
+    assert!(SimdLevel::Neon.is_available());
     assert!(levels().contains(&SimdLevel::active()));
 }
 
@@ -901,6 +908,82 @@ fn block_tiles_equal_ggmls_order() {
                         let want = ggml_avx2_block(wty, &w[r * wrb..][..wrb], &a[t * arb..][..arb], cols);
                         let got = out[t * rows + r];
                         assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}): {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The 256-bit x86 levels' float rows (and the NEON levels', which mirror
+/// them), lane by lane: element i into lane `i mod 8` by fma, `hsum_float_8`,
+/// then the elements past the last 8 summed in order (multiply, add).
+fn float8_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    use crate::arch::tail::{rd_bf16, rd_f16, rd_f32};
+    let rw = |i| match wty {
+        GgmlType::F32 => rd_f32(w, i),
+        GgmlType::F16 => rd_f16(w, i),
+        _ => rd_bf16(w, i),
+    };
+    // F16 weights' activations are f32 at the SIMD levels (`Kernels::act_type`).
+    let ra = |i| if wty == GgmlType::BF16 { rd_bf16(a, i) } else { rd_f32(a, i) };
+    let whole = n / 8 * 8;
+    let mut acc = [0f32; 8];
+    for i in 0..whole {
+        acc[i % 8] = rw(i).mul_add(ra(i), acc[i % 8]);
+    }
+    let mut tail = 0f32;
+    for i in whole..n {
+        tail += rw(i) * ra(i);
+    }
+    hsum8(acc) + tail
+}
+
+/// The NEON levels compute the avx2 level's bits: Q4_0 and Q4_K one row per
+/// lane, Q8_0, Q4_1 and Q6_K in ggml's AVX2 order, float rows in 8 lanes;
+/// the same models checked on x86 at avx2/avxvnni. Tile remainders (1..9 rows,
+/// 1..7 tokens), float lengths off the vector width, scales across f16's
+/// range.
+#[test]
+fn avx2_order_levels_are_bit_identical() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(35);
+    let neon = [SimdLevel::Neon, SimdLevel::NeonDot];
+    let avx2_order = [SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Neon, SimdLevel::NeonDot];
+    type Model = fn(GgmlType, &[u8], &[u8], usize) -> f32;
+    let cases: [(GgmlType, Model, &[SimdLevel]); 8] = [
+        (GgmlType::Q4_K, |_, w, a, n| row_lane_q4_k(w, a, n), &avx2_order),
+        (GgmlType::Q6_K, |_, w, a, n| ggml_avx2_q6_k(w, a, n), &avx2_order),
+        (GgmlType::Q4_0, row_lane_dot, &avx2_order),
+        (GgmlType::Q8_0, ggml_avx2_block, &neon),
+        (GgmlType::Q4_1, ggml_avx2_block, &neon),
+        (GgmlType::F32, float8_dot, &avx2_order),
+        (GgmlType::F16, float8_dot, &avx2_order),
+        (GgmlType::BF16, float8_dot, &avx2_order),
+    ];
+    for (wty, model, on) in cases {
+        for &level in on {
+            let Some(k) = Kernels::for_level(level) else { continue };
+            for case in 0..40 {
+                let (rows, tokens) = (1 + case % 9, 1 + case % 7);
+                let cols = match wty.block_size() {
+                    1 => 32 * (1 + case % 5) - case % 11,
+                    256 => 256 * (1 + case % 3),
+                    _ => 32 * (1 + case % 7),
+                };
+                let aty = vec_dot_type(wty);
+                let wrb = nbytes(wty, cols);
+                let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, false)).collect();
+                let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
+                let (ka, karb) = level_acts(k, wty, &a, cols);
+                let sums = act_sums(k, wty, &ka, karb, cols);
+                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &ka, act_stride: karb, n_tokens: tokens, act_sums: &sums };
+                let mut out = vec![f32::NAN; rows * tokens];
+                (k.panel(wty).unwrap())(&p, &mut out);
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let want = model(wty, &w[r * wrb..][..wrb], &ka[t * karb..][..karb], cols);
+                        let got = out[t * rows + r];
+                        assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}, {cols} cols): {got} vs {want}");
                     }
                 }
             }

@@ -1,9 +1,14 @@
 //! Architecture-specific kernels. Each submodule builds [`Kernels`] tables
 //! for the levels its CPU family has; `dispatch` picks one at run time.
-//! An `aarch64` (NEON) module would sit beside `x86_64` with the same shape.
 
 use crate::dispatch::{Kernels, SimdLevel};
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub(crate) mod f16;
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub(crate) mod tail;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_64;
 
@@ -13,7 +18,11 @@ pub(crate) fn kernels(level: SimdLevel) -> Option<&'static Kernels> {
     {
         x86_64::kernels(level)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        aarch64::kernels(level)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = level;
         None

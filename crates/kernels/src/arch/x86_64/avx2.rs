@@ -20,6 +20,7 @@ use super::avx2_q8;
 use super::avx2_rows;
 use super::int_dot::{IntDot, Madd};
 use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
+use crate::arch::tail::{rd_bf16, rd_f16, rd_f32};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
 use std::arch::x86_64::*;
@@ -233,16 +234,6 @@ unsafe fn load_f16(p: *const u8) -> __m256 {
 unsafe fn load_bf16(p: *const u8) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
 }
-pub(super) fn rd_f32(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap())
-}
-pub(super) fn rd_f16(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
-}
-pub(super) fn rd_bf16(b: &[u8], i: usize) -> f32 {
-    f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
-}
-
 float_fmt!(
     /// F32 weights × f32 activations.
     F32, (4, load_f32, rd_f32), (4, load_f32, rd_f32)

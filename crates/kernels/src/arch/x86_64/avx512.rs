@@ -10,7 +10,8 @@
 //! with VNNI (`avx512_rows`: one row per lane, about 2x the prefill speed),
 //! whose float order is its own. Float dots use 512-bit FMA.
 
-use super::avx2::{self, rd_bf16, rd_f16, rd_f32};
+use super::avx2;
+use crate::arch::tail::{rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;
 use super::int_dot::Madd;
 use super::tile::{hsum512, hsum512x4, run_panel, tail_dot, Fmt};

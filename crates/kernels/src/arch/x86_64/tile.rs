@@ -1,5 +1,7 @@
 //! The R×T tile skeleton shared by every x86 kernel.
 
+pub(super) use crate::arch::f16::{f16_at, F16_TABLE};
+pub(super) use crate::arch::tail::tail_dot;
 use crate::dispatch::Panel;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -63,52 +65,6 @@ pub(super) trait Fmt {
         // calls (11% of SmolLM2 Q8_0 decode).
         [Self::finish(acc[0]), Self::finish(acc[1]), Self::finish(acc[2]), Self::finish(acc[3])]
     }
-}
-
-/// f16 bits → f32, exact (a `const fn` so the table is built at compile time).
-const fn f16_bits_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) & 0x8000) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = if exp == 0 {
-        if man == 0 {
-            sign
-        } else {
-            // Subnormal: man * 2^-24; normalize.
-            let (mut m, mut e) = (man, 0u32);
-            while m & 0x400 == 0 {
-                m <<= 1;
-                e += 1;
-            }
-            sign | ((127 - 14 - e) << 23) | ((m & 0x3ff) << 13)
-        }
-    } else if exp == 31 {
-        sign | 0x7f80_0000 | (man << 13)
-    } else {
-        sign | ((exp + 112) << 23) | (man << 13)
-    };
-    f32::from_bits(bits)
-}
-
-/// Every f16 as f32 (256 KiB). Block scales are read through this table
-/// rather than `vcvtph2ps`: a table read is a plain load (`vbroadcastss` from
-/// memory), while convert + broadcast are two more shuffle-port µops per
-/// block, and the shuffle port is what limits these kernels.
-pub(super) static F16_TABLE: [f32; 65536] = {
-    let mut t = [0f32; 65536];
-    let mut i = 0;
-    while i < 65536 {
-        t[i] = f16_bits_to_f32(i as u16);
-        i += 1;
-    }
-    t
-};
-
-/// The f16 at `p` (unaligned), as f32.
-#[inline(always)]
-pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY (of the index): any u16 indexes the 65536-entry table.
-    *F16_TABLE.get_unchecked(std::ptr::read_unaligned(p as *const u16) as usize)
 }
 
 /// Horizontal sum of 8 lanes in a fixed order.
@@ -292,16 +248,6 @@ pub(super) unsafe fn run_panel<F: Fmt, const R: usize, const T: usize>(p: &Panel
     }
 }
 
-/// Sequential f32 sum of `n` products (the tail of a float row).
-#[inline(always)]
-pub(super) unsafe fn tail_dot(n: usize, w: impl Fn(usize) -> f32, a: impl Fn(usize) -> f32) -> f32 {
-    let mut s = 0f32;
-    for i in 0..n {
-        s += w(i) * a(i);
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     /// `hsum512x4` gives each vector's `hsum512`, bit for bit.
@@ -331,15 +277,6 @@ mod tests {
             }
             // SAFETY: AVX-512F was detected above.
             unsafe { check(&v) };
-        }
-    }
-
-    #[test]
-    fn f16_table_is_exact() {
-        for i in 0..=u16::MAX {
-            let want = half::f16::from_bits(i).to_f32();
-            let got = super::F16_TABLE[i as usize];
-            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{i:#x}: {got} vs {want}");
         }
     }
 }

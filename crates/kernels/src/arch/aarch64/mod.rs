@@ -1,0 +1,38 @@
+//! aarch64 kernels: NEON (every ARMv8-A core) and NEON with `sdot`
+//! (FEAT_DotProd).
+//!
+//! Each kernel computes the same bits as the x86-64 avx2 level's kernel for
+//! its type, so an ARM device and an x86 one agree on every logit:
+//! - Q4_0 and Q4_K: one row per lane ([`rows`]), llama.cpp's repacked
+//!   order: per block (super-block) the exact integer dots, then `acc =
+//!   fma(d_w * d_a, float(sum), acc)`; four rows share each convert and FMA.
+//! - Q8_0, Q4_1, Q6_K and the float types ([`blocks`]): ggml's AVX2 order,
+//!   eight f32 lanes per (row, token) held as two 128-bit vectors (lane k:
+//!   bytes 4k..4k+3 of a 32-byte group), `hsum_float_8` at the end.
+//! - The other types: the scalar reference (`generic`) for now.
+//!
+//! Integer dots are exact at both levels ([`int_dot`]), so `neon` and
+//! `neon+dotprod` give the same bits.
+
+use crate::dispatch::{Kernels, SimdLevel};
+
+mod blocks;
+mod int_dot;
+mod neon;
+mod rows;
+mod tile;
+
+/// Whether this CPU has the dot-product instructions (`sdot`).
+fn has_dotprod() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+pub(crate) fn kernels(level: SimdLevel) -> Option<&'static Kernels> {
+    match level {
+        // Advanced SIMD is part of the aarch64 base architecture (and of the
+        // aarch64-unknown-linux-gnu target's baseline).
+        SimdLevel::Neon => Some(&neon::KERNELS),
+        SimdLevel::NeonDot => has_dotprod().then_some(&neon::KERNELS_DOT),
+        _ => None,
+    }
+}
