@@ -696,6 +696,41 @@ fn avx2_k_dots_are_bit_identical_to_llama_cpps_order() {
     }
 }
 
+/// ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`, lane by lane: lane k of sub-block
+/// j sums elements 4k..4k+3 (of its 32) times scale j, exactly, over the
+/// block; `acc[k] = fma(d, float(sum), acc[k])`; the min terms one exact
+/// integer per block into `summs = fma(-d_a * dmin_w, float(sum), summs)`,
+/// added after `hsum_float_8`.
+#[allow(clippy::needless_range_loop)]
+fn ggml_avx2_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    use hearth_quant::{k::get_scale_min_k4, BlockQ5K, BlockQ8K};
+    let (mut acc, mut summs) = ([0f32; 8], 0f32);
+    for i in 0..n / 256 {
+        let x = BlockQ5K::read(&w[i * 176..]);
+        let y = BlockQ8K::read(&a[i * 292..]);
+        let (d, dmin) = (y.d * x.d.to_f32(), -y.d * x.dmin.to_f32());
+        let prod: i32 = (0..8).map(|j| get_scale_min_k4(j, &x.scales).1 as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32)).sum();
+        summs = dmin.mul_add(prod as f32, summs);
+        // Element e = 64j + 32h + l: nibble h of qs[32j + l], bit 2j + h of qh[l].
+        let q = |e: usize| {
+            let (j, h, l) = (e / 64, (e % 64) / 32, e % 32);
+            (((x.qs[32 * j + l] >> (4 * h)) & 15) | (((x.qh[l] >> (2 * j + h)) & 1) << 4)) as i32
+        };
+        for k in 0..8 {
+            let mut s = 0i32;
+            for sb in 0..8 {
+                let sc = get_scale_min_k4(sb, &x.scales).0 as i32;
+                for b in 0..4 {
+                    let e = 32 * sb + 4 * k + b;
+                    s += sc * q(e) * y.qs[e] as i32;
+                }
+            }
+            acc[k] = d.mul_add(s as f32, acc[k]);
+        }
+    }
+    hsum8(acc) + summs
+}
+
 /// ggml's AVX2 `ggml_vec_dot_q2_K_q8_K`, lane by lane: per block the min
 /// terms (`mins[2m]·bsums[2m] + mins[2m+1]·bsums[2m+1]` in lane m) go into the
 /// 8 lanes with one fma, then the scale terms with another.
@@ -900,14 +935,19 @@ fn block_tiles_equal_ggmls_order() {
                 let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
                 let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, false)).collect();
                 let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
-                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens, act_sums: &[] };
+                let p =
+                    Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &a, act_stride: arb, n_tokens: tokens, act_sums: &[] };
                 let mut out = vec![f32::NAN; rows * tokens];
                 (k.panel(wty).unwrap())(&p, &mut out);
                 for t in 0..tokens {
                     for r in 0..rows {
                         let want = ggml_avx2_block(wty, &w[r * wrb..][..wrb], &a[t * arb..][..arb], cols);
                         let got = out[t * rows + r];
-                        assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}): {got} vs {want}");
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}): {got} vs {want}"
+                        );
                     }
                 }
             }
@@ -939,9 +979,9 @@ fn float8_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     hsum8(acc) + tail
 }
 
-/// The NEON levels compute the avx2 level's bits: Q4_0 and Q4_K one row per
-/// lane, Q8_0, Q4_1 and Q6_K in ggml's AVX2 order, float rows in 8 lanes;
-/// the same models checked on x86 at avx2/avxvnni. Tile remainders (1..9 rows,
+/// The NEON levels compute the avx2 level's bits for every weight type: Q4_0
+/// and Q4_K one row per lane, the other block types in ggml's AVX2 order,
+/// float rows in 8 lanes; the same models checked on x86 at avx2/avxvnni. Tile remainders (1..9 rows,
 /// 1..7 tokens), float lengths off the vector width, scales across f16's
 /// range.
 #[test]
@@ -950,8 +990,13 @@ fn avx2_order_levels_are_bit_identical() {
     let neon = [SimdLevel::Neon, SimdLevel::NeonDot];
     let avx2_order = [SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Neon, SimdLevel::NeonDot];
     type Model = fn(GgmlType, &[u8], &[u8], usize) -> f32;
-    let cases: [(GgmlType, Model, &[SimdLevel]); 8] = [
+    let cases: [(GgmlType, Model, &[SimdLevel]); 13] = [
+        (GgmlType::Q2_K, |_, w, a, n| ggml_avx2_q2_k(w, a, n), &avx2_order),
+        (GgmlType::Q3_K, |_, w, a, n| ggml_avx2_q3_k(w, a, n), &avx2_order),
         (GgmlType::Q4_K, |_, w, a, n| row_lane_q4_k(w, a, n), &avx2_order),
+        (GgmlType::Q5_K, |_, w, a, n| ggml_avx2_q5_k(w, a, n), &avx2_order),
+        (GgmlType::Q5_0, ggml_avx2_block, &avx2_order),
+        (GgmlType::Q5_1, ggml_avx2_block, &avx2_order),
         (GgmlType::Q6_K, |_, w, a, n| ggml_avx2_q6_k(w, a, n), &avx2_order),
         (GgmlType::Q4_0, row_lane_dot, &avx2_order),
         (GgmlType::Q8_0, ggml_avx2_block, &neon),
@@ -976,14 +1021,28 @@ fn avx2_order_levels_are_bit_identical() {
                 let a: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
                 let (ka, karb) = level_acts(k, wty, &a, cols);
                 let sums = act_sums(k, wty, &ka, karb, cols);
-                let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &ka, act_stride: karb, n_tokens: tokens, act_sums: &sums };
+                let p = Panel {
+                    wty,
+                    w: &w,
+                    row_stride: wrb,
+                    n_rows: rows,
+                    cols,
+                    act: &ka,
+                    act_stride: karb,
+                    n_tokens: tokens,
+                    act_sums: &sums,
+                };
                 let mut out = vec![f32::NAN; rows * tokens];
                 (k.panel(wty).unwrap())(&p, &mut out);
                 for t in 0..tokens {
                     for r in 0..rows {
                         let want = model(wty, &w[r * wrb..][..wrb], &ka[t * karb..][..karb], cols);
                         let got = out[t * rows + r];
-                        assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}, {cols} cols): {got} vs {want}");
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{level:?} {wty} case {case} r{r} t{t} ({rows}x{tokens}, {cols} cols): {got} vs {want}"
+                        );
                     }
                 }
             }

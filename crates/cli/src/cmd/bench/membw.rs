@@ -3,8 +3,9 @@
 //!
 //! Why a read-only sum: decode streams weights and writes almost nothing, so the read
 //! bandwidth is the roofline it runs against. The sum is passed through `black_box` so
-//! the loads cannot be elided; AVX2 loads (256-bit, four independent accumulators) keep
-//! enough loads in flight to saturate a core, with a portable `u64` loop as fallback.
+//! the loads cannot be elided; AVX2 loads (256-bit, four independent accumulators) or on
+//! aarch64 NEON pair loads (`ldp q, q`: 256 bits, four accumulators) keep enough loads in
+//! flight to saturate a core, with a portable `u64` loop as fallback.
 
 use hearth_kernels::ThreadPool;
 use std::hint::black_box;
@@ -20,6 +21,10 @@ fn sum(x: &[u64]) -> u64 {
         // SAFETY: AVX2 is present (checked just above).
         return unsafe { sum_avx2(x) };
     }
+    // SAFETY: Advanced SIMD is baseline on aarch64.
+    #[cfg(target_arch = "aarch64")]
+    return unsafe { sum_neon(x) };
+    #[cfg(not(target_arch = "aarch64"))]
     sum_scalar(x)
 }
 
@@ -57,6 +62,26 @@ unsafe fn sum_avx2(x: &[u64]) -> u64 {
     let mut lanes = [0u64; 4];
     _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, s);
     lanes.iter().fold(sum_scalar(&x[n..]), |a, &b| a.wrapping_add(b))
+}
+
+/// The aarch64 twin of [`sum_avx2`].
+#[cfg(target_arch = "aarch64")]
+unsafe fn sum_neon(x: &[u64]) -> u64 {
+    use std::arch::aarch64::*;
+    let n = x.len() / 8 * 8;
+    let p = x.as_ptr();
+    let (mut a0, mut a1, mut a2, mut a3) = (vdupq_n_u64(0), vdupq_n_u64(0), vdupq_n_u64(0), vdupq_n_u64(0));
+    let mut i = 0;
+    while i < n {
+        // SAFETY: i + 8 <= n elements lie inside `x`; NEON loads need no alignment.
+        a0 = vaddq_u64(a0, vld1q_u64(p.add(i)));
+        a1 = vaddq_u64(a1, vld1q_u64(p.add(i + 2)));
+        a2 = vaddq_u64(a2, vld1q_u64(p.add(i + 4)));
+        a3 = vaddq_u64(a3, vld1q_u64(p.add(i + 6)));
+        i += 8;
+    }
+    let s = vaddq_u64(vaddq_u64(a0, a1), vaddq_u64(a2, a3));
+    sum_scalar(&x[n..]).wrapping_add(vgetq_lane_u64::<0>(s)).wrapping_add(vgetq_lane_u64::<1>(s))
 }
 
 /// Lets pool threads fill disjoint parts of one buffer.

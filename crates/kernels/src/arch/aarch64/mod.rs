@@ -6,10 +6,10 @@
 //! - Q4_0 and Q4_K: one row per lane ([`rows`]), llama.cpp's repacked
 //!   order: per block (super-block) the exact integer dots, then `acc =
 //!   fma(d_w * d_a, float(sum), acc)`; four rows share each convert and FMA.
-//! - Q8_0, Q4_1, Q6_K and the float types ([`blocks`]): ggml's AVX2 order,
-//!   eight f32 lanes per (row, token) held as two 128-bit vectors (lane k:
-//!   bytes 4k..4k+3 of a 32-byte group), `hsum_float_8` at the end.
-//! - The other types: the scalar reference (`generic`) for now.
+//! - Q8_0, Q4_1, Q5_0, Q5_1 and the float types ([`blocks`]), Q2_K, Q3_K,
+//!   Q5_K and Q6_K ([`kquants`]): ggml's AVX2 order, eight f32 lanes per
+//!   (row, token) held as two 128-bit vectors (lane k: bytes 4k..4k+3 of a
+//!   32-byte group), `hsum_float_8` at the end.
 //!
 //! Integer dots are exact at both levels ([`int_dot`]), so `neon` and
 //! `neon+dotprod` give the same bits.
@@ -18,6 +18,7 @@ use crate::dispatch::{Kernels, SimdLevel};
 
 mod blocks;
 mod int_dot;
+mod kquants;
 mod neon;
 mod rows;
 mod tile;

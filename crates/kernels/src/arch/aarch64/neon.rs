@@ -1,11 +1,11 @@
 //! The `neon` and `neon+dotprod` tables.
 
-use super::blocks::{self, BF16, F16, F32};
+use super::blocks::{self, Block, BF16, F16, F32};
 use super::int_dot::{IntDot, Sdot, Widen};
+use super::kquants;
 use super::rows;
 use super::tile::{run_panel, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
-use crate::generic;
 use hearth_quant::{float, k, q8, GgmlType};
 use std::marker::PhantomData;
 
@@ -65,8 +65,7 @@ macro_rules! entry {
 
 /// A level's table: `run` its entry function, `D` its integer dot. The
 /// activation quantizers are the reference ones (ggml's aarch64 build
-/// quantizes with NEON, byte-identical to them); types without a NEON
-/// kernel yet run the scalar reference.
+/// quantizes with NEON, byte-identical to them).
 macro_rules! table {
     ($level:expr, $run:ident, $d:ty) => {
         Kernels {
@@ -77,18 +76,18 @@ macro_rules! table {
             quantize_f16: float::quantize_row_f16,
             quantize_q8_k: k::quantize_row_q8_k,
             panel_q4_0: entry!($run, GgmlType::Q8_0, Rows<rows::Q4_0, $d>),
-            panel_q4_1: entry!($run, GgmlType::Q8_1, Tiles<blocks::Q4_1<$d>>),
-            panel_q8_0: entry!($run, GgmlType::Q8_0, Tiles<blocks::Q8_0<$d>>),
+            panel_q4_1: entry!($run, GgmlType::Q8_1, Tiles<Block<blocks::Q4_1W, $d>>),
+            panel_q8_0: entry!($run, GgmlType::Q8_0, Tiles<Block<blocks::Q8_0W, $d>>),
             panel_f32: entry!($run, GgmlType::F32, Tiles<F32>),
             panel_f16: entry!($run, GgmlType::F32, Tiles<F16>),
             panel_bf16: entry!($run, GgmlType::BF16, Tiles<BF16>),
-            panel_q5_0: generic::panel,
-            panel_q5_1: generic::panel,
-            panel_q2_k: generic::panel,
-            panel_q3_k: generic::panel,
+            panel_q5_0: entry!($run, GgmlType::Q8_0, Tiles<Block<blocks::Q5_0W, $d>>),
+            panel_q5_1: entry!($run, GgmlType::Q8_1, Tiles<Block<blocks::Q5_1W, $d>>),
+            panel_q2_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q2K<$d>>),
+            panel_q3_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q3K<$d>>),
             panel_q4_k: entry!($run, GgmlType::Q8_K, Rows<rows::Q4K, $d>),
-            panel_q5_k: generic::panel,
-            panel_q6_k: entry!($run, GgmlType::Q8_K, Tiles<blocks::Q6K<$d>>),
+            panel_q5_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q5K<$d>>),
+            panel_q6_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q6K<$d>>),
         }
     };
 }

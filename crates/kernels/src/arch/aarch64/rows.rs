@@ -17,6 +17,7 @@
 use super::int_dot::IntDot;
 use crate::arch::f16::f16_at;
 use crate::dispatch::Panel;
+use hearth_quant::k::get_scale_min_k4;
 use std::arch::aarch64::*;
 
 /// Rows per group: one per f32 lane.
@@ -88,23 +89,28 @@ impl RowTile for Q4_0 {
     }
 }
 
-/// One row's 8 scales and 8 mins of the Q4_K super-block whose 12 scale
+/// The 8 scales and 8 mins of the Q4_K/Q5_K super-block whose 12 scale
 /// bytes are at `p` (ggml's `get_scale_min_k4`), as i32 and i16.
 #[inline(always)]
-unsafe fn q4_k_scales(p: *const u8) -> ([i32; 8], int16x8_t) {
+pub(super) unsafe fn k4_scales(p: *const u8) -> ([i32; 8], int16x8_t) {
     let q = std::ptr::read_unaligned(p as *const [u8; 12]);
     let mut sc = [0i32; 8];
     let mut mn = [0i16; 8];
     for j in 0..8 {
-        let (s, m) = if j < 4 {
-            (q[j] & 63, q[j + 4] & 63)
-        } else {
-            ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-        };
+        let (s, m) = get_scale_min_k4(j, &q);
         sc[j] = s as i32;
         mn[j] = m as i16;
     }
     (sc, vld1q_s16(mn.as_ptr()))
+}
+
+/// `[min_j * (sum of sub-block j's activations)]` of a Q8_K block at `a`,
+/// in 4 lanes (exact: the sum of the lanes is the super-block's min term).
+#[inline(always)]
+pub(super) unsafe fn k4_min_terms(mn: int16x8_t, a: *const u8) -> int32x4_t {
+    // The pairs of 16-element sums: sub-block j's.
+    let bs = vpaddq_s16(vld1q_s16(a.add(260) as *const i16), vld1q_s16(a.add(276) as *const i16));
+    vmlal_high_s16(vmull_s16(vget_low_s16(mn), vget_low_s16(bs)), mn, bs)
 }
 
 /// Q4_K weights × Q8_K activations.
@@ -125,12 +131,10 @@ impl RowTile for Q4K {
             let mut imin = [[z; LANES]; T];
             for r in 0..LANES {
                 let w = rows[r].add(b * WB);
-                let (sc, mn) = q4_k_scales(w.add(4));
+                let (sc, mn) = k4_scales(w.add(4));
                 for t in 0..T {
                     let a = ap.add(t * p.act_stride + b * AB);
-                    // Mins: min_j times sub-block j's sum (the pairs of 16-element sums).
-                    let bs = vpaddq_s16(vld1q_s16(a.add(260) as *const i16), vld1q_s16(a.add(276) as *const i16));
-                    imin[t][r] = vmlal_high_s16(vmull_s16(vget_low_s16(mn), vget_low_s16(bs)), mn, bs);
+                    imin[t][r] = k4_min_terms(mn, a);
                     // Sub-blocks 2jj (low nibbles) and 2jj + 1 (high) share 32 bytes.
                     let mut s = z;
                     for jj in 0..4 {
