@@ -10,7 +10,9 @@
 #   scripts/aarch64.sh ci                 # what .ci/run does: install if needed, then the
 #                                         # kernel tests at `neon` (QEMU_CPU=cortex-a72, no
 #                                         # dotprod) and `neon+dotprod` (QEMU_CPU=max), and
-#                                         # SmolLM2's greedy tokens and logits vs llama.cpp
+#                                         # SmolLM2's greedy tokens and logits vs llama.cpp,
+#                                         # and an aarch64 worker in an x86 coordinator's
+#                                         # cluster (crates/cli/tests/mixed_arch.rs)
 #
 # Why Debian's toolchain: this machine's rustup has no aarch64 standard library and cannot
 # fetch one (only package registries are reachable), while Debian's `rustc-web` (Rust 1.96)
@@ -75,7 +77,7 @@ case "$cmd" in
   build)
     need_toolchain
     cargo build --release -p hearth --target "$target"
-    echo "binary: $CARGO_TARGET_DIR/$target/release/hearth (run here with: qemu-aarch64 -L /usr/aarch64-linux-gnu BINARY)"
+    echo "binary: $CARGO_TARGET_DIR/$target/release/hearth (run here with: $CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER BINARY)"
     ;;
   test)
     need_toolchain
@@ -97,9 +99,15 @@ case "$cmd" in
     # kernels sum in the x86 SIMD order) and its logits within 0.05.
     echo "== SmolLM2 under qemu-aarch64 -cpu max"
     QEMU_CPU=max cargo test --release --target "$target" -p hearth-model --test smollm2 -- q4_1_greedy q4_1_logits
+    # A mixed cluster: the aarch64 `hearth worker` under qemu with this machine's (x86-64,
+    # rustup-built) coordinator, tensor parallel and ring, tokens equal to one node's.
+    echo "== mixed cluster: aarch64 worker under qemu, x86-64 coordinator"
+    cargo build --release -p hearth --target "$target"
+    HEARTH_AARCH64_BIN="$CARGO_TARGET_DIR/$target/release/hearth" QEMU_CPU=max \
+      env -u RUSTC -u CARGO_TARGET_DIR cargo test -p hearth --test mixed_arch -- --nocapture
     ;;
   -h | --help | "")
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     [[ -n "$cmd" ]] || exit 2
     ;;
   *) echo "error: unknown command $cmd (install, check, build, test, ci)" >&2; exit 2 ;;

@@ -60,8 +60,14 @@ impl Worker {
 
     /// `hearth worker -t 1 args…` (`-t 1` unless `args` has a `-t`), once it has printed where it listens.
     pub fn spawn(args: &[&str], stderr: Stdio) -> Worker {
+        Self::spawn_cmd(Command::new(env!("CARGO_BIN_EXE_hearth")), args, stderr)
+    }
+
+    /// [`Worker::spawn`] with another `hearth` command line (e.g. another
+    /// architecture's binary under an emulator).
+    pub fn spawn_cmd(mut cmd: Command, args: &[&str], stderr: Stdio) -> Worker {
         let threads: &[&str] = if args.contains(&"-t") { &[] } else { &["-t", "1"] };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        let mut child = cmd
             .arg("worker")
             .args(threads)
             .args(args)
