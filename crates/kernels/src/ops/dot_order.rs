@@ -69,6 +69,33 @@ pub(super) fn dot_f16_avx2_order(a: &[f32], b: &[f16]) -> f32 {
     sum as f32
 }
 
+/// `a · b` in the AVX-512 build's order, portably: four 16-lane accumulators over
+/// steps of 64, `(s0+s2) + (s1+s3)`, then `_mm512_reduce_add_ps`'s halving tree; the
+/// tail past a multiple of 64 added in f64.
+pub(super) fn dot_f16_avx512_order(a: &[f32], b: &[f16]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n & !63;
+    let mut s = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, acc) in s.iter_mut().enumerate() {
+            for (l, v) in acc.iter_mut().enumerate() {
+                *v = a[i + 16 * j + l].mul_add(b[i + 16 * j + l].to_f32(), *v);
+            }
+        }
+    }
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+    }
+    let t3: [f32; 8] = std::array::from_fn(|k| x[8 + k] + x[k]);
+    let t6: [f32; 4] = std::array::from_fn(|m| t3[4 + m] + t3[m]);
+    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+    for i in np..n {
+        sum += (a[i] * b[i].to_f32()) as f64;
+    }
+    sum as f32
+}
+
 /// The end of `GGML_F32x8_REDUCE`: `t0 = lo128 + hi128`, then `hadd(hadd(t0))`, i.e.
 /// `(t0[0] + t0[1]) + (t0[2] + t0[3])`.
 fn hadd_tree(x: [f32; 8]) -> f32 {

@@ -10,6 +10,8 @@ use half::f16;
 
 mod act;
 mod dot_order;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod rope;
 mod tiled;
 pub use act::{add_rows, geglu, rmsnorm_inplace, scale};
@@ -96,30 +98,15 @@ pub fn dot_f16(order: F16DotOrder, a: &[f32], b: &[f16]) -> f32 {
         // SAFETY: the features were just detected.
         return unsafe { x86::dot_f16(a, b, avx2_order) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        // SAFETY: Advanced SIMD was detected (it is baseline on aarch64).
+        return unsafe { neon::dot_f16(a, b, avx2_order) };
+    }
     if avx2_order {
         return dot_order::dot_f16_avx2_order(a, b);
     }
-    let n = a.len().min(b.len());
-    let np = n & !63;
-    let mut s = [[0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, acc) in s.iter_mut().enumerate() {
-            for (l, v) in acc.iter_mut().enumerate() {
-                *v = a[i + 16 * j + l].mul_add(b[i + 16 * j + l].to_f32(), *v);
-            }
-        }
-    }
-    let mut x = [0f32; 16];
-    for l in 0..16 {
-        x[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
-    }
-    let t3: [f32; 8] = std::array::from_fn(|k| x[8 + k] + x[k]);
-    let t6: [f32; 4] = std::array::from_fn(|m| t3[4 + m] + t3[m]);
-    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
-    for i in np..n {
-        sum += (a[i] * b[i].to_f32()) as f64;
-    }
-    sum as f32
+    dot_order::dot_f16_avx512_order(a, b)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1426,6 +1413,11 @@ pub fn scale_f16(acc: &mut [f16], s: f32) {
         // SAFETY: the features were just detected.
         return unsafe { x86::scale_f16(acc, s) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        // SAFETY: Advanced SIMD was detected.
+        return unsafe { neon::scale_f16(acc, s) };
+    }
     for a in acc.iter_mut() {
         *a = f16::from_f32(a.to_f32() * s);
     }
@@ -1437,6 +1429,11 @@ pub fn mad_f16(acc: &mut [f16], v: &[f16], w: f32) {
     if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the features were just detected.
         return unsafe { x86::mad_f16(acc, v, w) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        // SAFETY: Advanced SIMD was detected.
+        return unsafe { neon::mad_f16(acc, v, w) };
     }
     for (a, &x) in acc.iter_mut().zip(v) {
         *a = f16::from_f32(x.to_f32().mul_add(w, a.to_f32()));
@@ -1487,8 +1484,8 @@ mod tests {
         }
     }
 
-    /// The AVX2 build's order: the SIMD path equals the portable one (written from
-    /// ggml's `GGML_F32x8_REDUCE`), and the two orders do differ (else the choice
+    /// Each build's order: the SIMD path equals the portable one (written from ggml's
+    /// reduction macros), and the two orders do differ (else the choice
     /// would be moot), at head widths 64 and 256 and with a ragged tail.
     #[test]
     fn f16_dot_orders_follow_their_ggml_builds() {
@@ -1500,7 +1497,9 @@ mod tests {
                 let b: Vec<f16> = (0..n).map(|i| f16::from_f32(f(i, 7))).collect();
                 let avx2 = dot_f16(F16DotOrder::Avx2, &a, &b);
                 assert_eq!(avx2.to_bits(), dot_order::dot_f16_avx2_order(&a, &b).to_bits(), "n {n}");
-                differ += (avx2 != dot_f16(F16DotOrder::Avx512, &a, &b)) as usize;
+                let avx512 = dot_f16(F16DotOrder::Avx512, &a, &b);
+                assert_eq!(avx512.to_bits(), dot_order::dot_f16_avx512_order(&a, &b).to_bits(), "n {n}");
+                differ += (avx2 != avx512) as usize;
             }
         }
         assert!(differ > 10, "the two orders agree on {} of 250 dots", 250 - differ);
