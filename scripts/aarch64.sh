@@ -2,7 +2,7 @@
 # Cross-build hearth for 64-bit ARM Linux (aarch64-unknown-linux-gnu) on an x86-64 Debian
 # machine, and run tests under user-mode emulation (qemu-aarch64). Issue #19.
 #
-#   scripts/aarch64.sh install            # the toolchain below, from Debian's packages (root)
+#   scripts/aarch64.sh install            # the toolchain, from Debian's packages (root)
 #   scripts/aarch64.sh check              # cargo check of the whole workspace, every target
 #   scripts/aarch64.sh build              # release `hearth` binary for aarch64
 #   scripts/aarch64.sh test [CRATE...]    # cargo test --release of CRATEs under qemu
@@ -14,7 +14,13 @@
 #                                         # and an aarch64 worker in an x86 coordinator's
 #                                         # cluster (crates/cli/tests/mixed_arch.rs)
 #
-# Why Debian's toolchain: this machine's rustup has no aarch64 standard library and cannot
+# (Run `scripts/aarch64.sh install` once; it needs root and Debian's apt.)
+
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+# Notes for maintainers. Why Debian's toolchain: this machine's rustup has no aarch64 standard library and cannot
 # fetch one (only package registries are reachable), while Debian's `rustc-web` (Rust 1.96)
 # comes with one (`libstd-rust-web-dev:arm64`). Cargo stays rustup's; `RUSTC` points it at
 # Debian's compiler, with its own target directory (target/aarch64-cross) so the two
@@ -27,20 +33,13 @@
 # (libc6-arm64-cross, another glibc build) while /etc/ld.so.cache still hands it the multiarch
 # libc.so.6, and the mismatched pair spins in the first pthread_create (glibc's stack cache
 # list, read with another layout) — every test binary hung that way before.
-set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$root"
 
 target=aarch64-unknown-linux-gnu
 export RUSTC=/usr/bin/rustc
 export CARGO_TARGET_DIR="$root/target/aarch64-cross"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-# The multiarch arm64 glibc when installed (see above), else the cross package's.
-if [[ -e /lib/ld-linux-aarch64.so.1 ]]; then
-  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64"
-else
-  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-fi
+# Against the multiarch arm64 glibc (see above): no -L.
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64"
 
 have_toolchain() {
   [[ -x /usr/bin/rustc ]] && command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null \
@@ -106,9 +105,12 @@ case "$cmd" in
     HEARTH_AARCH64_BIN="$CARGO_TARGET_DIR/$target/release/hearth" QEMU_CPU=max \
       env -u RUSTC -u CARGO_TARGET_DIR cargo test -p hearth --test mixed_arch -- --nocapture
     ;;
-  -h | --help | "")
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
-    [[ -n "$cmd" ]] || exit 2
+  -h | --help | help)
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     ;;
-  *) echo "error: unknown command $cmd (install, check, build, test, ci)" >&2; exit 2 ;;
+  "")
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+  *) echo "error: unknown command $cmd (install, check, build, test, ci; see $0 --help)" >&2; exit 2 ;;
 esac

@@ -39,6 +39,27 @@ fn generate_greedy_json() {
     assert_eq!(m["cache_type"], "f16");
 }
 
+/// `HEARTH_SIMD` naming another architecture's level, or nothing known: a warning that
+/// lists this CPU's levels, and the best level (not a silent cap to scalar or none).
+#[test]
+fn simd_caps_of_another_architecture_are_warned_about() {
+    let m = model();
+    let other = if cfg!(target_arch = "x86_64") { "neon" } else { "avx2" };
+    let run = |simd: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["generate", "-m", m.to_str().unwrap(), "-p", "Hi", "--temperature", "0", "-n", "1"])
+            .env("HEARTH_SIMD", simd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run(other);
+    assert!(err.contains("another CPU architecture"), "{err}");
+    let err = run("bogus");
+    assert!(err.contains("is none of scalar") && !err.contains(other), "{err}");
+}
+
 #[test]
 fn generate_streams_text_and_summary() {
     let m = model();

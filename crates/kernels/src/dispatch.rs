@@ -3,7 +3,8 @@
 //! Every kernel family exists once per [`SimdLevel`]; a [`Kernels`] table of
 //! plain function pointers is built per level and the best one the CPU
 //! supports is picked once ([`Kernels::active`]). `HEARTH_SIMD=scalar|avx2|avxvnni|avx512`
-//! (x86-64) or `scalar|neon|neon+dotprod` (aarch64) caps the level (tests, benchmarks, bisecting a numerical difference).
+//! (x86-64) or `scalar|neon|neon+dotprod` (aarch64) caps the level (a level of the
+//! other architecture is warned about and ignored) (tests, benchmarks, bisecting a numerical difference).
 //! Nothing requires `-C target-cpu=native`.
 //!
 //! Table entries are safe `fn`s: the arch modules wrap their
@@ -55,6 +56,15 @@ impl SimdLevel {
     /// Parse a [`name`](Self::name), case-insensitively.
     pub fn from_name(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|l| l.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether the level belongs to this build's CPU architecture (scalar: every one).
+    pub fn is_native(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            SimdLevel::Avx2 | SimdLevel::AvxVnni | SimdLevel::Avx512 => cfg!(target_arch = "x86_64"),
+            SimdLevel::Neon | SimdLevel::NeonDot => cfg!(target_arch = "aarch64"),
+        }
     }
 
     /// Whether this CPU can run the level.
@@ -234,11 +244,22 @@ impl Kernels {
         static ACTIVE: OnceLock<&'static Kernels> = OnceLock::new();
         ACTIVE.get_or_init(|| {
             let cap = std::env::var("HEARTH_SIMD").ok().and_then(|s| {
+                let names: Vec<&str> = SimdLevel::ALL.iter().filter(|l| l.is_native()).map(|l| l.name()).collect();
                 let level = SimdLevel::from_name(&s);
-                if level.is_none() && !s.trim().is_empty() {
+                match level {
                     // A typo must not silently mean "no cap".
-                    let names: Vec<&str> = SimdLevel::ALL.iter().map(|l| l.name()).collect();
-                    eprintln!("warning: HEARTH_SIMD={s:?} is none of {}; using the best level", names.join(", "));
+                    None if !s.trim().is_empty() => {
+                        eprintln!("warning: HEARTH_SIMD={s:?} is none of {}; using the best level", names.join(", "));
+                    }
+                    // The cap orders one architecture's levels: another's means nothing here.
+                    Some(l) if !l.is_native() => {
+                        eprintln!(
+                            "warning: HEARTH_SIMD={s:?} is a level of another CPU architecture (this one has {}); using the best level",
+                            names.join(", ")
+                        );
+                        return None;
+                    }
+                    _ => {}
                 }
                 level
             });

@@ -539,6 +539,10 @@ fn env_var_caps_the_level() {
     // Advanced SIMD is baseline on aarch64: its level is always there.
     #[cfg(target_arch = "aarch64")]
     assert!(SimdLevel::Neon.is_available());
+    // Only this architecture's levels (and scalar) can be available.
+    for l in SimdLevel::ALL {
+        assert!(l.is_native() || !l.is_available(), "{l:?}");
+    }
     assert!(levels().contains(&SimdLevel::active()));
 }
 

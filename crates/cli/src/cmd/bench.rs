@@ -125,10 +125,24 @@ fn stddev(x: &[f64]) -> f64 {
 
 /// `model name` from /proc/cpuinfo (empty when unknown).
 fn cpu_info() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/cpuinfo").map(|s| cpu_name(&s)).unwrap_or_default()
+}
+
+/// The CPU's name from /proc/cpuinfo: x86's `model name`; arm64 kernels print none,
+/// only the core's `CPU implementer` and `CPU part` codes (e.g. 0x41 / 0xd0b: an Arm
+/// Cortex-A76), which are given as they are.
+fn cpu_name(cpuinfo: &str) -> String {
+    let field = |k: &str| {
+        let line = cpuinfo.lines().find(|l| l.split(':').next().is_some_and(|n| n.trim() == k))?;
+        line.split(':').nth(1).map(|v| v.trim().to_string())
+    };
+    if let Some(name) = field("model name") {
+        return name;
+    }
+    match (field("CPU implementer"), field("CPU part")) {
+        (Some(i), Some(p)) => format!("CPU implementer {i}, part {p}"),
+        _ => String::new(),
+    }
 }
 
 /// The `-t` list, else one entry: the default thread count.
@@ -445,4 +459,16 @@ fn run_membw(threads: &[usize], bytes: usize, json: bool) -> Result<()> {
         let _ = writeln!(o, "| {t} | {g:.1} |");
     }
     print_out(&o)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_name_reads_x86_and_arm64_cpuinfo() {
+        let x86 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t: fpu\n";
+        assert_eq!(super::cpu_name(x86), "Intel(R) Xeon(R) Processor");
+        let arm = "processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: 0xd0b\n";
+        assert_eq!(super::cpu_name(arm), "CPU implementer 0x41, part 0xd0b");
+        assert_eq!(super::cpu_name(""), "");
+    }
 }
