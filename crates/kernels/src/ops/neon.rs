@@ -1,42 +1,23 @@
 //! aarch64 NEON twins of the f16 attention helpers (`dot_f16` in both of ggml's
 //! orders, `mad_f16`, `scale_f16`): the same lanes, the same reduction trees and the
 //! same roundings as the x86 paths and the portable code, so the bits are the same on
-//! every machine. f16 ↔ f32 by `fcvtl`/`fcvtn` (base ARMv8-A; inline assembly because
-//! stable Rust has no f16 vector type): exact one way, round-to-nearest-even the other
-//! (the default FPCR mode), as F16C's `vcvtps2ph` with `_MM_FROUND_TO_NEAREST_INT`.
+//! every machine. f16 ↔ f32 by `arch::aarch64::f16x8` (round-to-nearest-even, as F16C's
+//! `vcvtps2ph` with `_MM_FROUND_TO_NEAREST_INT`).
 
+use crate::arch::aarch64::f16x8;
 use half::f16;
 use std::arch::aarch64::*;
 
 /// 8 f16 at `p` as two f32x4 (exact).
 #[inline(always)]
 unsafe fn load8(p: *const f16) -> (float32x4_t, float32x4_t) {
-    let h = vld1q_u16(p as *const u16);
-    let (lo, hi): (float32x4_t, float32x4_t);
-    std::arch::asm!(
-        "fcvtl {lo:v}.4s, {h:v}.4h",
-        "fcvtl2 {hi:v}.4s, {h:v}.8h",
-        h = in(vreg) h,
-        lo = out(vreg) lo,
-        hi = out(vreg) hi,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    (lo, hi)
+    f16x8::load(p as *const u8)
 }
 
 /// Two f32x4 stored as 8 f16 at `p` (round to nearest even).
 #[inline(always)]
 unsafe fn store8(p: *mut f16, lo: float32x4_t, hi: float32x4_t) {
-    let h: uint16x8_t;
-    std::arch::asm!(
-        "fcvtn {h:v}.4h, {lo:v}.4s",
-        "fcvtn2 {h:v}.8h, {hi:v}.4s",
-        h = out(vreg) h,
-        lo = in(vreg) lo,
-        hi = in(vreg) hi,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    vst1q_u16(p as *mut u16, h);
+    f16x8::store(p as *mut u8, lo, hi)
 }
 
 /// `a · b`, `a` f32 (f16-representable), `b` f16, in ggml's AVX-512 build's order or

@@ -7,6 +7,7 @@
 //! same reduction, and the sequential tail. So each dot is bit-identical to
 //! the avx2 level's, and to llama.cpp's AVX2 build for the block formats.
 
+use super::f16x8;
 use super::int_dot::IntDot;
 use super::tile::{hsum8, Fmt};
 use crate::arch::f16::f16_at;
@@ -148,23 +149,6 @@ impl<Q: Quants32, D: IntDot> Fmt for Block<Q, D> {
     }
 }
 
-/// 8 f16 at `p` as f32, exact (`fcvtl`, `fcvtl2`: base ARMv8-A; by inline
-/// assembly because stable Rust has no f16 vector type yet).
-#[inline(always)]
-unsafe fn load_f16(p: *const u8) -> (float32x4_t, float32x4_t) {
-    let h = vld1q_u16(p as *const u16);
-    let (lo, hi): (float32x4_t, float32x4_t);
-    std::arch::asm!(
-        "fcvtl {lo:v}.4s, {h:v}.4h",
-        "fcvtl2 {hi:v}.4s, {h:v}.8h",
-        h = in(vreg) h,
-        lo = out(vreg) lo,
-        hi = out(vreg) hi,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    (lo, hi)
-}
-
 /// 8 f32 at `p`.
 #[inline(always)]
 unsafe fn load_f32(p: *const u8) -> (float32x4_t, float32x4_t) {
@@ -228,7 +212,7 @@ float_fmt!(
 float_fmt!(
     /// F16 weights × f32 activations holding f16-rounded values
     /// (`Kernels::act_type`), as at the x86 levels.
-    F16, (2, load_f16, rd_f16), (4, load_f32, rd_f32)
+    F16, (2, f16x8::load, rd_f16), (4, load_f32, rd_f32)
 );
 float_fmt!(
     /// BF16 weights × bf16 activations.

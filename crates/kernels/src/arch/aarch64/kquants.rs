@@ -6,7 +6,7 @@
 
 use super::blocks::{fma_block, nibbles};
 use super::int_dot::IntDot;
-use super::rows::{k4_min_terms, k4_scales};
+use super::rows::{k4_min_terms, k4_scales, k4_sub_sums};
 use super::tile::{hsum8, Fmt};
 use crate::arch::f16::f16_at;
 use std::arch::aarch64::*;
@@ -178,7 +178,7 @@ impl<D: IntDot> Fmt for Q5K<D> {
     unsafe fn pair(acc: Self::Acc, w: Self::W, a: Self::A) -> Self::Acc {
         let ((wp, wd, wdmin), (ap, ad)) = (w, a);
         let (sc, mn) = k4_scales(wp.add(4));
-        let summs = (-ad * wdmin).mul_add(vaddvq_s32(k4_min_terms(mn, ap)) as f32, acc.2);
+        let summs = (-ad * wdmin).mul_add(vaddvq_s32(k4_min_terms(mn, k4_sub_sums(ap))) as f32, acc.2);
         let (one, z) = (vdupq_n_u8(1), vdupq_n_s32(0));
         let (mut lo, mut hi) = (z, z);
         for half in 0..2 {

@@ -17,6 +17,7 @@
 use crate::dispatch::{Kernels, SimdLevel};
 
 mod blocks;
+pub(crate) mod f16x8;
 mod int_dot;
 mod kquants;
 mod neon;

@@ -104,13 +104,17 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> ([i32; 8], int16x8_t) {
     (sc, vld1q_s16(mn.as_ptr()))
 }
 
-/// `[min_j * (sum of sub-block j's activations)]` of a Q8_K block at `a`,
-/// in 4 lanes (exact: the sum of the lanes is the super-block's min term).
+/// The 8 sub-block sums of a Q8_K block at `a` (the pairs of its 16-element sums).
 #[inline(always)]
-pub(super) unsafe fn k4_min_terms(mn: int16x8_t, a: *const u8) -> int32x4_t {
-    // The pairs of 16-element sums: sub-block j's.
-    let bs = vpaddq_s16(vld1q_s16(a.add(260) as *const i16), vld1q_s16(a.add(276) as *const i16));
-    vmlal_high_s16(vmull_s16(vget_low_s16(mn), vget_low_s16(bs)), mn, bs)
+pub(super) unsafe fn k4_sub_sums(a: *const u8) -> int16x8_t {
+    vpaddq_s16(vld1q_s16(a.add(260) as *const i16), vld1q_s16(a.add(276) as *const i16))
+}
+
+/// `[min_j * sub_sums_j]` in 4 lanes (exact: the sum of the lanes is the
+/// super-block's min term).
+#[inline(always)]
+pub(super) unsafe fn k4_min_terms(mn: int16x8_t, sub_sums: int16x8_t) -> int32x4_t {
+    vmlal_high_s16(vmull_s16(vget_low_s16(mn), vget_low_s16(sub_sums)), mn, sub_sums)
 }
 
 /// Q4_K weights × Q8_K activations.
@@ -129,12 +133,17 @@ impl RowTile for Q4K {
             let dminw = f16x4(rows, b * WB + 2);
             let mut isum = [[z; LANES]; T];
             let mut imin = [[z; LANES]; T];
+            // Per token, once for the 4 rows.
+            let mut sub_sums = [vdupq_n_s16(0); T];
+            for (t, s) in sub_sums.iter_mut().enumerate() {
+                *s = k4_sub_sums(ap.add(t * p.act_stride + b * AB));
+            }
             for r in 0..LANES {
                 let w = rows[r].add(b * WB);
                 let (sc, mn) = k4_scales(w.add(4));
                 for t in 0..T {
                     let a = ap.add(t * p.act_stride + b * AB);
-                    imin[t][r] = k4_min_terms(mn, a);
+                    imin[t][r] = k4_min_terms(mn, sub_sums[t]);
                     // Sub-blocks 2jj (low nibbles) and 2jj + 1 (high) share 32 bytes.
                     let mut s = z;
                     for jj in 0..4 {
