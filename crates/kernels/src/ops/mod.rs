@@ -10,6 +10,7 @@ use half::f16;
 
 mod act;
 mod dot_order;
+mod f32x8;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod rope;
@@ -41,6 +42,12 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
         // SAFETY: the features were just detected.
         return unsafe { x86::swiglu(&mut gate[..n], &up[..n]) };
     }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: Advanced SIMD is baseline on aarch64.
+    unsafe {
+        f32x8::swiglu::<f32x8::Neon>(&mut gate[..n], &up[..n])
+    }
+    #[cfg(not(target_arch = "aarch64"))]
     for (g, &u) in gate[..n].iter_mut().zip(up) {
         *g = silu(*g) * u;
     }
@@ -111,58 +118,14 @@ pub fn dot_f16(order: F16DotOrder, a: &[f32], b: &[f16]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{BlockScratch, Tile, BLOCK_ROWS, EXP_C, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_SHIFT};
+    use super::{BlockScratch, Tile, BLOCK_ROWS};
     use half::f16;
     use std::arch::x86_64::*;
 
-    /// [`super::expf_ggml`] on 8 lanes. `_mm512_scalef_ps(j, n)` becomes two exact-range
-    /// power-of-two multiplies, 2^⌊n/2⌋ then 2^(n−⌊n/2⌋): the first is exact, so only the
-    /// second rounds, as scalef does.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn expf_ggml(x: __m256) -> __m256 {
-        let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
-        let r = c(EXP_SHIFT);
-        let z = _mm256_fmadd_ps(x, c(EXP_LOG2E), r);
-        let n = _mm256_sub_ps(z, r);
-        let b = _mm256_fnmadd_ps(n, c(EXP_LN2_LO), _mm256_fnmadd_ps(n, c(EXP_LN2_HI), x));
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(_mm256_fmadd_ps(c(EXP_C[0]), b, c(EXP_C[1])), u, _mm256_fmadd_ps(c(EXP_C[2]), b, c(EXP_C[3]))),
-            u,
-            _mm256_fmadd_ps(c(EXP_C[4]), b, _mm256_set1_ps(1.0)),
-        );
-        let ni = _mm256_cvtps_epi32(n);
-        let n1 = _mm256_srai_epi32::<1>(ni);
-        let n2 = _mm256_sub_epi32(ni, n1);
-        let bias = _mm256_set1_epi32(127);
-        let p1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
-        let p2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
-        let res = _mm256_mul_ps(_mm256_mul_ps(j, p1), p2);
-        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(_mm256_set1_ps(-0.0), n), _mm256_set1_ps(192.0));
-        if _mm256_movemask_ps(d) == 0 {
-            return res;
-        }
-        let le0 = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
-        let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le0);
-        _mm256_blendv_ps(res, alt, d)
-    }
-
+    /// [`super::swiglu`] compiled with AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
-        let n = gate.len();
-        let one = _mm256_set1_ps(1.0);
-        let mut i = 0;
-        while i + 8 <= n {
-            let p = gate.as_mut_ptr().add(i);
-            let x = _mm256_loadu_ps(p);
-            let e = expf_ggml(_mm256_sub_ps(_mm256_setzero_ps(), x));
-            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))));
-            i += 8;
-        }
-        for (g, &u) in gate[i..].iter_mut().zip(&up[i..]) {
-            *g = super::silu(*g) * u;
-        }
+        super::f32x8::swiglu::<super::f32x8::Avx2>(gate, up)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -790,11 +753,8 @@ struct BlockScratch {
     acc: Vec<f32>,
     m: Vec<f32>,
     sum: Vec<f32>,
-    // Only the x86-64 f16 path reads these two (an aarch64 one is issue #19's).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kf: Vec<f32>,
     vf: Vec<f32>,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     score: Vec<f32>,
 }
 
@@ -825,7 +785,6 @@ impl BlockScratch {
     /// Grow to what the tiled f32 path needs for `nq` queries of `head_dim` (a scratch
     /// made by [`Self::new`] for a smaller `head_dim` has too few): a KV tile of K and V
     /// rows as f32 and the scores of two queries.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn fit_tiled(&mut self, head_dim: usize, nq: usize) {
         let rows = tiled::TILE_KV * head_dim;
         for (buf, n) in [(&mut self.acc, nq * head_dim), (&mut self.kf, rows), (&mut self.vf, rows), (&mut self.score, Self::SCORES), (&mut self.m, nq), (&mut self.sum, nq)] {

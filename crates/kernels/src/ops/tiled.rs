@@ -26,8 +26,8 @@
 //! each. So where llama.cpp's cache cells are the absolute positions (one sequence,
 //! no ring), the two give the same bits; and a query's result never depends on the tile
 //! it was computed in (batch invariance, issue #8), nor on the vector width:
-//! [`attend_portable`] is the definition, and the x86 kernel ([`x86::attend`]) gives
-//! its bits.
+//! [`attend_portable`] is the definition, and the SIMD kernel (`simd::attend`, one body
+//! over eight f32 lanes: AVX2 on x86-64, NEON on aarch64) gives its bits.
 //!
 //! Why blocks instead of the per-row recurrence ([`super::attend`]): the max
 //! and its rescale happen once per 64 rows, `e^x` runs on vectors, and the scores of a
@@ -117,116 +117,108 @@ pub(super) fn attend_portable(t: Tile, q: &[f32], k: &[f16], v: &[f16], out: &mu
 /// [`attend_portable`] on the fastest kernel this CPU has; the same bits.
 /// `scratch`: [`BlockScratch`](super::BlockScratch) of at least `head_dim`.
 pub(super) fn attend(t: Tile, q: &[f32], k: &[f16], v: &[f16], scratch: &mut super::BlockScratch, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if t.s.head_dim.is_multiple_of(8)
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-    {
-        scratch.fit_tiled(t.s.head_dim, t.n_tok * t.nh);
-        // SAFETY: the features were just detected; `scratch` was sized for this tile.
-        unsafe { x86::attend(t, q, k, v, scratch, out) };
-        return;
+    if t.s.head_dim.is_multiple_of(8) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
+            scratch.fit_tiled(t.s.head_dim, t.n_tok * t.nh);
+            // SAFETY: the features were just detected; `scratch` was sized for this tile.
+            unsafe { simd::attend_avx2(t, q, k, v, scratch, out) };
+            return;
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            scratch.fit_tiled(t.s.head_dim, t.n_tok * t.nh);
+            // SAFETY: Advanced SIMD is baseline on aarch64; `scratch` was sized for this tile.
+            unsafe { simd::attend::<super::f32x8::Neon>(t, q, k, v, scratch, out) };
+            return;
+        }
     }
     let _ = scratch;
     attend_portable(t, q, k, v, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::super::{row_elems, x86::expf_ggml, BlockScratch, Tile};
+/// The kernel, written once over eight f32 lanes ([`F32x8`]): AVX2/FMA/F16C on x86-64,
+/// NEON on aarch64.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod simd {
+    use super::super::f32x8::{expf_ggml, F32x8};
+    use super::super::{row_elems, BlockScratch, Tile};
     use super::{visible, TILE_KV};
     use half::f16;
-    use std::arch::x86_64::*;
 
-    /// [`super::hsum8`] on a vector.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn hsum8(x: __m256) -> f32 {
-        let h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-        let f = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        _mm_cvtss_f32(_mm_add_ss(f, _mm_movehdup_ps(f)))
-    }
-
-    /// Lanes `c` of a block (rows `8·v + c` for vector `v`) with `a ≤ 8·v + c < b`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn lane_mask(vi: usize, a: usize, b: usize) -> __m256 {
-        let idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * vi as i32));
-        let ge = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(a as i32 - 1));
-        let lt = _mm256_cmpgt_epi32(_mm256_set1_epi32(b as i32), idx);
-        _mm256_castsi256_ps(_mm256_and_si256(ge, lt))
+    /// [`attend`] compiled with AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_avx2(t: Tile, q: &[f32], k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
+        attend::<super::super::f32x8::Avx2>(t, q, k, v, b, out)
     }
 
     /// Scores of two queries against a block's K rows (`kt`: `[head_dim, 64]`, from the half-block in use):
     /// `sc0`, `sc1` = 4 vectors of 8 rows each, one FMA chain per lane over `d`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn scores2(hd: usize, q0: *const f32, q1: *const f32, kt: *const f32, scale: f32) -> ([__m256; 4], [__m256; 4]) {
+    #[inline(always)]
+    unsafe fn scores2<V: F32x8>(hd: usize, q0: *const f32, q1: *const f32, kt: *const f32, scale: f32) -> ([V; 4], [V; 4]) {
         // `kt` points at the half-block's first column; rows of `kt` are TILE_KV apart.
-        let mut a = [_mm256_setzero_ps(); 4];
-        let mut b = [_mm256_setzero_ps(); 4];
+        let mut a = [V::splat(0.0); 4];
+        let mut b = [V::splat(0.0); 4];
         for d in 0..hd {
             let k = kt.add(d * TILE_KV);
-            let (x0, x1) = (_mm256_broadcast_ss(&*q0.add(d)), _mm256_broadcast_ss(&*q1.add(d)));
+            let (x0, x1) = (V::splat(*q0.add(d)), V::splat(*q1.add(d)));
             for c in 0..4 {
-                let kv = _mm256_loadu_ps(k.add(8 * c));
-                a[c] = _mm256_fmadd_ps(x0, kv, a[c]);
-                b[c] = _mm256_fmadd_ps(x1, kv, b[c]);
+                let kv = V::load(k.add(8 * c));
+                a[c] = x0.mul_add(kv, a[c]);
+                b[c] = x1.mul_add(kv, b[c]);
             }
         }
-        let sv = _mm256_set1_ps(scale);
-        (a.map(|x| _mm256_mul_ps(x, sv)), b.map(|x| _mm256_mul_ps(x, sv)))
+        let sv = V::splat(scale);
+        (a.map(|x| x.mul(sv)), b.map(|x| x.mul(sv)))
     }
 
     /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[64, head_dim]`),
     /// rows in order; `off` is the first element of the chunk within a row.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::needless_range_loop)] // r indexes p and offsets vf
-    unsafe fn pv<const N: usize>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
-        let mut x = [_mm256_setzero_ps(); N];
+    unsafe fn pv<V: F32x8, const N: usize>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+        let mut x = [V::splat(0.0); N];
         for (c, a) in x.iter_mut().enumerate() {
-            *a = _mm256_loadu_ps(acc.add(8 * c));
+            *a = V::load(acc.add(8 * c));
         }
         for r in r0..r1 {
-            let w = _mm256_set1_ps(p[r]);
+            let w = V::splat(p[r]);
             let vr = vf.add(r * hd);
             for (c, a) in x.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr.add(8 * c)), *a);
+                *a = w.mul_add(V::load(vr.add(8 * c)), *a);
             }
         }
         for (c, a) in x.iter().enumerate() {
-            _mm256_storeu_ps(acc.add(8 * c), *a);
+            a.store(acc.add(8 * c));
         }
     }
 
     /// [`pv`] over the whole head in chunks of up to 64 elements.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn pv_head(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+    #[inline(always)]
+    unsafe fn pv_head<V: F32x8>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
         let mut off = 0;
         while off < hd {
             let (a, v) = (acc.add(off), vf.add(off));
             match (hd - off) / 8 {
-                1 => pv::<1>(a, p, v, hd, r0, r1),
-                2 => pv::<2>(a, p, v, hd, r0, r1),
-                3 => pv::<3>(a, p, v, hd, r0, r1),
-                4 => pv::<4>(a, p, v, hd, r0, r1),
-                5 => pv::<5>(a, p, v, hd, r0, r1),
-                6 => pv::<6>(a, p, v, hd, r0, r1),
-                7 => pv::<7>(a, p, v, hd, r0, r1),
-                _ => pv::<8>(a, p, v, hd, r0, r1),
+                1 => pv::<V, 1>(a, p, v, hd, r0, r1),
+                2 => pv::<V, 2>(a, p, v, hd, r0, r1),
+                3 => pv::<V, 3>(a, p, v, hd, r0, r1),
+                4 => pv::<V, 4>(a, p, v, hd, r0, r1),
+                5 => pv::<V, 5>(a, p, v, hd, r0, r1),
+                6 => pv::<V, 6>(a, p, v, hd, r0, r1),
+                7 => pv::<V, 7>(a, p, v, hd, r0, r1),
+                _ => pv::<V, 8>(a, p, v, hd, r0, r1),
             }
             off += 64;
         }
     }
 
-    /// [`super::attend_portable`] with AVX2/FMA/F16C. Each block's K rows are widened
+    /// [`super::attend_portable`] on eight-lane vectors. Each block's K rows are widened
     /// once for the tile into `b.kf` transposed (`[head_dim, 64]`) and its V rows into
     /// `b.vf` (`[64, head_dim]`); queries are scored two at a time, sharing each K load.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend(t: Tile, q: &[f32], k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
+    #[inline(always)]
+    pub(super) unsafe fn attend<V: F32x8>(t: Tile, q: &[f32], k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
         let s = t.s;
         let hd = s.head_dim;
         let nq = t.n_tok * t.nh;
@@ -249,12 +241,11 @@ mod x86 {
                 let (kr, vr) = (k[e.clone()].as_ptr(), v[e].as_ptr());
                 let r = j - b0;
                 for c in (0..hd).step_by(8) {
-                    let kx = _mm256_cvtph_ps(_mm_loadu_si128(kr.add(c) as *const __m128i));
-                    _mm256_storeu_ps(tmp.as_mut_ptr(), kx);
+                    V::load_f16(kr.add(c)).store(tmp.as_mut_ptr());
                     for (e, &x) in tmp.iter().enumerate() {
                         *kt.add((c + e) * TILE_KV + r) = x;
                     }
-                    _mm256_storeu_ps(vf.add(r * hd + c), _mm256_cvtph_ps(_mm_loadu_si128(vr.add(c) as *const __m128i)));
+                    V::load_f16(vr.add(c)).store(vf.add(r * hd + c));
                 }
             }
             // Queries that see rows of this block, two at a time for the scores.
@@ -279,72 +270,69 @@ mod x86 {
                 // Each lane's FMA chain is independent, so the block's two halves of 32
                 // columns are scored one after the other (8 accumulators, not 16).
                 for half in 0..2 {
-                    let (s0, s1) = scores2(hd, q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd), kt.add(32 * half), s.scale);
+                    let (s0, s1) = scores2::<V>(hd, q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd), kt.add(32 * half), s.scale);
                     for c in 0..4 {
-                        _mm256_storeu_ps(sc.add(32 * half + 8 * c), s0[c]);
-                        _mm256_storeu_ps(sc.add(TILE_KV + 32 * half + 8 * c), s1[c]);
+                        s0[c].store(sc.add(32 * half + 8 * c));
+                        s1[c].store(sc.add(TILE_KV + 32 * half + 8 * c));
                     }
                 }
-                step(&t, i, b0, sc, vf, m, l, acc);
+                step::<V>(&t, i, b0, sc, vf, m, l, acc);
                 if i1 != i {
-                    step(&t, i1, b0, sc.add(TILE_KV), vf, m, l, acc);
+                    step::<V>(&t, i1, b0, sc.add(TILE_KV), vf, m, l, acc);
                 }
                 i = i1 + 1;
             }
             b0 += TILE_KV;
         }
         for (i, &li) in l.iter().enumerate().take(nq) {
-            let inv = _mm256_set1_ps(if li == 0.0 { 0.0 } else { 1.0 / li });
+            let inv = V::splat(if li == 0.0 { 0.0 } else { 1.0 / li });
             let (a, o) = (acc.as_ptr().add(i * hd), out.as_mut_ptr().add(i * hd));
             for c in (0..hd).step_by(8) {
-                _mm256_storeu_ps(o.add(c), _mm256_mul_ps(_mm256_loadu_ps(a.add(c)), inv));
+                V::load(a.add(c)).mul(inv).store(o.add(c));
             }
         }
     }
 
     /// One query's update for one block from its 64 scores `sc` (rows it does not see
     /// hold anything): max, rescale, weights, sum, and the V rows.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn step(t: &Tile, i: usize, b0: usize, sc: *const f32, vf: *const f32, m: &mut [f32], l: &mut [f32], acc: &mut [f32]) {
+    unsafe fn step<V: F32x8>(t: &Tile, i: usize, b0: usize, sc: *const f32, vf: *const f32, m: &mut [f32], l: &mut [f32], acc: &mut [f32]) {
         let hd = t.s.head_dim;
         let (lo, hi) = visible(t, i);
         let (a, bnd) = (lo.max(b0) - b0, hi.min(b0 + TILE_KV) - b0);
-        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut sv = [_mm256_setzero_ps(); TILE_KV / 8];
-        let mut mk = [_mm256_setzero_ps(); TILE_KV / 8];
+        let ninf = V::splat(f32::NEG_INFINITY);
+        let mut sv = [ninf; TILE_KV / 8];
+        let mut mk = [V::range_mask(0, 0, 0); TILE_KV / 8];
         let mut mx = ninf;
         for c in 0..TILE_KV / 8 {
-            mk[c] = lane_mask(c, a, bnd);
-            sv[c] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sc.add(8 * c)), mk[c]);
-            mx = _mm256_max_ps(sv[c], mx);
+            mk[c] = V::range_mask(8 * c, a, bnd);
+            sv[c] = V::load(sc.add(8 * c)).select(mk[c], ninf);
+            mx = sv[c].max(mx);
         }
-        let h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
-        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        let mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        let mx = mx.hmax();
         let m_old = m[i];
         let m_new = if mx > m_old { mx } else { m_old };
         let ai = acc.as_mut_ptr().add(i * hd);
         if m_new > m_old && m_old != f32::NEG_INFINITY {
             let alpha = (m_old - m_new).exp(); // libm's expf, as llama.cpp's `expf(Mold - Mnew)`
             l[i] *= alpha;
-            let av = _mm256_set1_ps(alpha);
+            let av = V::splat(alpha);
             for c in (0..hd).step_by(8) {
-                _mm256_storeu_ps(ai.add(c), _mm256_mul_ps(_mm256_loadu_ps(ai.add(c)), av));
+                V::load(ai.add(c)).mul(av).store(ai.add(c));
             }
         }
         m[i] = m_new;
-        let mv = _mm256_set1_ps(m_new);
+        let (mv, zero) = (V::splat(m_new), V::splat(0.0));
         let mut p = [0f32; TILE_KV];
         let mut sum = 0f64;
         for c in 0..TILE_KV / 8 {
-            let e = _mm256_and_ps(expf_ggml(_mm256_sub_ps(sv[c], mv)), mk[c]);
-            _mm256_storeu_ps(p.as_mut_ptr().add(8 * c), e);
-            sum += hsum8(e) as f64;
+            let e = expf_ggml(sv[c].sub(mv)).select(mk[c], zero);
+            e.store(p.as_mut_ptr().add(8 * c));
+            sum += e.hsum() as f64;
         }
         l[i] = (l[i] as f64 + sum) as f32;
-        pv_head(ai, &p, vf, hd, a, bnd);
+        pv_head::<V>(ai, &p, vf, hd, a, bnd);
     }
 }
 
