@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 
 /// Sampling settings. Each filter has an "off" value; [`Default`] gives llama.cpp's
 /// defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no repeat penalty
-/// over a 64-token window, random seed).
+/// or presence/frequency penalty over a 64-token window, random seed).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerConfig {
     /// Divides logits before the draw; `<= 0` (or NaN) means greedy: the argmax,
@@ -42,7 +42,16 @@ pub struct SamplerConfig {
     /// logits are divided by it, negative ones multiplied. 1.0 = off; values
     /// `<= 0` or non-finite are treated as off. Default 1.0.
     pub repeat_penalty: f32,
-    /// How many trailing history tokens the repeat penalty looks at; 0 = off.
+    /// Subtracted from the logit of every token seen in the last `repeat_last_n`
+    /// tokens of history, once however often it was seen (OpenAI's
+    /// `presence_penalty`, llama.cpp's `--presence-penalty`). 0.0 = off; non-finite
+    /// values are treated as off. Default 0.0.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was seen in the last
+    /// `repeat_last_n` tokens of history (OpenAI's `frequency_penalty`). 0.0 = off;
+    /// non-finite values are treated as off. Default 0.0.
+    pub frequency_penalty: f32,
+    /// How many trailing history tokens the penalties look at; 0 = off.
     /// Default 64.
     pub repeat_last_n: usize,
     /// RNG seed; the same seed, config and logits reproduce the same tokens.
@@ -58,6 +67,8 @@ impl Default for SamplerConfig {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: rand::random(),
         }
@@ -106,13 +117,13 @@ impl Sampler {
 
     /// Picks the next token from `logits` (one per vocabulary entry). `history` is
     /// the tokens so far (prompt and generated); only its last `repeat_last_n`
-    /// matter, and only when a repeat penalty is set.
+    /// matter, and only when a penalty is set.
     ///
     /// Returns 0 for empty logits, and the lowest id when every logit is NaN or −∞.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let penalty = self.active_penalty(history);
+        let penalties = self.penalties_on(history);
         let greedy = self.cfg.temperature.is_nan() || self.cfg.temperature <= 0.0;
-        if greedy && penalty.is_none() {
+        if greedy && !penalties {
             return argmax(logits);
         }
 
@@ -126,8 +137,8 @@ impl Sampler {
         if self.cands.is_empty() {
             return 0;
         }
-        if let Some(penalty) = penalty {
-            self.apply_repeat_penalty(penalty, history);
+        if penalties {
+            self.apply_penalties(history);
         }
         if greedy {
             // Every filter keeps the most likely token, so greedy skips them.
@@ -140,30 +151,48 @@ impl Sampler {
         self.draw()
     }
 
-    /// The penalty factor when it can change anything.
-    fn active_penalty(&self, history: &[u32]) -> Option<f32> {
+    /// The repeat penalty factor, 1.0 when off.
+    fn repeat_factor(&self) -> f32 {
         let p = self.cfg.repeat_penalty;
-        let on = p.is_finite() && p > 0.0 && p != 1.0;
-        (on && self.cfg.repeat_last_n > 0 && !history.is_empty()).then_some(p)
+        if p.is_finite() && p > 0.0 {
+            p
+        } else {
+            1.0
+        }
     }
 
-    /// Divides positive logits by `penalty` and multiplies the others, once per
-    /// distinct token in the window (llama.cpp's rule: a token seen three times is
-    /// penalised once).
-    fn apply_repeat_penalty(&mut self, penalty: f32, history: &[u32]) {
+    /// The presence and frequency penalties, 0.0 when off.
+    fn additive_penalties(&self) -> (f32, f32) {
+        let on = |x: f32| if x.is_finite() { x } else { 0.0 };
+        (on(self.cfg.presence_penalty), on(self.cfg.frequency_penalty))
+    }
+
+    /// Whether some penalty can change anything.
+    fn penalties_on(&self, history: &[u32]) -> bool {
+        let any = self.repeat_factor() != 1.0 || self.additive_penalties() != (0.0, 0.0);
+        any && self.cfg.repeat_last_n > 0 && !history.is_empty()
+    }
+
+    /// llama.cpp's penalties sampler (`llama_sampler_penalties_apply`), for each
+    /// distinct token seen `count` times in the window: positive logits are divided
+    /// by the repeat penalty and the others multiplied (once, however often it was
+    /// seen), then `count · frequency + presence` is subtracted (OpenAI's formula,
+    /// "Frequency and presence penalties" in its API reference).
+    fn apply_penalties(&mut self, history: &[u32]) {
+        let (repeat, (presence, frequency)) = (self.repeat_factor(), self.additive_penalties());
         let start = history.len().saturating_sub(self.cfg.repeat_last_n);
         self.window.clear();
         self.window.extend_from_slice(&history[start..]);
         self.window.sort_unstable();
-        self.window.dedup();
-        for &tok in &self.window {
+        for run in self.window.chunk_by(|a, b| a == b) {
             // Out-of-vocabulary ids in the history are ignored.
-            if let Some(c) = self.cands.get_mut(tok as usize) {
+            if let Some(c) = self.cands.get_mut(run[0] as usize) {
                 c.logit = if c.logit <= 0.0 {
-                    c.logit * penalty
+                    c.logit * repeat
                 } else {
-                    c.logit / penalty
+                    c.logit / repeat
                 };
+                c.logit -= run.len() as f32 * frequency + presence;
             }
         }
     }
@@ -349,6 +378,8 @@ mod tests {
             top_p,
             min_p,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 42,
         }
@@ -580,6 +611,38 @@ mod tests {
         }
         // Out-of-vocabulary ids in history are ignored.
         assert_eq!(Sampler::new(penalised).sample(&logits, &[u32::MAX, 99]), 0);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_subtract_from_seen_tokens() {
+        let logits = [2.0, 1.5, 1.0, 0.0];
+        let greedy = cfg(0.0, 0, 1.0, 0.0);
+        let with = |presence: f32, frequency: f32| SamplerConfig {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            ..greedy.clone()
+        };
+        // Control: no penalty, token 0 wins.
+        assert_eq!(Sampler::new(greedy.clone()).sample(&logits, &[0, 0, 1]), 0);
+        // Presence: 2.0 - 0.6 = 1.4 < 1.5, whatever the count.
+        assert_eq!(Sampler::new(with(0.6, 0.0)).sample(&logits, &[0]), 1);
+        assert_eq!(Sampler::new(with(0.4, 0.0)).sample(&logits, &[0, 0, 0]), 0);
+        // Frequency: once per occurrence; 2.0 - 3 * 0.2 = 1.4 < 1.5 but 2.0 - 0.2 > 1.5.
+        assert_eq!(Sampler::new(with(0.0, 0.2)).sample(&logits, &[0, 0, 0]), 1);
+        assert_eq!(Sampler::new(with(0.0, 0.2)).sample(&logits, &[0]), 0);
+        // Both: 1.5 - (2 * 0.3 + 0.3) = 0.6 < 1.0 and 2.0 - 0.6 = 1.4 > 1.0; three
+        // zeros take 2.0 to 2.0 - 1.2 = 0.8 < 1.0.
+        assert_eq!(Sampler::new(with(0.3, 0.3)).sample(&logits, &[1, 1, 0]), 0);
+        assert_eq!(Sampler::new(with(0.3, 0.3)).sample(&logits, &[1, 1, 0, 0, 0]), 2);
+        // Negative values encourage repeats: token 3 jumps to 0.0 + 2.5.
+        assert_eq!(Sampler::new(with(-2.5, 0.0)).sample(&logits, &[3]), 3);
+        // Only the window counts; non-finite values are off.
+        let window = SamplerConfig {
+            repeat_last_n: 1,
+            ..with(0.0, 0.2)
+        };
+        assert_eq!(Sampler::new(window).sample(&logits, &[0, 0, 0, 2]), 0);
+        assert_eq!(Sampler::new(with(f32::NAN, f32::INFINITY)).sample(&logits, &[0]), 0);
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub struct Params {
     pub model: Option<String>,
     /// `max_tokens` (or `max_completion_tokens`); `None`: until the context is full.
     pub max_tokens: Option<usize>,
-    /// temperature, top_p, top_k, min_p, repeat_penalty, seed.
+    /// temperature, top_p, top_k, min_p, repeat_penalty, presence_penalty,
+    /// frequency_penalty, seed.
     pub sampler: SamplerConfig,
     /// `stop`.
     pub stop: Vec<String>,
@@ -128,8 +129,14 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
     if f.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid("tools", "tool calls are not supported"));
     }
-    for k in ["presence_penalty", "frequency_penalty"] {
-        f.f32_in(k, -2.0, 2.0)?; // accepted and ignored
+    match f.get("response_format") {
+        None => {}
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str).is_some() => {
+            let t = o["type"].as_str().unwrap_or_default();
+            return Err(ApiError::invalid("response_format", format!("`response_format` type `{t}` is not supported yet (only `text`)")));
+        }
+        Some(v) => return Err(ApiError::invalid("response_format", format!("`response_format` must be an object with a `type`, got {v}"))),
     }
     let max = f.int_in("max_completion_tokens", 1, i64::MAX)?.or(f.int_in("max_tokens", 1, i64::MAX)?);
     let d = SamplerConfig::default();
@@ -155,6 +162,8 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         top_k: f.int_in("top_k", 0, i64::from(u32::MAX))?.map_or(d.top_k, |k| k as usize),
         min_p: f.f32_in("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
         repeat_penalty,
+        presence_penalty: f.f32_in("presence_penalty", -2.0, 2.0)?.unwrap_or(d.presence_penalty),
+        frequency_penalty: f.f32_in("frequency_penalty", -2.0, 2.0)?.unwrap_or(d.frequency_penalty),
         seed,
         ..d
     };
@@ -315,5 +324,22 @@ mod tests {
         assert_eq!(err(completion(br#"{"prompt":["a","b"]}"#)), (400, p("prompt")));
         assert_eq!(err(completion(br#"{"prompt":"a","logprobs":99}"#)), (400, p("logprobs")));
         assert_eq!(err(completion(br#"{}"#)), (400, p("prompt")));
+        // Nothing is accepted and then ignored: structured output is refused by name.
+        let u = r#""messages":[{"role":"user","content":"x"}]"#;
+        for rf in [r#"{"type":"json_object"}"#, r#"{"type":"json_schema","json_schema":{}}"#, r#""json""#, r#"{}"#] {
+            let body = format!(r#"{{{u},"response_format":{rf}}}"#);
+            assert_eq!(err(chat(body.as_bytes())), (400, p("response_format")), "{rf}");
+        }
+        assert!(chat(format!(r#"{{{u},"response_format":{{"type":"text"}}}}"#).as_bytes()).is_ok());
+        assert_eq!(err(chat(format!(r#"{{{u},"presence_penalty":2.5}}"#).as_bytes())), (400, p("presence_penalty")));
+        assert_eq!(err(chat(format!(r#"{{{u},"frequency_penalty":"x"}}"#).as_bytes())), (400, p("frequency_penalty")));
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_reach_the_sampler() {
+        let r = chat(br#"{"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5,"frequency_penalty":-1.25}"#).unwrap();
+        assert_eq!((r.params.sampler.presence_penalty, r.params.sampler.frequency_penalty), (0.5, -1.25));
+        let c = completion(br#"{"prompt":"a"}"#).unwrap();
+        assert_eq!((c.params.sampler.presence_penalty, c.params.sampler.frequency_penalty), (0.0, 0.0));
     }
 }

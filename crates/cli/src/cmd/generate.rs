@@ -3,7 +3,7 @@
 use crate::budget::{io_json, io_line};
 use crate::common::{print_out, MemoryReport, ModelArgs};
 use anyhow::{Context as _, Result};
-use hearth_chat::{ChatTemplate, Message};
+use hearth_chat::Message;
 use hearth_model::{generate_with, sampler::SamplerConfig, Model};
 use hearth_tokenizer::StreamDecoder;
 use std::io::Write;
@@ -23,9 +23,21 @@ pub struct SamplingArgs {
     /// Drop tokens less likely than P × the most likely one (0 = off)
     #[arg(long, default_value_t = 0.05)]
     pub min_p: f32,
-    /// Penalise the last 64 tokens by this factor (1.0 = off)
+    /// Penalise tokens seen in the last --repeat-last-n tokens (prompt and output): positive logits divided by
+    /// this factor, negative ones multiplied (1.0 = off)
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Subtract this from the logit of every token seen in the last --repeat-last-n tokens, once (OpenAI's
+    /// presence_penalty; 0 = off, negative encourages repeats)
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtract this from a token's logit once per time it was seen in the last --repeat-last-n tokens (OpenAI's
+    /// frequency_penalty; 0 = off)
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// How many trailing tokens the penalties look at (0 = off)
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
     /// RNG seed; the same seed and settings reproduce a run [default: random]
     #[arg(long)]
     pub seed: Option<u64>,
@@ -47,6 +59,11 @@ impl SamplingArgs {
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return Err(bad("repeat-penalty", self.repeat_penalty, "a number > 0 (1 = off)"));
         }
+        for (flag, v) in [("presence-penalty", self.presence_penalty), ("frequency-penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(bad(flag, v, "in [-2, 2] (0 = off)"));
+            }
+        }
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
@@ -56,8 +73,10 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
             seed,
-            ..SamplerConfig::default()
         })
     }
 }
@@ -91,12 +110,9 @@ pub struct Args {
 }
 
 /// Render `messages` with the model's chat template.
-pub fn render_chat(model: &Model, messages: &[Message]) -> Result<String> {
-    let src = model.chat_template().context("the model has no chat template (tokenizer.chat_template)")?;
-    let tok = &model.tokenizer;
-    let text = |id: Option<u32>| id.map(|i| tok.token_text(i).to_string()).unwrap_or_default();
-    let tmpl = ChatTemplate::new(src, &text(tok.bos()), &text(tok.eos())).context("chat template")?;
-    tmpl.render(messages, true).context("rendering the chat template")
+pub fn chat_prompt(model: &Model, messages: &[Message]) -> Result<Vec<u32>> {
+    let tmpl = hearth_serve::chat_template(model).map_err(anyhow::Error::msg)?;
+    hearth_serve::chat_prompt(&model.tokenizer, &tmpl, messages).map_err(anyhow::Error::msg)
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -111,8 +127,11 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(f)) => crate::common::read_text(f)?,
         (None, None) => unreachable!("clap requires --prompt or --prompt-file"),
     };
-    let prompt = if a.chat { render_chat(&model, &[Message { role: "user".into(), content: text }])? } else { text };
-    let ids = model.tokenizer.encode(&prompt, true, true);
+    let ids = if a.chat {
+        chat_prompt(&model, &[Message { role: "user".into(), content: text }])?
+    } else {
+        model.tokenizer.encode(&text, true, true)
+    };
     if ids.is_empty() {
         anyhow::bail!("the prompt is empty: give some text with --prompt");
     }
