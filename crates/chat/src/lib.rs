@@ -79,6 +79,16 @@ pub struct Message {
     pub content: String,
 }
 
+/// A rendered conversation ([`ChatTemplate::render_marked`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The template's output.
+    pub text: String,
+    /// Byte ranges of `text` that are message contents (in the order the template
+    /// printed them), or `None` when the template did not copy them verbatim.
+    pub contents: Option<Vec<std::ops::Range<usize>>>,
+}
+
 impl Message {
     /// A message with the given role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
@@ -227,6 +237,55 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
         self.render_with_context(messages, add_generation_prompt, &Map::new())
+    }
+
+    /// [`ChatTemplate::render`], plus where the messages' contents landed in the text,
+    /// so that a tokenizer can keep control-token text a user typed from becoming a
+    /// control token (a forged turn): only the template's own markup may.
+    ///
+    /// The conversation is rendered twice, once as it is and once with each non-empty
+    /// content replaced by a marker; where putting the contents back in place of the
+    /// markers gives the first text, the markers' positions are the contents' byte
+    /// ranges. A template that changes a content (trims it, cuts a thinking block)
+    /// gives [`Rendered::contents`] `None`.
+    pub fn render_marked(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Rendered, ChatError> {
+        let text = self.render(messages, add_generation_prompt)?;
+        // Private-use code points: no template or tokenizer gives them a meaning.
+        let marker = |i: usize| format!("\u{F8FF}hearth:{i}\u{F8FF}");
+        let marked: Vec<Message> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message {
+                role: m.role.clone(),
+                content: if m.content.is_empty() { String::new() } else { marker(i) },
+            })
+            .collect();
+        let with_markers = self.render(&marked, add_generation_prompt)?;
+        let mut rebuilt = String::with_capacity(text.len());
+        let mut ranges = Vec::new();
+        let mut rest = with_markers.as_str();
+        while let Some(start) = rest.find('\u{F8FF}') {
+            rebuilt.push_str(&rest[..start]);
+            let after = &rest[start + '\u{F8FF}'.len_utf8()..];
+            let index = after
+                .strip_prefix("hearth:")
+                .and_then(|a| a.split_once('\u{F8FF}'))
+                .and_then(|(n, tail)| Some((n.parse::<usize>().ok()?, tail)));
+            let Some((i, tail)) = index.filter(|&(i, _)| i < messages.len()) else {
+                return Ok(Rendered { text, contents: None });
+            };
+            let content = &messages[i].content;
+            ranges.push(rebuilt.len()..rebuilt.len() + content.len());
+            rebuilt.push_str(content);
+            rest = tail;
+        }
+        rebuilt.push_str(rest);
+        let contents = (rebuilt == text).then_some(ranges);
+        Ok(Rendered { text, contents })
     }
 
     /// Like [`ChatTemplate::render`], with extra template variables, e.g.

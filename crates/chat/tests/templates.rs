@@ -207,3 +207,47 @@ fn reference_templates_render_long_conversations_within_the_fuel_cap() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(rendered * 10 >= files.len() * 9, "only {rendered} of {} templates rendered", files.len());
 }
+
+/// `render_marked` finds every message's content in the text for the templates that
+/// copy contents verbatim, and says `None` (rather than wrong ranges) for the others.
+/// Control: a template that trims contents gets `None`.
+#[test]
+fn marked_render_locates_message_contents() {
+    let Some(files) = template_files() else {
+        return;
+    };
+    let messages = conversation();
+    let (mut located, mut rendered) = (0, 0);
+    for path in &files {
+        let Ok(source) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        let Ok(t) = ChatTemplate::with_fixed_time(&source, "<s>", "</s>", fixed_now()) else {
+            continue;
+        };
+        let Ok(r) = t.render_marked(&messages, true) else {
+            continue;
+        };
+        rendered += 1;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        assert_eq!(r.text, t.render(&messages, true).unwrap(), "{name}");
+        if let Some(ranges) = &r.contents {
+            located += 1;
+            for text in [USER_1, ASSISTANT, USER_2] {
+                assert!(ranges.iter().any(|g| &r.text[g.clone()] == text), "{name}: {text:?} not among {ranges:?}");
+            }
+            for g in ranges {
+                assert!(messages.iter().any(|m| m.content == r.text[g.clone()]), "{name}: {g:?}");
+            }
+        }
+    }
+    eprintln!("contents located in {located} of {rendered} rendered templates");
+    assert!(located * 10 >= rendered * 8, "only {located} of {rendered}");
+    let trims = ChatTemplate::new("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}", "", "").unwrap();
+    let r = trims.render_marked(&[Message::new("user", " padded ")], false).unwrap();
+    assert_eq!((r.text.as_str(), r.contents), ("[padded]", None));
+    let copies = ChatTemplate::new("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}", "", "").unwrap();
+    let r = copies.render_marked(&[Message::new("user", "a<b>"), Message::new("assistant", "")], false).unwrap();
+    assert_eq!(r.text, "<user>a<b><assistant>");
+    assert_eq!(r.contents, Some(std::iter::once(6..10).collect()));
+}

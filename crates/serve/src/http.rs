@@ -95,9 +95,7 @@ async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Byte
         let body = read_body(body)?;
         let req = request::chat(&body)?;
         let template = app.template.as_ref().map_err(|e| ApiError::invalid("messages", e.clone()))?;
-        let text =
-            template.render(&req.messages, true).map_err(|e| ApiError::invalid("messages", format!("the chat template failed: {e}")))?;
-        let prompt = app.model.tokenizer.encode(&text, true, true);
+        let prompt = crate::chat_prompt(&app.model.tokenizer, template, &req.messages).map_err(|e| ApiError::invalid("messages", e))?;
         generate(&app, Kind::Chat, prompt, req.params, "messages").await
     }
     .await;

@@ -480,12 +480,34 @@ impl Tokenizer {
     /// `<|im_start|>`) become their ids; user-defined tokens are matched either way, as in
     /// llama.cpp.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_parts(text, add_special, parse_special, &[])
+    }
+
+    /// [`Tokenizer::encode`] with control tokens parsed except inside the byte ranges
+    /// `plain` (a chat's message contents, `hearth_chat::Rendered::contents`): there
+    /// their text stays text, as `encode(content, false, false)` would leave it, so
+    /// only the template's own markup yields control tokens. Text with no control-token
+    /// text inside `plain` gives exactly `encode(text, add_special, true)`.
+    pub fn encode_with_plain(&self, text: &str, add_special: bool, plain: &[std::ops::Range<usize>]) -> Vec<u32> {
+        self.encode_parts(text, add_special, true, plain)
+    }
+
+    /// The first control (or unknown) token whose text occurs in `text`, longest first.
+    pub fn control_text_in(&self, text: &str) -> Option<&str> {
+        self.special_tokens
+            .iter()
+            .filter(|&&id| self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0)
+            .map(|&id| self.tokens[id as usize].as_str())
+            .find(|t| !t.is_empty() && text.contains(t))
+    }
+
+    fn encode_parts(&self, text: &str, add_special: bool, parse_special: bool, plain: &[std::ops::Range<usize>]) -> Vec<u32> {
         let n_vocab = self.tokens.len() as u32;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
-        let fragments = self.partition(text, parse_special);
+        let fragments = self.partition(text, parse_special, plain);
         match &self.algo {
             Algo::Spm { byte_tokens } => {
                 let mut prev_special = true; // the first fragment gets the space prefix
@@ -542,8 +564,8 @@ impl Tokenizer {
 
     /// Split `text` at special tokens (llama.cpp's `tokenizer_st_partition`): longest
     /// tokens first, every occurrence, honouring `lstrip`/`rstrip`. Control and unknown
-    /// tokens only take part when `parse_special` is set.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+    /// tokens only take part when `parse_special` is set, and never inside `plain`.
+    fn partition(&self, text: &str, parse_special: bool, plain: &[std::ops::Range<usize>]) -> Vec<Fragment> {
         if text.is_empty() {
             return Vec::new();
         }
@@ -551,7 +573,8 @@ impl Tokenizer {
         let mut frags = vec![Fragment::Text(0, text.len())];
         for &id in &self.special_tokens {
             let a = self.attrs[id as usize];
-            if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
+            let control = a & (attr::CONTROL | attr::UNKNOWN) != 0;
+            if !parse_special && control {
                 continue;
             }
             let tok = self.tokens[id as usize].as_str();
@@ -564,8 +587,14 @@ impl Tokenizer {
                     next.push(frag);
                     continue;
                 };
-                while let Some(rel) = text[s..e].find(tok) {
-                    let m = s + rel;
+                let mut from = s;
+                while let Some(rel) = text[from..e].find(tok) {
+                    let m = from + rel;
+                    if control && plain.iter().any(|r| m < r.end && r.start < m + tok.len()) {
+                        // Typed by a user: stays text; search on from the next character.
+                        from = m + text[m..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
                     let mut left_end = m;
                     if a & attr::LSTRIP != 0 {
                         while left_end > s && is_c_space(bytes[left_end - 1]) {
@@ -582,6 +611,7 @@ impl Tokenizer {
                             s += 1;
                         }
                     }
+                    from = s;
                 }
                 if s < e {
                     next.push(Fragment::Text(s, e));

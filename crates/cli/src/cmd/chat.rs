@@ -1,7 +1,7 @@
 //! `hearth chat`: interactive multi-turn chat. The KV cache is kept across turns: each
 //! turn re-renders the conversation and evaluates only the tokens past the common prefix.
 
-use super::generate::{render_chat, SamplingArgs};
+use super::generate::{chat_prompt, SamplingArgs};
 use crate::common::ModelArgs;
 use anyhow::{Context as _, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +39,7 @@ pub fn run(a: Args) -> Result<()> {
         messages.push(Message { role: "system".into(), content: s.clone() });
     }
     // Fail now, not after the first message, if the template cannot render.
-    render_chat(&model, &[Message { role: "user".into(), content: "hi".into() }])?;
+    chat_prompt(&model, &[Message { role: "user".into(), content: "hi".into() }])?;
     let mut cached: Vec<u32> = Vec::new(); // tokens whose K/V are in ctx
     // Ctrl-C while a reply streams stops that reply; at the prompt it quits.
     let replying = Arc::new(AtomicBool::new(false));
@@ -79,7 +79,7 @@ pub fn run(a: Args) -> Result<()> {
             _ => {}
         }
         messages.push(Message { role: "user".into(), content: line });
-        let ids = model.tokenizer.encode(&render_chat(&model, &messages)?, true, true);
+        let ids = chat_prompt(&model, &messages)?;
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         // Keeps the shared prefix, or nothing where a sliding-window cache cannot go back.
         let common = ctx.truncate(common);
