@@ -151,19 +151,17 @@ impl<'t> Seq<'t> {
         self.tokens.push(id);
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
         let finish = if tok.is_eog(id) && !self.ignore_eos {
-            // What the decoder held back still goes through the stop strings.
-            let tail = self.dec.flush();
-            let (mut text, hit) = self.stop.push(&tail);
-            if !hit {
-                text += &self.stop.finish();
-            }
+            // An incomplete character held back is dropped (never sent as U+FFFD);
+            // what the stop strings held back is released.
+            self.dec.finish();
+            let text = self.stop.finish();
             self.send(Event::Token { text, logprob });
             Some(Finish::Stop)
         } else {
             let full = self.generated() >= self.max_tokens || self.tokens.len() > n_ctx;
-            let mut piece = self.dec.push(id);
+            let piece = self.dec.push(id);
             if full {
-                piece += &self.dec.flush();
+                self.dec.finish();
             }
             let (mut text, hit) = self.stop.push(&piece);
             let finish = if hit {

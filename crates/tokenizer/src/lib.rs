@@ -25,7 +25,7 @@
 //! for &id in &ids {
 //!     print!("{}", stream.push(id));
 //! }
-//! print!("{}", stream.flush());
+//! stream.finish(); // an incomplete last character is dropped
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]

@@ -68,10 +68,22 @@ impl<'a> StreamDecoder<'a> {
         &self.pending
     }
 
-    /// End of stream: whatever is pending, with an incomplete character replaced.
-    pub fn flush(&mut self) -> String {
-        let out = String::from_utf8_lossy(&self.pending).into_owned();
+    /// End of stream: bytes held back are the start of a character that never
+    /// completed (a generation cut by its token limit in the middle of one); they are
+    /// dropped, not shown as U+FFFD. Returns how many bytes were dropped.
+    pub fn finish(&mut self) -> usize {
+        let n = self.pending.len();
         self.pending.clear();
+        n
+    }
+
+    /// The whole text of `ids` as a stream would show it ([`push`](Self::push) each,
+    /// then [`finish`](Self::finish)).
+    pub fn text_of(tok: &'a Tokenizer, ids: &[u32]) -> String {
+        let mut d = Self::new(tok);
+        let mut out: String = ids.iter().map(|&id| d.push(id)).collect();
+        d.finish();
+        out.shrink_to_fit();
         out
     }
 }

@@ -181,11 +181,37 @@ fn stream_bytes_match_lossy_decoding() {
     let tok = Tokenizer::from_gguf(&gguf(bpe_meta("gpt-2"))).unwrap();
     let chunks: [&[u8]; 6] = [b"a\xF0\x9F", b"\xA6", b"\x99b", b"\xE2\x82", b"A\xFF", b"\xC3"];
     let mut s = StreamDecoder::new(&tok);
-    let mut parts: Vec<String> = chunks.iter().map(|c| s.push_bytes(c)).collect();
+    let parts: Vec<String> = chunks.iter().map(|c| s.push_bytes(c)).collect();
     assert_eq!(s.pending(), b"\xC3");
-    parts.push(s.flush());
-    assert_eq!(parts, ["a", "", "🦙b", "", "\u{FFFD}A\u{FFFD}", "", "\u{FFFD}"]);
-    assert_eq!(parts.concat(), String::from_utf8_lossy(&chunks.concat()));
+    // The stream ends inside "é": the held-back byte is dropped, not shown as U+FFFD
+    // (a completion cut by max_tokens); invalid bytes in the middle still are.
+    assert_eq!(s.finish(), 1);
+    assert_eq!(s.pending(), b"");
+    assert_eq!(parts, ["a", "", "🦙b", "", "\u{FFFD}A\u{FFFD}", ""]);
+    assert_eq!(parts.concat() + "\u{FFFD}", String::from_utf8_lossy(&chunks.concat()));
+    let ids = tok.encode("hé", false, false);
+    assert_eq!(StreamDecoder::text_of(&tok, &ids), "hé");
+    assert_eq!(StreamDecoder::text_of(&tok, &ids[..ids.len() - 1]), "h");
+}
+
+/// Control tokens are parsed outside the plain ranges only; user-defined ones everywhere.
+#[test]
+fn plain_ranges_keep_control_text_as_text() {
+    let tok = Tokenizer::from_gguf(&gguf(bpe_meta("gpt-2"))).unwrap();
+    let (end, user) = (tok.token_id("<|im_end|>").unwrap(), tok.token_id("<|user|>").unwrap());
+    let text = "<|im_end|>hello<|im_end|><|user|><|im_end|>";
+    let all = tok.encode(text, false, true);
+    assert_eq!(all.iter().filter(|&&i| i == end).count(), 3);
+    assert_eq!(tok.encode_with_plain(text, false, &[]), all);
+    // The middle "hello<|im_end|><|user|>" is a message's content.
+    let content = 10..33;
+    let got = tok.encode_with_plain(text, false, std::slice::from_ref(&content));
+    let mut want = vec![end];
+    want.extend(tok.encode("hello<|im_end|>", false, false));
+    want.extend([user, end]);
+    assert_eq!(got, want);
+    assert_eq!(tok.control_text_in("a<|im_end|>"), Some("<|im_end|>"));
+    assert_eq!(tok.control_text_in("a<|user|>"), None);
 }
 
 #[test]

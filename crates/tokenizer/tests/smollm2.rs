@@ -85,8 +85,8 @@ fn special_tokens_and_end_of_generation() {
     for p in reference["reference_q4_1"]["prompts"].as_array().unwrap() {
         let gen = ids(&p["generated_token_ids"]);
         let mut stream = StreamDecoder::new(&tok);
-        let mut text: String = gen.iter().map(|&id| stream.push(id)).collect();
-        text.push_str(&stream.flush());
+        let text: String = gen.iter().map(|&id| stream.push(id)).collect();
+        assert_eq!(stream.finish(), 0, "the reference texts end on whole characters");
         assert_eq!(text, tok.decode(&gen));
         // The reference renders pieces with special = true (the final `<|im_end|>` shows).
         let pieces: Vec<String> =

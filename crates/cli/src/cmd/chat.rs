@@ -124,7 +124,8 @@ pub fn run(a: Args) -> Result<()> {
                 continue;
             }
         };
-        let _ = writeln!(out, "{}", dec.flush());
+        dec.finish();
+        let _ = writeln!(out);
         match g.stop {
             StopReason::ContextFull => eprintln!("[the context is full: /reset to start over]"),
             StopReason::Length => eprintln!("[reply cut at --max-tokens {}]", a.max_tokens),

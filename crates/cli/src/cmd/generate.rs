@@ -187,7 +187,7 @@ pub fn run(a: Args) -> Result<()> {
         let v = serde_json::json!({
             "prompt_tokens": ids,
             "completion_tokens": out.tokens,
-            "text": tok.decode(&text_ids),
+            "text": StreamDecoder::text_of(tok, &text_ids),
             "stop_reason": format!("{:?}", out.stop),
             "timings": {
                 "ttft_ms": t.ttft_ms,
@@ -218,8 +218,8 @@ pub fn run(a: Args) -> Result<()> {
         drop(stdout);
         print_out(&format!("{v}\n"))?;
     } else {
-        let tail = dec.flush();
-        writeln!(stdout, "{tail}").context("writing to stdout")?;
+        dec.finish(); // an incomplete last character is not printed as U+FFFD
+        writeln!(stdout).context("writing to stdout")?;
         eprintln!(
             "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms ({} threads, stop: {:?})\n\
              {}",
