@@ -19,7 +19,7 @@ pub struct ModelArgs {
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// Context size in tokens (KV cache positions), at most the model's trained context
-    /// [default: 2048 (perplexity: 512), capped at the model's trained context]
+    /// [default: 2048, capped at the model's trained context]
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx_size: Option<u32>,
     /// Maximum tokens evaluated per forward pass during prefill

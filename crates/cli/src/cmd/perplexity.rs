@@ -8,6 +8,7 @@ use std::time::Instant;
 
 /// Flags of `hearth perplexity`.
 #[derive(clap::Args, Debug)]
+#[command(mut_arg("ctx_size", |a| a.help("Tokens per scored chunk (KV cache positions), at most the model's trained context [default: 512, capped at the model's trained context]")))]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
