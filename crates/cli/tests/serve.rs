@@ -138,7 +138,7 @@ fn openai_python_client() {
 
 #[test]
 fn errors_are_openai_json_and_the_server_stays_up() {
-    let s = Server::start(&["--parallel", "2", "--ctx-size", "64"]);
+    let s = Server::start(&["--parallel", "2", "--ctx-size", "64", "--strict-model", "--alias", "smol", "--alias", "gpt-4o-mini"]);
     let chat = "/v1/chat/completions";
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let raw = |body: &str| {
@@ -156,6 +156,11 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     assert_error(s.post(chat, &json!({"messages": msgs, "stop": {"a": 1}})), 400, "invalid_request_error", Some("stop"));
     assert_error(s.post(chat, &json!({"messages": msgs, "max_tokens": -5})), 400, "invalid_request_error", Some("max_tokens"));
     assert_error(s.post(chat, &json!({"messages": msgs, "model": "nope"})), 404, "invalid_request_error", Some("model"));
+    let models: Value = serde_json::from_str(&s.get("/v1/models")).unwrap();
+    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["smol", "gpt-4o-mini"]);
+    let (st, ok) = s.post(chat, &json!({"messages": msgs, "model": "gpt-4o-mini", "max_tokens": 1}));
+    assert_eq!((st, ok["model"].as_str()), (200, Some("smol")), "{ok}");
     let long = s.post("/v1/completions", &json!({"prompt": "word ".repeat(100)}));
     assert_eq!(long.1["error"]["code"], "context_length_exceeded", "{}", long.1);
     assert_error(long, 400, "invalid_request_error", Some("prompt"));
@@ -178,7 +183,7 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     let metrics = s.request("GET", "/metrics", None, "").1;
     for want in [
         "hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}",
-        "hearth_ttft_seconds_count 1",
+        "hearth_ttft_seconds_count 2",
         "hearth_queue_depth 0",
         "hearth_rss_file_bytes ",
     ] {
@@ -188,7 +193,8 @@ fn errors_are_openai_json_and_the_server_stays_up() {
 
 /// Greedy completion of `prompt`: (text, tokens, log-probabilities).
 fn greedy(s: &Server, prompt: &str) -> (String, Value, Value) {
-    let (st, r) = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 0}));
+    // Any model name is served without --strict-model (clients send fixed ones).
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 0, "model": "gpt-3.5-turbo"}));
     assert_eq!(st, 200, "{r}");
     let c = &r["choices"][0];
     (c["text"].as_str().unwrap().to_string(), c["logprobs"]["tokens"].clone(), c["logprobs"]["token_logprobs"].clone())

@@ -33,8 +33,12 @@ pub struct App {
     pub model: Arc<Model>,
     /// The model's chat template, when it has a usable one.
     pub template: Result<ChatTemplate, String>,
-    /// The id `/v1/models` lists and requests must name (or omit).
+    /// The id `/v1/models` lists first and responses carry.
     pub model_id: String,
+    /// More names `/v1/models` lists.
+    pub aliases: Vec<String>,
+    /// Requests must name `model_id` or an alias (or omit it); else any name is served.
+    pub strict_model: bool,
     /// `Some`: requests to `/v1/*` need `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
     /// Counters for `/metrics`.
@@ -73,12 +77,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let r = authorize(&app, &headers).map(|()| {
-        Json(serde_json::json!({
-            "object": "list",
-            "data": [{"id": app.model_id, "object": "model", "created": app.started, "owned_by": "hearth",
-                      "meta": {"n_ctx_per_slot": app.scheduler.n_ctx(), "slots": app.scheduler.n_slots(),
-                               "n_vocab": app.model.config.n_vocab}}],
-        }))
+        let meta = serde_json::json!({"n_ctx_per_slot": app.scheduler.n_ctx(), "slots": app.scheduler.n_slots(),
+                                      "n_vocab": app.model.config.n_vocab});
+        let data: Vec<_> = std::iter::once(&app.model_id)
+            .chain(&app.aliases)
+            .map(|id| serde_json::json!({"id": id, "object": "model", "created": app.started, "owned_by": "hearth", "meta": meta}))
+            .collect();
+        Json(serde_json::json!({"object": "list", "data": data}))
         .into_response()
     });
     answer(&app, "/v1/models", r)
@@ -150,7 +155,7 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Check the request against the server, queue it, and answer whole or as a stream.
 async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_field: &str) -> Result<Response, ApiError> {
-    if let Some(m) = p.model.as_deref().filter(|m| !m.is_empty() && *m != app.model_id) {
+    if let Some(m) = p.model.as_deref().filter(|m| app.strict_model && !m.is_empty() && *m != app.model_id && !app.aliases.iter().any(|a| a == m)) {
         return Err(ApiError::unknown_model(m, &app.model_id));
     }
     if prompt.is_empty() {

@@ -39,8 +39,13 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// Requests that may wait for a slot; more are answered 429.
     pub queue_size: usize,
-    /// The model id clients name.
+    /// The model id `/v1/models` lists first and responses carry.
     pub model_id: String,
+    /// More names of the model, listed by `/v1/models` too.
+    pub aliases: Vec<String>,
+    /// Refuse (404) a request naming a model other than `model_id` or an alias; else any
+    /// name is served.
+    pub strict_model: bool,
 }
 
 /// The model's chat template, ready to render (an error message when it has none).
@@ -95,7 +100,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, api_key: opts.api_key, metrics, started });
+    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;

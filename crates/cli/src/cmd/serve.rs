@@ -50,9 +50,14 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on /v1/* requests
     #[arg(long, env = "HEARTH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// The model id clients name [default: the file name without .gguf]
+    /// A name of the served model (repeatable): the first is the id /v1/models lists and
+    /// responses carry [default: the file name without .gguf]; the others are listed too
+    #[arg(long, value_name = "NAME")]
+    pub alias: Vec<String>,
+    /// Answer 404 to a request naming a model other than the id or an --alias (by default
+    /// any name is served, as clients often send a fixed one such as gpt-4o-mini)
     #[arg(long)]
-    pub alias: Option<String>,
+    pub strict_model: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -95,7 +100,7 @@ pub fn run(a: Args) -> Result<()> {
         engines.push(hearth_serve::Engine { ctx, pin });
     }
     let ctx = &engines[0].ctx;
-    let model_id = a.alias.clone().unwrap_or_else(|| {
+    let model_id = a.alias.first().cloned().unwrap_or_else(|| {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
@@ -108,6 +113,6 @@ pub fn run(a: Args) -> Result<()> {
         ctx.n_threads(),
         if a.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() }
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id };
+    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model };
     hearth_serve::serve(engines, opts).context("serving")
 }
