@@ -56,6 +56,10 @@ pub struct ClusterArgs {
     /// rounds). A worker given 0 leaves the ring [default: the solver's choice]
     #[arg(long, value_name = "W0,W1,...", value_delimiter = ',')]
     pub layer_window: Vec<usize>,
+    /// Ring: refuse to run when the layer solver (or --layer-window) gives a worker no
+    /// layers, instead of leaving it out
+    #[arg(long)]
+    pub require_all_workers: bool,
 }
 
 /// `--parallel` values.
@@ -300,7 +304,7 @@ impl ClusterArgs {
         if !layer_window.is_empty() && layer_window.len() != n_workers + 1 {
             bail!("--layer-window has {} values for {} devices (this machine first, then each worker)", layer_window.len(), n_workers + 1);
         }
-        Ok(Layout::Ring { windows: (!layer_window.is_empty()).then_some(layer_window) })
+        Ok(Layout::Ring { windows: (!layer_window.is_empty()).then_some(layer_window), require_all: self.require_all_workers })
     }
 
     /// The workers, weights and wire type from the flags or the cluster file.
@@ -474,7 +478,7 @@ pub fn without_node(opts: &ClusterOptions, node: usize) -> ClusterOptions {
         if !o.weights.is_empty() {
             o.weights.remove(node);
         }
-        if let Layout::Ring { windows } = &mut o.layout {
+        if let Layout::Ring { windows, .. } = &mut o.layout {
             *windows = None;
         }
     }

@@ -56,7 +56,7 @@ impl RingRun {
 /// Open the ring of `opts` (its layout must be a ring) with `ctx` as the head device;
 /// `budget`: this machine's `--mem-budget`, for the solver. Prints the assignment.
 pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Option<u64>) -> Result<ClusterRun> {
-    let Layout::Ring { windows } = &opts.layout else { bail!("not a ring layout") };
+    let Layout::Ring { windows, require_all } = &opts.layout else { bail!("not a ring layout") };
     let n_layer = model.config.n_layer;
     if let Some(w) = windows {
         if let Some(&big) = w.iter().find(|&&x| x > n_layer) {
@@ -74,10 +74,19 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Op
     let (windows, assignment) = match windows {
         Some(w) => (w.clone(), None),
         None => {
-            let a = solve_windows(model, ctx, &pending, budget)?;
-            (a.windows.clone(), Some(a))
+            let (a, cost, devices) = solve_windows(model, ctx, &pending, budget)?;
+            (a.windows.clone(), Some((a, cost, devices)))
         }
     };
+    let dropped: Vec<&str> = opts.workers.iter().enumerate().filter(|&(i, _)| windows[i + 1] == 0).map(|(_, a)| a.as_str()).collect();
+    if !dropped.is_empty() {
+        let why = left_out(&windows, &dropped, assignment.as_ref().map(|(a, c, d)| (a, c, d.as_slice())));
+        if *require_all {
+            bail!("--require-all-workers: {why}");
+        }
+        eprintln!("note: {why}; --require-all-workers refuses instead");
+    }
+    let assignment = assignment.map(|(a, _, _)| a);
     let per_round: usize = windows.iter().sum();
     let group =
         pending.open(model, &windows, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| crate::cluster::explain(e, opts))?;
@@ -101,9 +110,8 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Op
             crate::common::mib(w.kv_bytes)
         );
     }
-    let dropped: Vec<&String> = opts.workers.iter().enumerate().filter(|&(i, _)| windows[i + 1] == 0).map(|(_, a)| a).collect();
     if !dropped.is_empty() {
-        eprintln!("  left out (given no layers): {}", dropped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "));
+        eprintln!("  left out (given no layers): {}", dropped.join(", "));
     }
     if let Some(a) = &assignment {
         eprintln!("  solver: predicted TPOT {:.1} ms/token; {}", a.predicted_ms_per_token, a.explanation.replace('\n', "\n  "));
@@ -115,8 +123,28 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions, budget: Op
     Ok(ClusterRun { n_nodes: run.devices.len(), wire: hearth_parallel::WireType::F32, workers, handle: Handle::Ring(run) })
 }
 
-/// The solver's windows over this machine and the gathered workers.
-fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Option<u64>) -> Result<Assignment> {
+/// Why workers got no layers, in one sentence: how many devices the ring runs on (or
+/// that it is this machine alone) and, when the solver chose, its predicted TPOT against
+/// an even split over every device.
+fn left_out(windows: &[usize], dropped: &[&str], solved: Option<(&Assignment, &ModelCost, &[DeviceSpec])>) -> String {
+    let used = windows.iter().filter(|&&w| w > 0).count();
+    let ring = if used == 1 { "the ring is one device, this machine alone".to_string() } else { format!("the ring runs on {used} of {} devices", windows.len()) };
+    let Some((a, cost, devices)) = solved else {
+        return format!("{ring}: --layer-window gives {} no layers", dropped.join(", "));
+    };
+    // An even split of one round over every device (the first ones take the remainder).
+    let n = windows.len();
+    let even: Vec<usize> = (0..n).map(|i| cost.n_layer / n + usize::from(i < cost.n_layer % n)).collect();
+    let all = match hearth_parallel::solver::predict(cost, devices, 1, &even) {
+        Some((ms, _)) => format!("{ms:.1} ms/token for an even split over all {n}"),
+        None => format!("an even split over all {n} does not fit their memory"),
+    };
+    format!("{ring}: the layer solver left out {} (predicted TPOT {:.1} ms/token without, {all})", dropped.join(", "), a.predicted_ms_per_token)
+}
+
+/// The solver's windows over this machine and the gathered workers, with the cost and
+/// devices it solved over.
+fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Option<u64>) -> Result<(Assignment, ModelCost, Vec<DeviceSpec>)> {
     let params = PlanParams {
         n_ctx: ctx.n_ctx(),
         n_batch: ctx.n_batch(),
@@ -125,7 +153,8 @@ fn solve_windows(model: &Model, ctx: &Context, pending: &PendingRing, budget: Op
         logits_all: false,
     };
     let (cost, devices) = devices(model, params, pending, budget)?;
-    Ok(solve(&cost, &devices)?)
+    let a = solve(&cost, &devices)?;
+    Ok((a, cost, devices))
 }
 
 /// What the solver needs: the model's cost and every device (this machine, with

@@ -51,6 +51,7 @@ fn ring_tokens_match_single_node_for_several_windows_and_rounds() {
         }
         if windows == "3,0,7" {
             assert!(err.contains("left out (given no layers)"), "{err}");
+            assert!(err.contains("note: the ring runs on 2 of 3 devices"), "{err}");
         }
     }
     // The solver's choice (each worker profiles itself on first request): same tokens,
@@ -75,6 +76,11 @@ fn bad_ring_flags_are_clear_errors() {
     assert_clean_error(
         &generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "18446744073709551615,1"]),
         "more than the model's 30 layers",
+    );
+    // a ring left with one device: said plainly, or refused with --require-all-workers
+    assert_clean_error(
+        &generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "30,0", "--require-all-workers"]),
+        "the ring is one device, this machine alone",
     );
     // the worker is still fine
     let single = tokens(&ok(generate(&[])));

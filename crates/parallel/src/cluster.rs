@@ -291,6 +291,9 @@ pub enum Layout {
     Ring {
         /// Layers per round per device.
         windows: Option<Vec<usize>>,
+        /// Refuse to run when a worker would get no layers (else it is left out, and
+        /// the coordinator says so and why).
+        require_all: bool,
     },
 }
 
