@@ -237,6 +237,31 @@ fn concurrent_greedy_requests_match_each_alone() {
     assert!(over_one > 0, "no step ran more than one sequence:\n{m}");
 }
 
+/// A seeded request at temperature 0.8 gives the same tokens every time, alone and in a
+/// batch with others; another seed gives others (the control).
+#[test]
+fn seeded_sampling_is_reproducible_alone_and_batched() {
+    let s = Server::start(&["--parallel", "4"]);
+    let sample = |prompt: &str, seed: u64| {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": seed, "logprobs": 0});
+        let (st, r) = s.post("/v1/completions", &body);
+        assert_eq!(st, 200, "{r}");
+        r["choices"][0]["logprobs"]["tokens"].clone()
+    };
+    let alone = sample("Once upon a time", 7);
+    assert_eq!(sample("Once upon a time", 7), alone);
+    let together: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = [("Once upon a time", 7), ("The sea", 1), ("Once upon a time", 7), ("def f(x):", 2)]
+            .into_iter()
+            .map(|(p, seed)| sc.spawn(move || sample(p, seed)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!((&together[0], &together[2]), (&alone, &alone));
+    let others: Vec<_> = (8..12).map(|seed| sample("Once upon a time", seed)).collect();
+    assert!(others.iter().any(|o| *o != alone), "four other seeds all gave seed 7's tokens");
+}
+
 /// Gemma 3 270M served with continuous batching: prompts longer than the ring of its
 /// sliding-window layers (`-b 64`: 512 + 63 positions) give the same greedy tokens
 /// batched together as alone, and as `hearth generate` on one sequence. With an f32
