@@ -237,6 +237,42 @@ fn concurrent_greedy_requests_match_each_alone() {
     assert!(over_one > 0, "no step ran more than one sequence:\n{m}");
 }
 
+/// A multi-turn chat: each later turn finds the conversation so far in a slot's prompt
+/// cache (cached tokens ≥ 90% of the previous turn's prompt) and gets the same replies as
+/// a server without the cache (the control: there, nothing is cached).
+#[test]
+fn prompt_cache_serves_later_chat_turns_with_the_same_tokens() {
+    let questions = ["What is the capital of France?", "And of Italy?", "Which of the two is larger?", "Name a river in each."];
+    let converse = |s: &Server| {
+        let mut messages = vec![json!({"role": "system", "content": "You are a helpful geography tutor."})];
+        let mut turns = Vec::new();
+        for q in questions {
+            messages.push(json!({"role": "user", "content": q}));
+            // Another request in between, on another slot, must not disturb the cache.
+            let (st, _) = s.post("/v1/completions", &json!({"prompt": "Unrelated text", "max_tokens": 2, "temperature": 0}));
+            assert_eq!(st, 200);
+            let (st, r) = s.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 24, "temperature": 0}));
+            assert_eq!(st, 200, "{r}");
+            let reply = r["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+            let u = &r["usage"];
+            turns.push((reply.clone(), u["prompt_tokens"].as_u64().unwrap(), u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()));
+            messages.push(json!({"role": "assistant", "content": reply}));
+        }
+        turns
+    };
+    let cached = converse(&Server::start(&["--parallel", "2"]));
+    let uncached = converse(&Server::start(&["--parallel", "2", "--no-prompt-cache"]));
+    for (i, (c, u)) in cached.iter().zip(&uncached).enumerate() {
+        assert_eq!((&c.0, c.1), (&u.0, u.1), "turn {i}: reply or prompt differs with the cache");
+        assert_eq!(u.2, 0, "turn {i}: cached tokens without the cache");
+        if i > 0 {
+            let prev = cached[i - 1].1;
+            assert!(c.2 * 10 >= prev * 9, "turn {i}: {} cached of the previous prompt's {prev}", c.2);
+            assert!(c.2 < c.1);
+        }
+    }
+}
+
 /// A seeded request at temperature 0.8 gives the same tokens every time, alone and in a
 /// batch with others; another seed gives others (the control).
 #[test]

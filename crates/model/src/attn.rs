@@ -66,6 +66,7 @@ pub(crate) fn run(
     qd: usize,
     group: usize,
     shape: AttnShape,
+    f32_from: usize,
     accs: &[Mutex<AttnScratch>],
     out: &mut [f32],
 ) {
@@ -82,10 +83,10 @@ pub(crate) fn run(
             let Some(it) = items.get(i) else { break };
             let sp = &spans[it.span];
             let (kc, vc) = caches[it.span];
-            // As llama.cpp: a sequence's batch of at least 64 tokens takes the f32 path.
-            // Decided per sequence, so no sequence's arithmetic depends on the others
-            // sharing its pass.
-            let shape = AttnShape { f32_path: sp.len >= ops::F32_PATH_MIN_TOKENS, ..shape };
+            // As llama.cpp: a sequence's batch of at least 64 tokens (`f32_from`) takes
+            // the f32 path. Decided per sequence, so no sequence's arithmetic depends on
+            // the others sharing its pass.
+            let shape = AttnShape { f32_path: sp.len >= f32_from, ..shape };
             let rows = it.row * qd..(it.row + it.len) * qd;
             let o = ops::attend_block(&q[rows], qd, it.len, it.heads.clone(), kc, vc, it.heads.start / group, sp.pos0 + it.row - sp.row + 1, shape, &mut acc);
             let w = it.heads.len() * hd;

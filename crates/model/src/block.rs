@@ -90,6 +90,9 @@ pub(crate) struct Block<'a> {
     pub(crate) trace: bool,
     /// The f16 attention dots' summation order ([`F16DotOrder`]).
     pub(crate) f16_dot: F16DotOrder,
+    /// A sequence feeding at least this many tokens in a pass takes the f32 attention
+    /// path (`Context::set_f32_attention_from`).
+    pub(crate) f32_attn_from: usize,
     /// Time spent in attention (`HEARTH_PROFILE`).
     pub(crate) attention: &'a mut std::time::Duration,
 }
@@ -267,7 +270,7 @@ impl<'a> Block<'a> {
         let ring = kv.layout().held(il);
         let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ring, f16_dot: self.f16_dot, ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
         let t = std::time::Instant::now();
-        attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.attn_acc, out);
+        attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.f32_attn_from, self.attn_acc, out);
         *self.attention += t.elapsed();
         self.trace("kqv_out", out);
         Ok(())

@@ -112,6 +112,9 @@ pub struct Context {
     trace: bool,
     /// Which llama.cpp build's order the f16 attention dots follow (`set_f16_dot_order`).
     f16_dot: F16DotOrder,
+    /// Tokens a sequence feeds in a pass from which its attention takes the f32 path
+    /// (`set_f32_attention_from`).
+    f32_attn_from: usize,
     /// `HEARTH_PROFILE=1`: time split of the forward passes, printed when the context ends.
     profile: Option<Profile>,
     /// Tensor parallelism: this node's share and the group's allreduce (`set_tensor_split`).
@@ -241,6 +244,7 @@ impl Context {
             source: None,
             trace,
             f16_dot: F16DotOrder::from_env(),
+            f32_attn_from: ops::F32_PATH_MIN_TOKENS,
             profile,
             split: None,
             ring: None,
@@ -269,6 +273,17 @@ impl Context {
     /// any CPU, it only picks which llama.cpp build this context agrees with bit for bit.
     pub fn set_f16_dot_order(&mut self, order: F16DotOrder) {
         self.f16_dot = order;
+    }
+
+    /// With an f16 KV cache, a sequence feeding at least `n` tokens in one pass computes
+    /// its attention in f32 (llama.cpp's tiled path), fewer in f16 per query (its
+    /// one-query path); default [`ops::F32_PATH_MIN_TOKENS`] (64), as llama.cpp, so
+    /// logits match its bit for bit. A token's bits then depend on how its sequence was
+    /// cut into passes; with `n = 1` every pass takes the f32 path and they depend only
+    /// on the tokens, so a prefix evaluated in another request (a prompt cache), or
+    /// decoded rather than prefilled, holds the same K/V bits.
+    pub fn set_f32_attention_from(&mut self, n: usize) {
+        self.f32_attn_from = n.max(1);
     }
 
     /// Read weights through `source` (e.g. `hearth_memory::Window`) instead of the
@@ -760,6 +775,7 @@ impl Context {
                 rope_factors,
                 trace: self.trace,
                 f16_dot: self.f16_dot,
+                f32_attn_from: self.f32_attn_from,
                 attention: &mut attention,
             };
             let mut a = Acts {

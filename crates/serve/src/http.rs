@@ -195,9 +195,10 @@ async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool) -> 
                 text.push_str(&t);
                 lps.extend(logprob);
             }
-            Event::Done { finish, prompt_tokens, completion_tokens } => {
+            Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
                 let lps = want_lps.then_some(&lps[..]);
-                return Ok(Json(openai::response(&head, &text, finish, lps, prompt_tokens, completion_tokens)).into_response());
+                let u = openai::Usage { prompt: prompt_tokens, cached: cached_tokens, completion: completion_tokens };
+                return Ok(Json(openai::response(&head, &text, finish, lps, u)).into_response());
             }
             Event::Failed(m) => return Err(ApiError::internal(m)),
         }
@@ -236,11 +237,12 @@ fn stream(
                             queue.push_back(data(openai::chunk(&head, false, Some(&text), lp.as_ref(), None)));
                         }
                     }
-                    Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
+                    Some(Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens }) => {
                         let text = (head.kind == Kind::Completion).then_some("");
                         queue.push_back(data(openai::chunk(&head, false, text, None, Some(finish))));
                         if include_usage {
-                            queue.push_back(data(openai::usage_chunk(&head, prompt_tokens, completion_tokens)));
+                            let u = openai::Usage { prompt: prompt_tokens, cached: cached_tokens, completion: completion_tokens };
+                            queue.push_back(data(openai::usage_chunk(&head, u)));
                         }
                         queue.push_back(SseEvent::default().data("[DONE]"));
                         finished = true;

@@ -46,6 +46,8 @@ pub struct ServeOptions {
     /// Refuse (404) a request naming a model other than `model_id` or an alias; else any
     /// name is served.
     pub strict_model: bool,
+    /// Reuse a freed slot's K/V for a prompt sharing its prefix (the prompt cache).
+    pub prompt_cache: bool,
 }
 
 /// The model's chat template, ready to render (an error message when it has none).
@@ -96,7 +98,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     let template = chat_template(&model);
     let mut schedulers = Vec::new();
     for (id, e) in engines.into_iter().enumerate() {
-        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id)?.0);
+        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache)?.0);
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

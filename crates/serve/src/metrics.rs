@@ -50,6 +50,8 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     /// Prompt tokens of admitted sequences.
     pub prompt_tokens: AtomicU64,
+    /// Of them, those the prompt cache held.
+    pub cached_tokens: AtomicU64,
     /// Generated tokens.
     pub completion_tokens: AtomicU64,
     /// Sequences ended because their client went away.
@@ -75,6 +77,7 @@ impl Default for Metrics {
         Self {
             requests: Mutex::default(),
             prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
@@ -108,6 +111,7 @@ impl Metrics {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         for (name, kind, help, v) in [
             ("hearth_prompt_tokens_total", "counter", "Prompt tokens of admitted sequences.", get(&self.prompt_tokens)),
+            ("hearth_prompt_cached_tokens_total", "counter", "Prompt tokens the prompt cache held (not evaluated again).", get(&self.cached_tokens)),
             ("hearth_completion_tokens_total", "counter", "Generated tokens.", get(&self.completion_tokens)),
             ("hearth_cancelled_total", "counter", "Sequences cancelled because the client disconnected.", get(&self.cancelled)),
             ("hearth_steps_total", "counter", "Forward passes (scheduler steps).", get(&self.steps)),

@@ -46,9 +46,22 @@ impl Head {
     }
 }
 
-/// `{"prompt_tokens", "completion_tokens", "total_tokens"}`.
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// A request's token counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Of them, those the prompt cache held (not evaluated again).
+    pub cached: usize,
+    /// Generated tokens.
+    pub completion: usize,
+}
+
+/// `{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
+/// {"cached_tokens"}}`, as OpenAI reports prompt caching.
+pub fn usage(u: Usage) -> Value {
+    json!({"prompt_tokens": u.prompt, "completion_tokens": u.completion, "total_tokens": u.prompt + u.completion,
+           "prompt_tokens_details": {"cached_tokens": u.cached}})
 }
 
 /// The `logprobs` object of a choice, or `null` when none were asked for.
@@ -87,7 +100,7 @@ pub fn logprobs(kind: Kind, lps: Option<&[TokenLogprob]>) -> Value {
 }
 
 /// A whole (non-streamed) response.
-pub fn response(h: &Head, text: &str, finish: Finish, lps: Option<&[TokenLogprob]>, prompt: usize, completion: usize) -> Value {
+pub fn response(h: &Head, text: &str, finish: Finish, lps: Option<&[TokenLogprob]>, u: Usage) -> Value {
     let choice = match h.kind {
         Kind::Chat => json!({
             "index": 0,
@@ -104,7 +117,7 @@ pub fn response(h: &Head, text: &str, finish: Finish, lps: Option<&[TokenLogprob
     };
     json!({
         "id": h.id, "object": h.object(false), "created": h.created, "model": h.model,
-        "choices": [choice], "usage": usage(prompt, completion), "system_fingerprint": null,
+        "choices": [choice], "usage": usage(u), "system_fingerprint": null,
     })
 }
 
@@ -131,6 +144,6 @@ pub fn chunk(h: &Head, role: bool, text: Option<&str>, lp: Option<&TokenLogprob>
 }
 
 /// The usage chunk streamed last with `stream_options.include_usage` (no choices).
-pub fn usage_chunk(h: &Head, prompt: usize, completion: usize) -> Value {
-    json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [], "usage": usage(prompt, completion)})
+pub fn usage_chunk(h: &Head, u: Usage) -> Value {
+    json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [], "usage": usage(u)})
 }

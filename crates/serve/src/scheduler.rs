@@ -4,6 +4,14 @@
 //! token per decoding sequence, then prompt chunks of the prefilling ones up to the
 //! per-step token budget ([`Context::n_batch`]) — so the weights are read once per
 //! step for all of them. Finished sequences free their slot at once.
+//!
+//! Prompt cache: a freed slot keeps its sequence's K/V and remembers its tokens; a new
+//! request goes to the free slot whose tokens share the longest prefix with its prompt
+//! (else the least recently used one) and feeds only the rest, so a chat's next turn
+//! does not read the conversation again. Every pass computes attention on the f32 path
+//! (`Context::set_f32_attention_from(1)`), so a token's K/V bits depend only on the
+//! tokens before it, not on how they were cut into passes or which request fed them:
+//! cached and uncached runs give the same tokens.
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -30,12 +38,14 @@ impl Scheduler {
     /// once); at most `queue_size` (≥ 1) requests wait for a slot, more are refused.
     /// `pin`: CPUs for the context's threads, pinned from the scheduler thread (which
     /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
+    /// `prompt_cache`: reuse a freed slot's cached prefix (see the module docs).
     pub fn start(
         mut ctx: Context,
         queue_size: usize,
         metrics: Arc<Metrics>,
         pin: Option<Vec<usize>>,
         id: usize,
+        prompt_cache: bool,
     ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
         let queue_size = queue_size.max(1);
         let (tx, rx) = sync_channel(queue_size);
@@ -51,7 +61,8 @@ impl Scheduler {
                 }
             }
             let _ = ready_tx.send(Ok(()));
-            run(ctx, rx, &m, &l)
+            ctx.set_f32_attention_from(1);
+            run(ctx, rx, &m, &l, prompt_cache)
         })?;
         ready_rx.recv().map_err(std::io::Error::other)?.map_err(std::io::Error::other)?;
         Ok((Self { tx, metrics, load, queue_size, n_ctx, n_slots }, thread))
@@ -90,16 +101,50 @@ impl Scheduler {
     }
 }
 
+/// What each slot's KV cache holds once its sequence has ended: its tokens and when it
+/// was last used (for least-recently-used eviction).
+struct SlotCache {
+    tokens: Vec<Vec<u32>>,
+    used: Vec<u64>,
+    clock: u64,
+    on: bool,
+}
+
+impl SlotCache {
+    fn new(n_slots: usize, on: bool) -> Self {
+        Self { tokens: vec![Vec::new(); n_slots], used: vec![0; n_slots], clock: 0, on }
+    }
+
+    /// The index into `free` of the slot for `prompt`: the longest shared prefix, ties
+    /// and no match to the least recently used; and the prefix length it shares.
+    fn pick(&self, free: &[usize], prompt: &[u32]) -> (usize, usize) {
+        let shared = |s: usize| if self.on { self.tokens[s].iter().zip(prompt).take_while(|(a, b)| a == b).count() } else { 0 };
+        let best = (0..free.len()).max_by_key(|&i| (shared(free[i]), std::cmp::Reverse(self.used[free[i]]))).unwrap_or(0);
+        (best, free.get(best).map_or(0, |&s| shared(s)))
+    }
+
+    /// `slot` now holds `tokens` (a sequence ended in it).
+    fn keep(&mut self, slot: usize, tokens: &[u32]) {
+        self.clock += 1;
+        self.used[slot] = self.clock;
+        self.tokens[slot].clear();
+        if self.on {
+            self.tokens[slot].extend_from_slice(tokens);
+        }
+    }
+}
+
 /// The scheduler loop; returns when every [`Scheduler`] handle is gone and no sequence is left.
-fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsize) {
+fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsize, prompt_cache: bool) {
     let model = ctx.model().clone();
     let tok = &model.tokenizer;
     let (n_ctx, n_vocab) = (ctx.n_ctx(), model.config.n_vocab);
     let mut free: Vec<usize> = (0..ctx.n_slots()).rev().collect();
+    let mut cache = SlotCache::new(ctx.n_slots(), prompt_cache);
     let mut active: Vec<Seq> = Vec::new();
     loop {
         // Admit waiting requests into free slots (block only when idle).
-        while let Some(&slot) = free.last() {
+        while !free.is_empty() {
             let job = if active.is_empty() {
                 match rx.recv() {
                     Ok(j) => j,
@@ -117,17 +162,22 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsiz
                 load.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
-            free.pop();
+            let (i, shared) = cache.pick(&free, &job.prompt);
+            let slot = free.swap_remove(i);
             metrics.active.fetch_add(1, Ordering::Relaxed);
-            ctx.truncate_slot(slot, 0);
+            // At least the last prompt token is fed, for its logits.
+            let cached = ctx.truncate_slot(slot, shared.min(job.prompt.len() - 1));
+            cache.keep(slot, &[]);
             metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-            active.push(Seq::new(job, slot, tok));
+            metrics.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+            active.push(Seq::new(job, slot, tok, cached));
         }
         // Cancel sequences whose client has gone.
         active.retain(|s| {
             let gone = s.events.is_closed();
             if gone {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                cache.keep(s.slot, &s.tokens[..s.fed]);
                 free.push(s.slot);
                 retire(metrics, load);
             }
@@ -161,6 +211,7 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsiz
                 for &i in failed.iter().rev() {
                     let s = active.remove(i);
                     s.send(Event::Failed(msg.clone()));
+                    cache.keep(s.slot, &[]); // what the failed pass wrote is unknown
                     free.push(s.slot);
                     retire(metrics, load);
                 }
@@ -184,7 +235,9 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsiz
         }
         done.sort_unstable();
         for &i in done.iter().rev() {
-            free.push(active.remove(i).slot);
+            let s = active.remove(i);
+            cache.keep(s.slot, &s.tokens[..s.fed]);
+            free.push(s.slot);
             retire(metrics, load);
         }
     }

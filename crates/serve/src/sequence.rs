@@ -78,8 +78,10 @@ pub enum Event {
     Done {
         /// Why.
         finish: Finish,
-        /// Prompt tokens evaluated.
+        /// Prompt tokens.
         prompt_tokens: usize,
+        /// Of them, those whose K/V a previous request left in the slot (not evaluated).
+        cached_tokens: usize,
         /// Tokens generated (an end-of-generation token included).
         completion_tokens: usize,
     },
@@ -96,6 +98,7 @@ pub struct Seq<'t> {
     /// Tokens whose K/V are in the slot.
     pub fed: usize,
     prompt_len: usize,
+    cached: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
     ignore_eos: bool,
@@ -109,13 +112,14 @@ pub struct Seq<'t> {
 }
 
 impl<'t> Seq<'t> {
-    /// Start `job` in `slot`.
-    pub fn new(job: Job, slot: usize, tok: &'t Tokenizer) -> Self {
+    /// Start `job` in `slot`, whose K/V already hold the first `cached` prompt tokens.
+    pub fn new(job: Job, slot: usize, tok: &'t Tokenizer, cached: usize) -> Self {
         Self {
             slot,
             prompt_len: job.prompt.len(),
+            cached,
             tokens: job.prompt,
-            fed: 0,
+            fed: cached,
             max_tokens: job.max_tokens,
             logprobs: job.logprobs,
             ignore_eos: job.ignore_eos,
@@ -180,7 +184,7 @@ impl<'t> Seq<'t> {
             if let (Some(first), true) = (self.first_token, n > 1) {
                 metrics.tpot.observe((now - first).as_secs_f64() / (n - 1) as f64);
             }
-            self.send(Event::Done { finish: f, prompt_tokens: self.prompt_len, completion_tokens: n });
+            self.send(Event::Done { finish: f, prompt_tokens: self.prompt_len, cached_tokens: self.cached, completion_tokens: n });
         }
         finish
     }

@@ -58,6 +58,11 @@ pub struct Args {
     /// any name is served, as clients often send a fixed one such as gpt-4o-mini)
     #[arg(long)]
     pub strict_model: bool,
+    /// Evaluate every prompt from its start: no reuse of the K/V a finished request left
+    /// in its slot (the prompt cache, on by default, keeps it and serves a prompt that
+    /// shares its prefix, e.g. a chat's next turn, from there)
+    #[arg(long)]
+    pub no_prompt_cache: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -113,6 +118,6 @@ pub fn run(a: Args) -> Result<()> {
         ctx.n_threads(),
         if a.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() }
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model };
+    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache };
     hearth_serve::serve(engines, opts).context("serving")
 }
