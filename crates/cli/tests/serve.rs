@@ -151,7 +151,7 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     assert_error(raw("\"\u{0}\""), 400, "invalid_request_error", None);
     assert_error(s.post(chat, &json!({})), 400, "invalid_request_error", Some("messages"));
     assert_error(s.post(chat, &json!({"messages": "hi"})), 400, "invalid_request_error", Some("messages"));
-    assert_error(s.post(chat, &json!({"messages": [{"role": "user"}], "n": 3})), 400, "invalid_request_error", Some("n"));
+    assert_error(s.post(chat, &json!({"messages": [{"role": "user"}], "n": 17})), 400, "invalid_request_error", Some("n"));
     assert_error(s.post(chat, &json!({"messages": msgs, "temperature": "hot"})), 400, "invalid_request_error", Some("temperature"));
     assert_error(s.post(chat, &json!({"messages": msgs, "stop": {"a": 1}})), 400, "invalid_request_error", Some("stop"));
     assert_error(s.post(chat, &json!({"messages": msgs, "max_tokens": -5})), 400, "invalid_request_error", Some("max_tokens"));
@@ -274,7 +274,8 @@ fn prompt_cache_serves_later_chat_turns_with_the_same_tokens() {
 }
 
 /// A seeded request at temperature 0.8 gives the same tokens every time, alone and in a
-/// batch with others; another seed gives others (the control).
+/// batch with others; another seed gives others (the control). `n` > 1 choices, whole
+/// and streamed.
 #[test]
 fn seeded_sampling_is_reproducible_alone_and_batched() {
     let s = Server::start(&["--parallel", "4"]);
@@ -296,6 +297,34 @@ fn seeded_sampling_is_reproducible_alone_and_batched() {
     assert_eq!((&together[0], &together[2]), (&alone, &alone));
     let others: Vec<_> = (8..12).map(|seed| sample("Once upon a time", seed)).collect();
     assert!(others.iter().any(|o| *o != alone), "four other seeds all gave seed 7's tokens");
+
+    // n = 3: choice i samples with seed 7 + i, so choice 0 is the n = 1 request's and
+    // choice 1 is seed 8's; the prompt is counted once, the generated tokens of all.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 7, "logprobs": 0, "n": 3});
+    let (st, r) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{r}");
+    let choices = r["choices"].as_array().unwrap();
+    assert_eq!(choices.iter().map(|c| c["index"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(choices[0]["logprobs"]["tokens"], alone);
+    assert_eq!(choices[1]["logprobs"]["tokens"], others[0]);
+    let generated: u64 = choices.iter().map(|c| c["logprobs"]["tokens"].as_array().unwrap().len() as u64).sum();
+    assert_eq!(r["usage"]["completion_tokens"].as_u64(), Some(generated), "{}", r["usage"]);
+    assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(4), "{}", r["usage"]);
+    // Streamed, the chunks of each index assemble to the same texts.
+    let texts: Vec<String> = choices.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 7, "n": 3, "stream": true});
+    let (st, sse) = s.request("POST", "/v1/completions", Some(KEY), &body.to_string());
+    assert_eq!(st, 200, "{sse}");
+    let mut streamed = vec![String::new(); 3];
+    let mut finished = 0;
+    for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|l| *l != "[DONE]") {
+        let v: Value = serde_json::from_str(line).unwrap();
+        for c in v["choices"].as_array().unwrap() {
+            streamed[c["index"].as_u64().unwrap() as usize] += c["text"].as_str().unwrap();
+            finished += usize::from(!c["finish_reason"].is_null());
+        }
+    }
+    assert_eq!((streamed, finished), (texts, 3));
 }
 
 /// Gemma 3 270M served with continuous batching: prompts longer than the ring of its

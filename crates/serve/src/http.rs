@@ -7,7 +7,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::openai::{self, Head, Kind};
 use crate::request::{self, Params, Prompt};
-use crate::sequence::{Event, Job, TokenLogprob};
+use crate::sequence::{Event, Finish, Job, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -16,7 +16,9 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use hearth_chat::ChatTemplate;
+use hearth_model::sampler::SamplerConfig;
 use hearth_model::Model;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -24,6 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// What every handler shares.
 pub struct App {
@@ -167,38 +170,67 @@ async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_fie
         e.param = Some(prompt_field.to_string());
         return Err(e);
     }
-    let (tx, rx) = unbounded_channel();
-    app.scheduler.submit(Job {
-        prompt,
-        max_tokens: p.max_tokens.unwrap_or(usize::MAX),
-        sampler: p.sampler,
-        stop: p.stop,
-        logprobs: p.logprobs,
-        ignore_eos: p.ignore_eos,
-        events: tx,
-        arrived: Instant::now(),
-    })?;
+    // One job per choice, choice `i` sampling with `seed + i`; they run side by side
+    // (batched), and a choice whose client is gone is cancelled with the others.
+    let mut rxs = Vec::with_capacity(p.n);
+    for i in 0..p.n {
+        let (tx, rx) = unbounded_channel();
+        let sampler = SamplerConfig { seed: p.sampler.seed.wrapping_add(i as u64), ..p.sampler.clone() };
+        app.scheduler.submit(Job {
+            prompt: prompt.clone(),
+            max_tokens: p.max_tokens.unwrap_or(usize::MAX),
+            sampler,
+            stop: p.stop.clone(),
+            logprobs: p.logprobs,
+            ignore_eos: p.ignore_eos,
+            events: tx,
+            arrived: Instant::now(),
+        })?;
+        rxs.push(rx);
+    }
+    let events = merge(rxs);
     let head = Head::new(kind, &app.model_id);
     if p.stream {
-        Ok(Sse::new(stream(head, rx, p.include_usage, p.logprobs.is_some())).into_response())
+        Ok(Sse::new(stream(head, events, p.n, p.include_usage, p.logprobs.is_some())).into_response())
     } else {
-        whole(head, rx, p.logprobs.is_some()).await
+        whole(head, events, p.n, p.logprobs.is_some()).await
     }
 }
 
-/// Wait for the whole generation and answer it as one JSON body.
-async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool) -> Result<Response, ApiError> {
-    let (mut text, mut lps) = (String::new(), Vec::<TokenLogprob>::new());
-    while let Some(ev) = rx.recv().await {
+/// The choices' events as one stream of `(choice index, event)`.
+fn merge(rxs: Vec<UnboundedReceiver<Event>>) -> impl futures_util::Stream<Item = (usize, Event)> + Unpin + Send {
+    futures_util::stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |e| (i, e))))
+}
+
+/// Usage over the choices: the prompt (and what the cache held of it) once, the
+/// generated tokens of all.
+fn add_usage(total: &mut Option<openai::Usage>, prompt: usize, cached: usize, completion: usize) {
+    let t = total.get_or_insert(openai::Usage { prompt, cached, completion: 0 });
+    t.completion += completion;
+}
+
+/// Wait for every choice and answer them as one JSON body.
+async fn whole(head: Head, mut events: impl futures_util::Stream<Item = (usize, Event)> + Unpin, n: usize, want_lps: bool) -> Result<Response, ApiError> {
+    let mut text = vec![String::new(); n];
+    let mut lps = vec![Vec::<TokenLogprob>::new(); n];
+    let mut finish = vec![None; n];
+    let mut usage = None;
+    while let Some((i, ev)) = events.next().await {
         match ev {
             Event::Token { text: t, logprob } => {
-                text.push_str(&t);
-                lps.extend(logprob);
+                text[i].push_str(&t);
+                lps[i].extend(logprob);
             }
-            Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens } => {
-                let lps = want_lps.then_some(&lps[..]);
-                let u = openai::Usage { prompt: prompt_tokens, cached: cached_tokens, completion: completion_tokens };
-                return Ok(Json(openai::response(&head, &text, finish, lps, u)).into_response());
+            Event::Done { finish: f, prompt_tokens, cached_tokens, completion_tokens } => {
+                finish[i] = Some(f);
+                add_usage(&mut usage, prompt_tokens, cached_tokens, completion_tokens);
+                if finish.iter().all(Option::is_some) {
+                    let choices: Vec<openai::Choice<'_>> = (0..n)
+                        .map(|i| openai::Choice { text: &text[i], finish: finish[i].unwrap_or(Finish::Stop), lps: want_lps.then_some(&lps[i][..]) })
+                        .collect();
+                    let u = usage.unwrap_or(openai::Usage { prompt: 0, cached: 0, completion: 0 });
+                    return Ok(Json(openai::response(&head, &choices, u)).into_response());
+                }
             }
             Event::Failed(m) => return Err(ApiError::internal(m)),
         }
@@ -206,48 +238,56 @@ async fn whole(head: Head, mut rx: UnboundedReceiver<Event>, want_lps: bool) -> 
     Err(ApiError::unavailable())
 }
 
-/// Events as SSE chunks: (chat) a first chunk with the role, one per token with text,
-/// a last one with the finish reason, the usage chunk if asked, then `[DONE]`.
+/// Events as SSE chunks: (chat) a first chunk with the role for each choice, one per
+/// token with text, one with each choice's finish reason, the usage chunk if asked, then
+/// `[DONE]`.
 fn stream(
     head: Head,
-    rx: UnboundedReceiver<Event>,
+    events: impl futures_util::Stream<Item = (usize, Event)> + Unpin + Send + 'static,
+    n: usize,
     include_usage: bool,
     want_lps: bool,
 ) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     let mut queue = VecDeque::new();
     if head.kind == Kind::Chat {
-        queue.push_back(data(openai::chunk(&head, true, Some(""), None, None)));
+        for i in 0..n {
+            queue.push_back(data(openai::chunk(&head, i, true, Some(""), None, None)));
+        }
     }
-    let state = (rx, queue, false);
-    futures_util::stream::unfold(state, move |(mut rx, mut queue, mut finished)| {
+    // (events, queue, choices still running, usage so far, finished)
+    let state = (events, queue, n, None, false);
+    futures_util::stream::unfold(state, move |(mut events, mut queue, mut running, mut usage, mut finished)| {
         let head = head.clone();
         async move {
             loop {
                 if let Some(e) = queue.pop_front() {
-                    return Some((Ok(e), (rx, queue, finished)));
+                    return Some((Ok(e), (events, queue, running, usage, finished)));
                 }
                 if finished {
                     return None;
                 }
-                match rx.recv().await {
-                    Some(Event::Token { text, logprob }) => {
+                match events.next().await {
+                    Some((i, Event::Token { text, logprob })) => {
                         let lp = logprob.filter(|_| want_lps);
                         if !text.is_empty() || lp.is_some() {
-                            queue.push_back(data(openai::chunk(&head, false, Some(&text), lp.as_ref(), None)));
+                            queue.push_back(data(openai::chunk(&head, i, false, Some(&text), lp.as_ref(), None)));
                         }
                     }
-                    Some(Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens }) => {
+                    Some((i, Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens })) => {
                         let text = (head.kind == Kind::Completion).then_some("");
-                        queue.push_back(data(openai::chunk(&head, false, text, None, Some(finish))));
-                        if include_usage {
-                            let u = openai::Usage { prompt: prompt_tokens, cached: cached_tokens, completion: completion_tokens };
-                            queue.push_back(data(openai::usage_chunk(&head, u)));
+                        queue.push_back(data(openai::chunk(&head, i, false, text, None, Some(finish))));
+                        add_usage(&mut usage, prompt_tokens, cached_tokens, completion_tokens);
+                        running -= 1;
+                        if running == 0 {
+                            if let (true, Some(u)) = (include_usage, usage) {
+                                queue.push_back(data(openai::usage_chunk(&head, u)));
+                            }
+                            queue.push_back(SseEvent::default().data("[DONE]"));
+                            finished = true;
                         }
-                        queue.push_back(SseEvent::default().data("[DONE]"));
-                        finished = true;
                     }
-                    Some(Event::Failed(m)) => {
+                    Some((_, Event::Failed(m))) => {
                         queue.push_back(data(ApiError::internal(m).body()));
                         queue.push_back(SseEvent::default().data("[DONE]"));
                         finished = true;

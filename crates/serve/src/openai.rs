@@ -99,31 +99,45 @@ pub fn logprobs(kind: Kind, lps: Option<&[TokenLogprob]>) -> Value {
     }
 }
 
-/// A whole (non-streamed) response.
-pub fn response(h: &Head, text: &str, finish: Finish, lps: Option<&[TokenLogprob]>, u: Usage) -> Value {
-    let choice = match h.kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs(h.kind, lps),
-            "finish_reason": finish.as_str(),
-        }),
-        Kind::Completion => json!({
-            "index": 0,
-            "text": text,
-            "logprobs": logprobs(h.kind, lps),
-            "finish_reason": finish.as_str(),
-        }),
-    };
+/// One choice of a whole response: its text, why it ended, its log-probabilities.
+pub struct Choice<'a> {
+    /// The generated text.
+    pub text: &'a str,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Log-probabilities, when asked for.
+    pub lps: Option<&'a [TokenLogprob]>,
+}
+
+/// A whole (non-streamed) response with `choices` (index = position).
+pub fn response(h: &Head, choices: &[Choice<'_>], u: Usage) -> Value {
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match h.kind {
+            Kind::Chat => json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": logprobs(h.kind, c.lps),
+                "finish_reason": c.finish.as_str(),
+            }),
+            Kind::Completion => json!({
+                "index": i,
+                "text": c.text,
+                "logprobs": logprobs(h.kind, c.lps),
+                "finish_reason": c.finish.as_str(),
+            }),
+        })
+        .collect();
     json!({
         "id": h.id, "object": h.object(false), "created": h.created, "model": h.model,
-        "choices": [choice], "usage": usage(u), "system_fingerprint": null,
+        "choices": choices, "usage": usage(u), "system_fingerprint": null,
     })
 }
 
 /// One streamed chunk: `text` (chat: the delta's content; `role`: the first chunk's
 /// role), a token's log-probability, and the finish reason on the last one.
-pub fn chunk(h: &Head, role: bool, text: Option<&str>, lp: Option<&TokenLogprob>, finish: Option<Finish>) -> Value {
+pub fn chunk(h: &Head, index: usize, role: bool, text: Option<&str>, lp: Option<&TokenLogprob>, finish: Option<Finish>) -> Value {
     let lps = lp.map(std::slice::from_ref);
     let choice = match h.kind {
         Kind::Chat => {
@@ -134,10 +148,10 @@ pub fn chunk(h: &Head, role: bool, text: Option<&str>, lp: Option<&TokenLogprob>
             if let Some(t) = text {
                 delta.insert("content".into(), json!(t));
             }
-            json!({"index": 0, "delta": delta, "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
+            json!({"index": index, "delta": delta, "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
         }
         Kind::Completion => {
-            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
+            json!({"index": index, "text": text.unwrap_or(""), "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
         }
     };
     json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [choice], "system_fingerprint": null})

@@ -11,6 +11,8 @@ use serde_json::{Map, Value};
 pub const MAX_STOP: usize = 16;
 /// Most alternatives per position with `logprobs`.
 pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most choices per request (`n`).
+pub const MAX_N: usize = 16;
 
 /// Fields both endpoints take.
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// `ignore_eos` (llama.cpp's extension): go on past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// `n`: choices to generate for the prompt (choice `i` samples with `seed + i`).
+    pub n: usize,
 }
 
 /// A chat completion request.
@@ -113,11 +117,7 @@ impl Fields<'_> {
 /// The fields both endpoints share; `chat` picks the chat form of `logprobs`.
 fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
     let f = Fields(m);
-    if let Some(n) = f.int_in("n", i64::MIN, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid("n", format!("only n = 1 is supported, got {n}")));
-        }
-    }
+    let n = f.int_in("n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
     if let Some(b) = f.int_in("best_of", i64::MIN, i64::MAX)? {
         if b != 1 {
             return Err(ApiError::invalid("best_of", format!("only best_of = 1 is supported, got {b}")));
@@ -202,6 +202,7 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         include_usage,
         logprobs,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        n,
     })
 }
 
@@ -313,7 +314,8 @@ mod tests {
         assert_eq!(err(chat(b"[]")), (400, None));
         assert_eq!(err(chat(br#"{"messages":[]}"#)), (400, p("messages")));
         assert_eq!(err(chat(br#"{"messages":[{"role":"king","content":"x"}]}"#)), (400, p("messages[0].role")));
-        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#)), (400, p("n")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"n":17}"#)), (400, p("n")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"n":0}"#)), (400, p("n")));
         assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#)), (400, p("temperature")));
         assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#)), (400, p("temperature")));
         assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#)), (400, p("max_tokens")));
