@@ -9,7 +9,8 @@
 #                                         # (default: hearth-kernels)
 #   scripts/aarch64.sh ci                 # what .ci/run does: install if needed, then the
 #                                         # kernel tests at `neon` (QEMU_CPU=cortex-a72, no
-#                                         # dotprod) and `neon+dotprod` (QEMU_CPU=max), and
+#                                         # dotprod), up to `neon+dotprod` (cortex-a76, no
+#                                         # i8mm) and up to `neon+i8mm` (QEMU_CPU=max), and
 #                                         # SmolLM2's greedy tokens and logits vs llama.cpp,
 #                                         # and an aarch64 worker in an x86 coordinator's
 #                                         # cluster (crates/cli/tests/mixed_arch.rs)
@@ -88,9 +89,10 @@ case "$cmd" in
     ;;
   ci)
     have_toolchain || install
-    # Kernel tests at each NEON level: a CPU without dotprod, then one with it (every test
-    # checks each level the CPU has; both levels must equal the avx2 level's bits).
-    for cpu in cortex-a72 max; do
+    # Kernel tests at each NEON level: a CPU without dotprod, one with dotprod but no i8mm,
+    # then one with both (every test checks each level the CPU has; every level must equal
+    # the avx2 level's bits).
+    for cpu in cortex-a72 cortex-a76 max; do
       echo "== hearth-kernels under qemu-aarch64 -cpu $cpu"
       QEMU_CPU=$cpu cargo test --release --target "$target" -p hearth-kernels --lib
     done
@@ -106,10 +108,10 @@ case "$cmd" in
       env -u RUSTC -u CARGO_TARGET_DIR cargo test -p hearth --test mixed_arch -- --nocapture
     ;;
   -h | --help | help)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   "")
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
   *) echo "error: unknown command $cmd (install, check, build, test, ci; see $0 --help)" >&2; exit 2 ;;

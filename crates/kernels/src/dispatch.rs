@@ -3,7 +3,7 @@
 //! Every kernel family exists once per [`SimdLevel`]; a [`Kernels`] table of
 //! plain function pointers is built per level and the best one the CPU
 //! supports is picked once ([`Kernels::active`]). `HEARTH_SIMD=scalar|avx2|avxvnni|avx512`
-//! (x86-64) or `scalar|neon|neon+dotprod` (aarch64) caps the level (a level of the
+//! (x86-64) or `scalar|neon|neon+dotprod|neon+i8mm` (aarch64) caps the level (a level of the
 //! other architecture is warned about and ignored) (tests, benchmarks, bisecting a numerical difference).
 //! Nothing requires `-C target-cpu=native`.
 //!
@@ -32,16 +32,28 @@ pub enum SimdLevel {
     /// NEON with the dot-product extension (`sdot`: ARMv8.2-A's FEAT_DotProd,
     /// Cortex-A55/A76 and later, Apple M1). Bit-identical to `Neon`.
     NeonDot,
+    /// `NeonDot` with the int8 matrix multiplies (`smmla`: FEAT_I8MM,
+    /// Cortex-A510/A710/X2 and later, Neoverse V1/N2, Apple M2 and later;
+    /// not the Pi 5's Cortex-A76, which has dotprod only) for Q4_0's and
+    /// Q4_K's prefill tiles. Bit-identical to `NeonDot`.
+    NeonI8mm,
 }
 
 impl SimdLevel {
     /// Every level, lowest first.
     /// (Levels of the other architecture are never available, so a cap
     /// orders only the levels of the CPU's own family.)
-    pub const ALL: [SimdLevel; 6] =
-        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512, SimdLevel::Neon, SimdLevel::NeonDot];
+    pub const ALL: [SimdLevel; 7] = [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::AvxVnni,
+        SimdLevel::Avx512,
+        SimdLevel::Neon,
+        SimdLevel::NeonDot,
+        SimdLevel::NeonI8mm,
+    ];
 
-    /// `"scalar"`, `"avx2"`, `"avxvnni"`, `"avx512"`, `"neon"` or `"neon+dotprod"`.
+    /// `"scalar"`, `"avx2"`, `"avxvnni"`, `"avx512"`, `"neon"`, `"neon+dotprod"` or `"neon+i8mm"`.
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
@@ -50,6 +62,7 @@ impl SimdLevel {
             SimdLevel::Avx512 => "avx512",
             SimdLevel::Neon => "neon",
             SimdLevel::NeonDot => "neon+dotprod",
+            SimdLevel::NeonI8mm => "neon+i8mm",
         }
     }
 
@@ -63,7 +76,7 @@ impl SimdLevel {
         match self {
             SimdLevel::Scalar => true,
             SimdLevel::Avx2 | SimdLevel::AvxVnni | SimdLevel::Avx512 => cfg!(target_arch = "x86_64"),
-            SimdLevel::Neon | SimdLevel::NeonDot => cfg!(target_arch = "aarch64"),
+            SimdLevel::Neon | SimdLevel::NeonDot | SimdLevel::NeonI8mm => cfg!(target_arch = "aarch64"),
         }
     }
 

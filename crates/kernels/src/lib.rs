@@ -9,8 +9,8 @@
 //! - [`ThreadPool`]: persistent workers; [`physical_cores`] for sizing it.
 //! - [`SimdLevel`] / [`simd_level`]: the kernels in use, picked once per
 //!   process from CPU features (scalar, AVX2, AVX2 + AVX-VNNI, AVX-512 (+VNNI) on
-//!   x86-64; NEON, NEON + dotprod on aarch64); capped by the
-//!   `HEARTH_SIMD=scalar|avx2|avxvnni|avx512|neon|neon+dotprod` environment variable (a
+//!   x86-64; NEON, NEON + dotprod, NEON + dotprod + i8mm on aarch64); capped by the
+//!   `HEARTH_SIMD=scalar|avx2|avxvnni|avx512|neon|neon+dotprod|neon+i8mm` environment variable (a
 //!   level the CPU lacks means the best one below it).
 //! - [`quantize_activations`], [`dequantize_row`]: the row conversions.
 //!

@@ -532,13 +532,19 @@ fn env_var_caps_the_level() {
     assert_eq!(SimdLevel::from_name("AVX2"), Some(SimdLevel::Avx2));
     assert_eq!(SimdLevel::from_name("scalar"), Some(SimdLevel::Scalar));
     assert_eq!(SimdLevel::from_name("neon+dotprod"), Some(SimdLevel::NeonDot));
+    assert_eq!(SimdLevel::from_name("NEON+I8MM"), Some(SimdLevel::NeonI8mm));
     for l in SimdLevel::ALL {
         assert_eq!(SimdLevel::from_name(l.name()), Some(l));
     }
     assert!(SimdLevel::Scalar.is_available());
     // Advanced SIMD is baseline on aarch64: its level is always there.
     #[cfg(target_arch = "aarch64")]
-    assert!(SimdLevel::Neon.is_available());
+    {
+        assert!(SimdLevel::Neon.is_available());
+        let (dot, i8mm) = (std::arch::is_aarch64_feature_detected!("dotprod"), std::arch::is_aarch64_feature_detected!("i8mm"));
+        assert_eq!(SimdLevel::NeonDot.is_available(), dot);
+        assert_eq!(SimdLevel::NeonI8mm.is_available(), dot && i8mm);
+    }
     // Only this architecture's levels (and scalar) can be available.
     for l in SimdLevel::ALL {
         assert!(l.is_native() || !l.is_available(), "{l:?}");
@@ -991,8 +997,8 @@ fn float8_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 #[test]
 fn avx2_order_levels_are_bit_identical() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(35);
-    let neon = [SimdLevel::Neon, SimdLevel::NeonDot];
-    let avx2_order = [SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Neon, SimdLevel::NeonDot];
+    let neon = [SimdLevel::Neon, SimdLevel::NeonDot, SimdLevel::NeonI8mm];
+    let avx2_order = [SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Neon, SimdLevel::NeonDot, SimdLevel::NeonI8mm];
     type Model = fn(GgmlType, &[u8], &[u8], usize) -> f32;
     let cases: [(GgmlType, Model, &[SimdLevel]); 13] = [
         (GgmlType::Q2_K, |_, w, a, n| ggml_avx2_q2_k(w, a, n), &avx2_order),

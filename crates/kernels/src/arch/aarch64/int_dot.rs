@@ -1,4 +1,5 @@
-//! Exact i8 × i8 dots in 4-byte groups, with and without `sdot`.
+//! Exact i8 × i8 dots in 4-byte groups, with and without `sdot`, and the
+//! 2×2 8-byte dots of `smmla`.
 
 use std::arch::aarch64::*;
 
@@ -37,4 +38,21 @@ impl IntDot for Sdot {
         );
         acc
     }
+}
+
+/// `smmla` (FEAT_I8MM): `acc` plus the 2×2 matrix of exact 8-byte dots of
+/// the rows of `a` (bytes 0..8, 8..16) with those of `b`, as lanes
+/// `[a0·b0, a0·b1, a1·b0, a1·b1]`. Through inline assembly: its intrinsic
+/// (`vmmlaq_s32`) is unstable. Only called from functions compiled with the
+/// `i8mm` feature.
+#[inline(always)]
+pub(super) unsafe fn smmla(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    std::arch::asm!(
+        "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+        acc = inout(vreg) acc,
+        a = in(vreg) a,
+        b = in(vreg) b,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    acc
 }

@@ -1,8 +1,9 @@
-//! The `neon` and `neon+dotprod` tables.
+//! The `neon`, `neon+dotprod` and `neon+i8mm` tables.
 
 use super::blocks::{self, Block, BF16, F16, F32};
 use super::int_dot::{IntDot, Sdot, Widen};
 use super::kquants;
+use super::mmla;
 use super::rows;
 use super::tile::{run_panel, Fmt};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
@@ -10,7 +11,7 @@ use hearth_quant::{float, k, q8, GgmlType};
 use std::marker::PhantomData;
 
 /// One panel's work, run inside a level's entry function ([`neon`],
-/// [`dotprod`]) so that it is compiled with that level's features.
+/// [`dotprod`], [`i8mm`]) so that it is compiled with that level's features.
 trait Body {
     unsafe fn run(p: &Panel<'_>, out: &mut [f32]);
 }
@@ -34,7 +35,17 @@ struct Rows<K, D>(PhantomData<(K, D)>);
 impl<K: rows::RowTile, D: IntDot> Body for Rows<K, D> {
     #[inline(always)]
     unsafe fn run(p: &Panel<'_>, out: &mut [f32]) {
-        rows::run::<K, D>(p, out)
+        rows::run::<rows::ByDot<K, D>>(p, out)
+    }
+}
+
+/// A format of `rows` with its tiles of 2 or more tokens by `smmla`
+/// ([`mmla`]), one token by `sdot` (`D` unused: the table's `Sdot`).
+struct RowsMmla<K, D>(PhantomData<(K, D)>);
+impl<K: mmla::MmlaTile, D: IntDot> Body for RowsMmla<K, D> {
+    #[inline(always)]
+    unsafe fn run(p: &Panel<'_>, out: &mut [f32]) {
+        rows::run::<mmla::ByMmla<K>>(p, out)
     }
 }
 
@@ -46,6 +57,13 @@ unsafe fn neon<B: Body>(p: &Panel<'_>, out: &mut [f32]) {
 /// The `neon+dotprod` level: compiled with FEAT_DotProd (`sdot`).
 #[target_feature(enable = "dotprod")]
 unsafe fn dotprod<B: Body>(p: &Panel<'_>, out: &mut [f32]) {
+    B::run(p, out)
+}
+
+/// The `neon+i8mm` level: compiled with FEAT_I8MM (`smmla`) and
+/// FEAT_DotProd (`sdot`).
+#[target_feature(enable = "i8mm,dotprod")]
+unsafe fn i8mm<B: Body>(p: &Panel<'_>, out: &mut [f32]) {
     B::run(p, out)
 }
 
@@ -63,11 +81,12 @@ macro_rules! entry {
     };
 }
 
-/// A level's table: `run` its entry function, `D` its integer dot. The
+/// A level's table: `run` its entry function, `D` its integer dot, `rows`
+/// the body of the one-row-per-lane formats (Q4_0, Q4_K). The
 /// activation quantizers are the reference ones (ggml's aarch64 build
 /// quantizes with NEON, byte-identical to them).
 macro_rules! table {
-    ($level:expr, $run:ident, $d:ty) => {
+    ($level:expr, $run:ident, $d:ty, $rows:ident) => {
         Kernels {
             level: $level,
             row_lanes: &[],
@@ -75,7 +94,7 @@ macro_rules! table {
             quantize_q8_1: q8::quantize_row_q8_1_act,
             quantize_f16: float::quantize_row_f16,
             quantize_q8_k: k::quantize_row_q8_k,
-            panel_q4_0: entry!($run, GgmlType::Q8_0, Rows<rows::Q4_0, $d>),
+            panel_q4_0: entry!($run, GgmlType::Q8_0, $rows<rows::Q4_0, $d>),
             panel_q4_1: entry!($run, GgmlType::Q8_1, Tiles<Block<blocks::Q4_1W, $d>>),
             panel_q8_0: entry!($run, GgmlType::Q8_0, Tiles<Block<blocks::Q8_0W, $d>>),
             panel_f32: entry!($run, GgmlType::F32, Tiles<F32>),
@@ -85,12 +104,14 @@ macro_rules! table {
             panel_q5_1: entry!($run, GgmlType::Q8_1, Tiles<Block<blocks::Q5_1W, $d>>),
             panel_q2_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q2K<$d>>),
             panel_q3_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q3K<$d>>),
-            panel_q4_k: entry!($run, GgmlType::Q8_K, Rows<rows::Q4K, $d>),
+            panel_q4_k: entry!($run, GgmlType::Q8_K, $rows<rows::Q4K, $d>),
             panel_q5_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q5K<$d>>),
             panel_q6_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q6K<$d>>),
         }
     };
 }
 
-pub(super) static KERNELS: Kernels = table!(SimdLevel::Neon, neon, Widen);
-pub(super) static KERNELS_DOT: Kernels = table!(SimdLevel::NeonDot, dotprod, Sdot);
+pub(super) static KERNELS: Kernels = table!(SimdLevel::Neon, neon, Widen, Rows);
+pub(super) static KERNELS_DOT: Kernels = table!(SimdLevel::NeonDot, dotprod, Sdot, Rows);
+/// `neon+dotprod`'s kernels but Q4_0's and Q4_K's prefill tiles.
+pub(super) static KERNELS_I8MM: Kernels = table!(SimdLevel::NeonI8mm, i8mm, Sdot, RowsMmla);

@@ -19,11 +19,12 @@ use crate::arch::f16::f16_at;
 use crate::dispatch::Panel;
 use hearth_quant::k::get_scale_min_k4;
 use std::arch::aarch64::*;
+use std::marker::PhantomData;
 
 /// Rows per group: one per f32 lane.
-const LANES: usize = 4;
+pub(super) const LANES: usize = 4;
 /// Most tokens per tile.
-const MAX_T: usize = 4;
+pub(super) const MAX_T: usize = 4;
 
 /// One format's tile of 4 rows × `T` tokens.
 pub(super) trait RowTile {
@@ -33,13 +34,13 @@ pub(super) trait RowTile {
 
 /// Lane r: the sum of the 4 lanes of `s[r]` (exact).
 #[inline(always)]
-unsafe fn lanes4(s: [int32x4_t; LANES]) -> int32x4_t {
+pub(super) unsafe fn lanes4(s: [int32x4_t; LANES]) -> int32x4_t {
     vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]))
 }
 
 /// The f16 at byte `o` of each row, as f32 lanes.
 #[inline(always)]
-unsafe fn f16x4(rows: &[*const u8; LANES], o: usize) -> float32x4_t {
+pub(super) unsafe fn f16x4(rows: &[*const u8; LANES], o: usize) -> float32x4_t {
     let d = [f16_at(rows[0].add(o)), f16_at(rows[1].add(o)), f16_at(rows[2].add(o)), f16_at(rows[3].add(o))];
     vld1q_f32(d.as_ptr())
 }
@@ -169,10 +170,24 @@ impl RowTile for Q4K {
     }
 }
 
+/// How a tile of 4 rows × `T` tokens is computed.
+pub(super) trait TileFn {
+    unsafe fn tile<const T: usize>(p: &Panel<'_>, rows: &[*const u8; LANES], t0: usize, out: &mut [[f32; LANES]; MAX_T]);
+}
+
+/// `K`'s tiles with integer dots by `D`, one row at a time.
+pub(super) struct ByDot<K, D>(PhantomData<(K, D)>);
+impl<K: RowTile, D: IntDot> TileFn for ByDot<K, D> {
+    #[inline(always)]
+    unsafe fn tile<const T: usize>(p: &Panel<'_>, rows: &[*const u8; LANES], t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
+        K::tile::<D, T>(p, rows, t0, out)
+    }
+}
+
 /// The whole panel: 4-row groups × tiles of up to [`MAX_T`] tokens. A group
 /// past the last row repeats it (those lanes are computed, not stored).
 #[inline(always)]
-pub(super) unsafe fn run<K: RowTile, D: IntDot>(p: &Panel<'_>, out: &mut [f32]) {
+pub(super) unsafe fn run<F: TileFn>(p: &Panel<'_>, out: &mut [f32]) {
     let base = p.w.as_ptr();
     let mut buf = [[0f32; LANES]; MAX_T];
     for r0 in (0..p.n_rows).step_by(LANES) {
@@ -185,10 +200,10 @@ pub(super) unsafe fn run<K: RowTile, D: IntDot>(p: &Panel<'_>, out: &mut [f32]) 
         while t0 < p.n_tokens {
             let nt = MAX_T.min(p.n_tokens - t0);
             match nt {
-                1 => K::tile::<D, 1>(p, &rows, t0, &mut buf),
-                2 => K::tile::<D, 2>(p, &rows, t0, &mut buf),
-                3 => K::tile::<D, 3>(p, &rows, t0, &mut buf),
-                _ => K::tile::<D, 4>(p, &rows, t0, &mut buf),
+                1 => F::tile::<1>(p, &rows, t0, &mut buf),
+                2 => F::tile::<2>(p, &rows, t0, &mut buf),
+                3 => F::tile::<3>(p, &rows, t0, &mut buf),
+                _ => F::tile::<4>(p, &rows, t0, &mut buf),
             }
             for (t, b) in buf.iter().enumerate().take(nt) {
                 out[(t0 + t) * p.n_rows + r0..][..n].copy_from_slice(&b[..n]);

@@ -110,7 +110,7 @@ pub(crate) fn has_vnni() -> bool {
 
 pub(crate) fn kernels(level: SimdLevel) -> Option<&'static Kernels> {
     match level {
-        SimdLevel::Scalar | SimdLevel::Neon | SimdLevel::NeonDot => None,
+        SimdLevel::Scalar | SimdLevel::Neon | SimdLevel::NeonDot | SimdLevel::NeonI8mm => None,
         SimdLevel::Avx2 => has_avx2().then_some(&avx2::KERNELS),
         SimdLevel::AvxVnni => has_avx_vnni().then_some(&avxvnni::KERNELS),
         SimdLevel::Avx512 if has_vnni() => Some(&avx512::KERNELS_VNNI),
