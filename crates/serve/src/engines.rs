@@ -45,6 +45,11 @@ impl Engines {
         self.0.iter().map(Scheduler::n_slots).sum()
     }
 
+    /// Requests that may wait, over all engines.
+    pub fn queue_size(&self) -> usize {
+        self.0.iter().map(Scheduler::queue_size).sum()
+    }
+
     /// Engines.
     pub fn len(&self) -> usize {
         self.0.len()

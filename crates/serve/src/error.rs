@@ -73,10 +73,11 @@ impl ApiError {
     }
 
     /// 404: a model this server does not serve.
-    pub fn unknown_model(asked: &str, served: &str) -> Self {
+    pub fn unknown_model(asked: &str, served: &[&str]) -> Self {
+        let names = served.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
         Self {
             status: StatusCode::NOT_FOUND,
-            message: format!("the model `{asked}` does not exist: this server serves `{served}` (see GET /v1/models)"),
+            message: format!("the model `{asked}` does not exist: this server serves {names} (see GET /v1/models)"),
             kind: "invalid_request_error",
             param: Some("model".into()),
             code: Some("model_not_found"),
@@ -98,7 +99,7 @@ impl ApiError {
     pub fn queue_full(limit: usize) -> Self {
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!("the server is busy: {limit} requests are already waiting; retry later"),
+            message: format!("the server is busy: its queue of {limit} waiting requests is full; retry later"),
             kind: "rate_limit_error",
             param: None,
             code: Some("queue_full"),

@@ -10,7 +10,7 @@ use crate::request::{self, Params, Prompt};
 use crate::sequence::{Event, Finish, Job, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -56,6 +56,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
@@ -156,10 +157,39 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+impl App {
+    /// The id and the aliases.
+    fn names(&self) -> Vec<&str> {
+        std::iter::once(self.model_id.as_str()).chain(self.aliases.iter().map(String::as_str)).collect()
+    }
+
+    /// Whether `name` is the id or an alias.
+    fn serves(&self, name: &str) -> bool {
+        self.names().contains(&name)
+    }
+}
+
+/// `GET /v1/models/{id}`: one model, as `/v1/models` lists it.
+async fn model(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let r = authorize(&app, &headers).and_then(|()| {
+        if app.serves(&id) {
+            Ok(Json(serde_json::json!({"id": id, "object": "model", "created": app.started, "owned_by": "hearth"})).into_response())
+        } else {
+            Err(ApiError::unknown_model(&id, &app.names()))
+        }
+    });
+    answer(&app, "/v1/models", r)
+}
+
 /// Check the request against the server, queue it, and answer whole or as a stream.
 async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_field: &str) -> Result<Response, ApiError> {
-    if let Some(m) = p.model.as_deref().filter(|m| app.strict_model && !m.is_empty() && *m != app.model_id && !app.aliases.iter().any(|a| a == m)) {
-        return Err(ApiError::unknown_model(m, &app.model_id));
+    if let Some(m) = p.model.as_deref().filter(|m| app.strict_model && !m.is_empty() && !app.serves(m)) {
+        return Err(ApiError::unknown_model(m, &app.names()));
+    }
+    // The choices are queued one by one: more than the queue holds could never all wait.
+    let queue = app.scheduler.queue_size();
+    if p.n > queue {
+        return Err(ApiError::invalid("n", format!("`n` must be at most this server's queue size, {queue} (--queue-size)")));
     }
     if prompt.is_empty() {
         return Err(ApiError::invalid(prompt_field, "the prompt is empty"));

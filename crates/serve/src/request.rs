@@ -225,7 +225,7 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         let role = match o.get("role").and_then(Value::as_str) {
             Some("developer") => "system",
             Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-            Some(r) => return Err(ApiError::invalid(&format!("{at}.role"), format!("unknown role `{r}` (system, user, assistant, tool)"))),
+            Some(r) => return Err(ApiError::invalid(&format!("{at}.role"), format!("unknown role `{r}` (system, developer, user, assistant, tool)"))),
             None => return Err(ApiError::invalid(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
         };
         let content = match o.get("content") {

@@ -99,6 +99,11 @@ impl Scheduler {
     pub fn n_slots(&self) -> usize {
         self.n_slots
     }
+
+    /// Requests that may wait for a slot.
+    pub fn queue_size(&self) -> usize {
+        self.queue_size
+    }
 }
 
 /// What each slot's KV cache holds once its sequence has ended: its tokens and when it
@@ -115,15 +120,25 @@ impl SlotCache {
         Self { tokens: vec![Vec::new(); n_slots], used: vec![0; n_slots], clock: 0, on }
     }
 
-    /// The index into `free` of the slot for `prompt`: the longest shared prefix, ties
-    /// and no match to the least recently used; and the prefix length it shares.
+    /// The index into `free` of the slot for `prompt`, and the prefix length it shares:
+    /// the longest shared prefix among the slots that would keep at least half of what
+    /// they hold (so a conversation's cache is not overwritten by another one that only
+    /// shares its system prompt, as llama-server's slot similarity rule); else the least
+    /// recently used slot (empty ones first), keeping what it shares.
     fn pick(&self, free: &[usize], prompt: &[u32]) -> (usize, usize) {
         let shared = |s: usize| if self.on { self.tokens[s].iter().zip(prompt).take_while(|(a, b)| a == b).count() } else { 0 };
-        let best = (0..free.len()).max_by_key(|&i| (shared(free[i]), std::cmp::Reverse(self.used[free[i]]))).unwrap_or(0);
-        (best, free.get(best).map_or(0, |&s| shared(s)))
+        let reuse = (0..free.len())
+            .map(|i| (i, shared(free[i])))
+            .filter(|&(i, n)| n > 0 && 2 * n >= self.tokens[free[i]].len())
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(self.used[free[i]])));
+        if let Some(best) = reuse {
+            return best;
+        }
+        let lru = (0..free.len()).min_by_key(|&i| self.used[free[i]]).unwrap_or(0);
+        (lru, free.get(lru).map_or(0, |&s| shared(s)))
     }
 
-    /// `slot` now holds `tokens` (a sequence ended in it).
+    /// `slot` now holds `tokens` (a sequence ended in it; empty when one starts).
     fn keep(&mut self, slot: usize, tokens: &[u32]) {
         self.clock += 1;
         self.used[slot] = self.clock;
@@ -301,6 +316,33 @@ mod tests {
         }
         assert_eq!(prompt_chunk(8, 1), 8);
         assert_eq!(prompt_chunk(2, 4), 1);
+    }
+
+    /// Two conversations that share only a system prompt keep a slot each; a prompt
+    /// extending a slot's tokens goes there; with the cache off nothing is shared.
+    #[test]
+    fn slot_choice_keeps_conversations_apart() {
+        let mut c = SlotCache::new(2, true);
+        let sys: Vec<u32> = (0..24).collect();
+        let conv = |tail: u32, n: u32| sys.iter().copied().chain(tail..tail + n).collect::<Vec<u32>>();
+        let (b0, c0) = (conv(100, 30), conv(200, 30));
+        // B starts in an empty slot; it ends holding 54 tokens.
+        let (i, shared) = c.pick(&[0, 1], &b0);
+        assert_eq!((i, shared), (0, 0));
+        c.keep(0, &b0);
+        // C shares 24 of B's 54: less than half, so the empty slot 1.
+        assert_eq!(c.pick(&[0, 1], &c0), (1, 0));
+        c.keep(1, &c0);
+        // B's next turn extends slot 0's tokens; C's next turn slot 1's.
+        let b1: Vec<u32> = b0.iter().copied().chain(300..310).collect();
+        assert_eq!(c.pick(&[0, 1], &b1), (0, 54));
+        assert_eq!(c.pick(&[1, 0], &conv(200, 40)), (0, 54));
+        // A new conversation evicts the least recently used slot (0), keeping the prefix it shares.
+        assert_eq!(c.pick(&[0, 1], &conv(900, 5)), (0, 24));
+        // Off: the least recently used slot, nothing shared.
+        let mut off = SlotCache::new(2, false);
+        off.keep(1, &b0);
+        assert_eq!(off.pick(&[1, 0], &b0), (1, 0));
     }
 
     /// The chunk sizes of a prompt of `n` tokens fed beside `others` (which keep their

@@ -118,7 +118,7 @@ def logprobs_are_reported():
 
 @check
 def bad_request_is_400_with_an_openai_error_body():
-    for kw, param in [(dict(n=2), "n"), (dict(temperature=5), "temperature"), (dict(max_tokens=0), "max_tokens")]:
+    for kw, param in [(dict(n=17), "n"), (dict(temperature=5), "temperature"), (dict(max_tokens=0), "max_tokens")]:
         try:
             chat(**kw)
         except openai.BadRequestError as e:
@@ -144,6 +144,14 @@ def wrong_key_is_401():
         assert e.status_code == 401 and e.code == "invalid_api_key", e.body
     else:
         raise AssertionError("a wrong key was accepted")
+
+
+@check
+def n_choices():
+    r = chat(n=3, temperature=0.9, seed=11, max_tokens=6)
+    assert [c.index for c in r.choices] == [0, 1, 2], r
+    assert all(c.finish_reason in ("stop", "length") for c in r.choices), r
+    assert client.models.retrieve(MODEL).id == MODEL
 
 
 @check
