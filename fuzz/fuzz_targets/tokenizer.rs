@@ -96,7 +96,10 @@ fuzz_target!(|data: &[u8]| {
     for &id in &ids {
         streamed.push_str(&stream.push(id));
     }
-    streamed.push_str(&stream.flush());
+    // An incomplete last character: the stream drops it, decode() shows one U+FFFD.
+    if stream.finish() > 0 {
+        streamed.push(char::REPLACEMENT_CHARACTER);
+    }
     assert_eq!(streamed, tok.decode(&ids), "streamed text differs from decode()");
     let _ = tok.detokenize(&ids, flags & 4 != 0, flags & 8 != 0);
 });
