@@ -2,9 +2,9 @@
 //! streaming its layers through a sliding window (`hearth_memory::Window`).
 
 use anyhow::{Context as _, Result};
-use hearth_memory::plan::{plan, plan_window, ModelSummary, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
-use hearth_memory::{ReadMode, Window};
-use hearth_model::{Context, Model, SourceStats};
+use hearth_engine::BudgetOptions;
+use hearth_memory::ReadMode;
+use hearth_model::SourceStats;
 use std::path::Path;
 
 /// Flags of the memory budget (generate, chat, perplexity, bench).
@@ -48,91 +48,13 @@ impl BudgetArgs {
         Ok(())
     }
 
-    /// After the context exists: with `--mem-budget`, plan the window and attach it (or
-    /// say the mapped model fits). `logits_all`: the run wants every position's logits
-    /// (perplexity). Prints the decision to stderr; returns the window plan.
-    pub fn apply(&self, model: &Model, ctx: &mut Context, logits_all: bool) -> Result<Option<WindowPlan>> {
-        self.apply_units(model, ctx, logits_all, true)
-    }
-
-    /// [`Self::apply`] for a pipelined-ring device: only its own layers (and, on the head
-    /// device, `head`, the output head) count and stream. When they do not all fit, no unit
-    /// is pinned: every slot streams, so the next window is prefetched while the token is
-    /// on the other devices.
-    pub fn apply_ring(&self, model: &Model, ctx: &mut Context, head: bool) -> Result<Option<WindowPlan>> {
-        self.apply_units(model, ctx, false, head)
-    }
-
-    fn apply_units(&self, model: &Model, ctx: &mut Context, logits_all: bool, head: bool) -> Result<Option<WindowPlan>> {
-        let Some(budget) = self.mem_budget else { return Ok(None) };
-        let summary = ModelSummary::from_gguf(&model.file)?;
-        let params =
-            PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
-        let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
-        let ring = ctx.ring_windows().is_some();
-        let units = ctx.units(head)?;
-        let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
-        if ring {
-            // Only this device's layers and their KV cache.
-            p.kv_cache_bytes = ctx.kv_bytes() as u64;
-            p.peak_rss_bytes = units.iter().map(|r| r.len() as u64).sum::<u64>() + p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
-        }
-        let mut w = plan_window(&p, &sizes, budget, 0.0).map_err(|min| {
-            let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
-            anyhow::anyhow!(
-                "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {} + a margin of {} \
-                 (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
-                 (or lower --ctx-size / --batch-size{q8})",
-                mib(budget),
-                mib(p.kv_cache_bytes),
-                mib(p.scratch_bytes),
-                mib(p.overhead_bytes),
-                mib(min.slot_bytes),
-                mib(min.margin_bytes),
-                mib_up(min.min_budget_bytes),
-                min.min_budget_bytes
-            )
-        })?;
-        if p.peak_rss_bytes + w.margin_bytes <= budget {
-            eprintln!(
-                "--mem-budget {}: the model fits mapped (predicted peak RSS {}), no window needed",
-                mib(budget),
-                mib(p.peak_rss_bytes)
-            );
-            return Ok(None);
-        }
-        let mode = match self.window_io {
+    /// The engine's budget options, when `--mem-budget` is given.
+    pub fn options(&self) -> Option<BudgetOptions> {
+        let read_mode = match self.window_io {
             WindowIo::Direct => ReadMode::Direct,
             WindowIo::Buffered => ReadMode::Buffered,
         };
-        if ring && w.slots < w.n_units {
-            w.pinned = 0;
-            w.read_bytes_per_token = sizes.iter().sum();
-        }
-        // Drop the mapping's pages (header, norms) before the window's slots fill up, so the
-        // two never count together in the peak.
-        model.file.release_pages();
-        let window = Window::open_full(model.file.path(), units, w.slots, w.pinned, mode, !self.no_prefetch)?;
-        eprintln!(
-            "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
-             + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",
-            mib(budget),
-            w.slots,
-            mib(w.slot_bytes),
-            w.n_units,
-            w.pinned,
-            w.n_units - w.pinned,
-            w.slots - w.pinned,
-            mib(p.kv_cache_bytes),
-            mib(p.scratch_bytes),
-            mib(p.overhead_bytes),
-            mib(w.peak_rss_bytes),
-            mib(w.read_bytes_per_token),
-            if window.is_direct() { "O_DIRECT" } else { "buffered" },
-            if w.slots == 1 { "; one slot: no read-ahead, every layer waits for its read" } else { "" },
-        );
-        ctx.set_source(Box::new(window));
-        Ok(Some(w))
+        self.mem_budget.map(|bytes| BudgetOptions { bytes, read_mode, prefetch: !self.no_prefetch })
     }
 }
 
@@ -156,15 +78,6 @@ pub fn io_json(io: &SourceStats) -> serde_json::Value {
         "bytes_read": io.bytes_read, "read_secs": io.read_secs, "read_gbps": io.read_gbps(),
         "wait_secs": io.wait_secs, "units_loaded": io.units_loaded,
     })
-}
-
-fn mib(b: u64) -> String {
-    crate::common::mib(b)
-}
-
-/// MiB with one decimal, rounded up (a minimum the user may copy).
-fn mib_up(b: u64) -> String {
-    format!("{:.1} MiB", (b as f64 / (1024.0 * 1024.0) * 10.0).ceil() / 10.0)
 }
 
 /// `1.5GiB`, `512MiB`, `512M`, `2G`, `1000000`, `3GB` → bytes.

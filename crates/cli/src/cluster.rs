@@ -2,8 +2,8 @@
 //! model across several machines with tensor parallelism (`hearth_parallel`).
 
 use anyhow::{bail, Context as _, Result};
-use hearth_model::{Context, Model};
-use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, GroupHandle, Layout, NodeStats, WireType};
+use hearth_engine::ClusterRun;
+use hearth_parallel::{ClusterKey, ClusterOptions, CommCounters, Layout, NodeStats, WireType};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -45,12 +45,15 @@ pub struct ClusterArgs {
     /// the node; a batch of N tokens gets (1 + N/64) times as long [default: 5]
     #[arg(long, value_parser = parse_secs)]
     pub step_timeout: Option<f64>,
-    /// How the model is split: tensor (every device computes a share of every block,
-    /// two allreduces per block) or ring (pipelined ring, prima.cpp-style: each device
-    /// runs whole layers, a window per round, and passes the activations on; windows from
-    /// the layer solver over the devices' profiles, or --layer-window) [default: tensor]
-    #[arg(long, value_enum)]
-    pub parallel: Option<ParallelMode>,
+    /// How the model is split across devices: tensor (every device computes a share of
+    /// every block, two allreduces per block) or ring (pipelined ring, prima.cpp-style:
+    /// each device runs whole layers, a window per round, and passes the activations on;
+    /// windows from the layer solver over the devices' profiles, or --layer-window)
+    /// [default: tensor]. `hearth serve` also takes a number here: KV cache slots
+    /// (sequences generated at once, as llama-server's -np) [serve's default: 4 on one
+    /// machine, 1 across devices]
+    #[arg(long, value_name = "tensor|ring|N", value_parser = parse_parallel)]
+    pub parallel: Option<ParallelArg>,
     /// Ring: layers per round for each device, this machine first (it may be 0), e.g.
     /// 2,6,7; the model's layer count must be a multiple of the sum (k = layers / sum
     /// rounds). A worker given 0 leaves the ring [default: the solver's choice]
@@ -79,6 +82,26 @@ pub enum TpSchedule {
     Sum,
     /// Gather their inputs and compute whole rows: four exchanges per block, exact
     Gather,
+}
+
+/// `--parallel`: how the model is split across devices, or (serve) KV cache slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParallelArg {
+    /// `tensor` or `ring`.
+    Mode(ParallelMode),
+    /// A number: KV cache slots (serve).
+    Slots(u32),
+}
+
+fn parse_parallel(s: &str) -> Result<ParallelArg, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "tensor" => Ok(ParallelArg::Mode(ParallelMode::Tensor)),
+        "ring" => Ok(ParallelArg::Mode(ParallelMode::Ring)),
+        t => match t.parse::<u32>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(ParallelArg::Slots(n)),
+            _ => Err(format!("{s:?} is neither tensor, ring nor a number of KV cache slots in 1..=256 (serve)")),
+        },
+    }
 }
 
 fn parse_wire(s: &str) -> Result<WireType, String> {
@@ -116,54 +139,6 @@ struct WorkerEntry {
     /// Ring: its layers per round.
     layer_window: Option<usize>,
     weight: Option<f64>,
-}
-
-/// A running group's coordinator-side counters, for reports.
-pub struct ClusterRun {
-    /// Nodes including this one.
-    pub n_nodes: usize,
-    /// Wire type.
-    pub wire: WireType,
-    /// Worker addresses (nodes 1..; for a ring, the workers in the ring, in ring order).
-    pub workers: Vec<String>,
-    /// This node's counters and the workers' reports.
-    pub handle: Handle,
-}
-
-/// The running group, by kind.
-pub enum Handle {
-    /// Tensor parallelism.
-    Tensor(GroupHandle),
-    /// A pipelined ring.
-    Ring(crate::ring::RingRun),
-}
-
-impl ClusterRun {
-    /// A snapshot of this node's counters (a ring's: seconds the token spent on the
-    /// other devices, hops as passes).
-    pub fn snapshot(&self) -> CommCounters {
-        match &self.handle {
-            Handle::Tensor(h) => h.counters(),
-            Handle::Ring(r) => r.comm_counters(),
-        }
-    }
-
-    /// This node's counters and every worker's (between forward passes only).
-    pub fn all_stats(&self) -> Option<(CommCounters, Vec<NodeStats>)> {
-        let workers = match &self.handle {
-            Handle::Tensor(h) => h.worker_stats().ok()?,
-            Handle::Ring(r) => r.handle.worker_stats().ok()?,
-        };
-        Some((self.snapshot(), workers))
-    }
-
-    /// The ring, when this run is one.
-    pub fn ring(&self) -> Option<&crate::ring::RingRun> {
-        match &self.handle {
-            Handle::Ring(r) => Some(r),
-            Handle::Tensor(_) => None,
-        }
-    }
 }
 
 /// Per node, between two [`ClusterRun::all_stats`] snapshots of a phase of `secs`
@@ -246,6 +221,22 @@ pub fn check_addr(a: &str) -> Result<String> {
 }
 
 impl ClusterArgs {
+    /// `--parallel N`: KV cache slots (serve only).
+    pub fn slots(&self) -> Option<u32> {
+        match self.parallel {
+            Some(ParallelArg::Slots(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// `--parallel tensor|ring`.
+    fn mode(&self) -> Option<ParallelMode> {
+        match self.parallel {
+            Some(ParallelArg::Mode(m)) => Some(m),
+            _ => None,
+        }
+    }
+
     /// Whether any worker was named.
     pub fn enabled(&self) -> bool {
         !self.workers.is_empty() || self.cluster.is_some()
@@ -268,7 +259,7 @@ impl ClusterArgs {
             ("--tp-schedule", self.tp_schedule.is_some()),
             ("--step-timeout", self.step_timeout.is_some()),
             ("--cluster-key-file", self.cluster_key_file.is_some()),
-            ("--parallel", self.parallel.is_some()),
+            ("--parallel tensor|ring", self.mode().is_some()),
             ("--layer-window", !self.layer_window.is_empty()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
@@ -280,7 +271,7 @@ impl ClusterArgs {
     /// Tensor parallelism or the ring, with the flags that only fit one of them refused.
     /// `file`: the cluster file's `parallel` and layer windows (the flags win).
     fn layout(&self, n_workers: usize, file: (Option<ParallelMode>, Vec<usize>), file_weights: bool, wire: WireType) -> Result<Layout> {
-        let parallel = self.parallel.or(file.0);
+        let parallel = self.mode().or(file.0);
         let layer_window = if self.layer_window.is_empty() { file.1 } else { self.layer_window.clone() };
         if parallel != Some(ParallelMode::Ring) {
             if !layer_window.is_empty() {
@@ -379,110 +370,6 @@ impl ClusterArgs {
             progress: true,
         })
     }
-
-    /// Connect to the workers and make `ctx` compute node 0's share. Prints the split.
-    pub fn apply(&self, model: &Model, ctx: &mut Context) -> Result<Option<ClusterRun>> {
-        if !self.enabled() {
-            self.check_unused()?;
-            return Ok(None);
-        }
-        apply_options(model, ctx, &self.options()?).map(Some)
-    }
-}
-
-/// Connect to `opts.workers` and make `ctx` compute node 0's share (or its ring
-/// windows). Prints the split.
-pub fn apply_options(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<ClusterRun> {
-    if matches!(opts.layout, Layout::Ring { .. }) {
-        return crate::ring::apply(model, ctx, opts, None);
-    }
-    {
-        let path = model.file.path();
-        let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
-        let group =
-            hearth_parallel::connect(model, sha, opts, ctx.n_ctx(), ctx.n_batch(), ctx.cache_type()).map_err(|e| explain(e, opts))?;
-        let c = &model.config;
-        eprintln!(
-            "tensor parallel over {} nodes (star allreduce, {} wire, {} schedule; {} KV heads, {} FFN rows):",
-            group.plan.n_nodes(),
-            opts.wire,
-            if opts.exact { "gather" } else { "sum" },
-            c.n_head_kv,
-            c.n_ff
-        );
-        for (i, s) in group.plan.nodes().iter().enumerate() {
-            let who = if i == 0 { "this machine".to_string() } else { group.workers[i - 1].0.clone() };
-            // Workers report their own bytes (computed from the shard they accepted).
-            let (wb, kv) = match i {
-                0 => (hearth_parallel::cluster::shard_weight_bytes(model, &group.split), None),
-                _ => (group.workers[i - 1].2, Some(group.workers[i - 1].1)),
-            };
-            eprintln!(
-                "  node {i} ({who}): KV heads {:?}, FFN rows {:?}, {} of block weights{}",
-                s.kv_heads,
-                s.ffn_rows,
-                crate::common::mib(wb),
-                kv.map(|b| format!(", KV cache {}", crate::common::mib(b))).unwrap_or_default()
-            );
-        }
-        let nodes = group.plan.nodes();
-        let idle = nodes.iter().filter(|s| s.kv_heads.is_empty() && s.ffn_rows.is_empty()).count();
-        let ffn_only = nodes.iter().filter(|s| s.kv_heads.is_empty() && !s.ffn_rows.is_empty()).count();
-        if ffn_only > 0 {
-            eprintln!("  ({ffn_only} node(s) without a KV head: KV heads are not replicated; such nodes compute only their FFN share)");
-        }
-        if idle > 0 {
-            eprintln!("  ({idle} node(s) of weight 0 compute nothing but still take part in every exchange)");
-        }
-        let handle = group.collective.handle();
-        let workers = group.workers.iter().map(|w| w.0.clone()).collect();
-        ctx.set_tensor_split(group.split, Box::new(group.collective))?;
-        Ok(ClusterRun { n_nodes: group.plan.n_nodes(), wire: opts.wire, workers, handle: Handle::Tensor(handle) })
-    }
-}
-
-/// A failure to form the group, with the worker's address and what to check.
-pub fn explain(e: hearth_parallel::ClusterError, opts: &ClusterOptions) -> anyhow::Error {
-    use hearth_parallel::{ClusterError as C, CommError, HandshakeError as H};
-    let addr = e.failed_node().filter(|&n| n >= 1).and_then(|n| opts.workers.get(n - 1));
-    let hint = match &e {
-        C::Connect { .. } => " (is `hearth worker` running there, on that port?)",
-        C::Comm(CommError::Wire { .. }) | C::Handshake(H::Comm(CommError::Wire { .. })) => {
-            " (whatever listens there does not speak hearth's protocol: is it a `hearth worker`?)"
-        }
-        _ => "",
-    };
-    let msg = e.to_string();
-    match addr {
-        Some(a) if !msg.contains(a.as_str()) => anyhow::anyhow!("worker {a}: {msg}{hint}"),
-        _ => anyhow::anyhow!("{msg}{hint}"),
-    }
-}
-
-/// The worker a tensor-parallel failure blames (node index ≥ 1), if `e` is one.
-pub fn failed_worker(e: &hearth_model::ModelError) -> Option<usize> {
-    match e {
-        hearth_model::ModelError::Collective(b) => {
-            b.downcast_ref::<hearth_parallel::CommError>().and_then(|c| c.failed_node()).filter(|&n| n >= 1)
-        }
-        _ => None,
-    }
-}
-
-/// `opts` without worker node `node` (≥ 1) and its weight (a ring's explicit windows
-/// no longer apply: the solver re-plans over the rest).
-pub fn without_node(opts: &ClusterOptions, node: usize) -> ClusterOptions {
-    let mut o = opts.clone();
-    if node >= 1 && node <= o.workers.len() {
-        o.workers.remove(node - 1);
-        if !o.weights.is_empty() {
-            o.weights.remove(node);
-        }
-        if let Layout::Ring { windows, .. } = &mut o.layout {
-            *windows = None;
-        }
-    }
-    o
 }
 
 /// One line on the communication between two snapshots of a run's counters: per token,

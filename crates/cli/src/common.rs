@@ -39,14 +39,7 @@ pub struct ModelArgs {
 }
 
 /// A context ready to run, with what `--mem-budget` and `--workers` set up.
-pub struct Prepared {
-    /// The inference context.
-    pub ctx: Context,
-    /// The sliding-window plan, when `--mem-budget` made one.
-    pub window: Option<hearth_memory::WindowPlan>,
-    /// The tensor-parallel group, when `--workers`/`--cluster` named one.
-    pub cluster: Option<crate::cluster::ClusterRun>,
-}
+pub use hearth_engine::Prepared;
 
 /// `--cache-type` values (clap lists them and rejects others).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,46 +91,43 @@ impl ModelArgs {
         }
     }
 
-    /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent), with the sliding window (`--mem-budget`) or the tensor-parallel
-    /// group (`--workers`) it runs with; `logits_all`: every position's logits will be
-    /// asked for (perplexity).
+    /// An inference context with these flags (`default_ctx` when `--ctx-size` is absent), with the sliding window (`--mem-budget`) or the
+    /// group across devices (`--workers`) it runs with; `logits_all`: every position's logits will be asked for (perplexity).
     pub fn prepare(&self, model: &Arc<Model>, default_ctx: usize, logits_all: bool) -> Result<Prepared> {
-        self.cluster.check_unused_unless_enabled()?;
-        let cluster = if self.cluster.enabled() { Some(self.cluster.options()?) } else { None };
-        self.prepare_with(model, default_ctx, logits_all, cluster.as_ref())
+        hearth_engine::prepare(model, &self.engine_options(model, default_ctx, logits_all)?)
     }
 
-    /// [`Self::prepare`] with the tensor-parallel group `cluster` instead of the flags'
-    /// (chat re-splits over the remaining workers after one fails).
-    pub fn prepare_with(
+    /// What [`Self::prepare`] sets up, as the engine's options (one KV cache slot).
+    pub fn engine_options(&self, model: &Model, default_ctx: usize, logits_all: bool) -> Result<hearth_engine::EngineOptions> {
+        if let Some(n) = self.cluster.slots() {
+            bail!("--parallel {n} (KV cache slots) applies to `hearth serve`; this command runs one sequence (across devices: --parallel tensor|ring)");
+        }
+        self.engine_options_with_slots(model, default_ctx, logits_all, 1)
+    }
+
+    /// [`Self::engine_options`] with `slots` KV cache slots (serve).
+    pub fn engine_options_with_slots(
         &self,
-        model: &Arc<Model>,
+        model: &Model,
         default_ctx: usize,
         logits_all: bool,
-        cluster: Option<&hearth_parallel::ClusterOptions>,
-    ) -> Result<Prepared> {
-        let ring = cluster.is_some_and(|c| matches!(c.layout, hearth_parallel::Layout::Ring { .. }));
-        if cluster.is_some() && !ring && self.budget.mem_budget.is_some() {
-            bail!("--mem-budget on the coordinator with tensor parallelism is not supported yet (workers split the weights instead; a --parallel ring takes it)");
-        }
-        let n_ctx = self.ctx_size(model, default_ctx)?;
-        let mut ctx = Context::with_cache_type(model.clone(), n_ctx, self.batch_size as usize, self.threads(), self.cache_type.into())?;
-        if self.pin {
-            ctx.pin_threads()?;
-        }
-        let (window, cluster) = match cluster {
-            // A ring device streams only its own windows: the ring first, then the budget.
-            Some(o) if ring => {
-                let run = crate::ring::apply(model, &mut ctx, o, self.budget.mem_budget)?;
-                (self.budget.apply_ring(model, &mut ctx, true)?, Some(run))
-            }
-            Some(o) if !o.workers.is_empty() => {
-                let w = self.budget.apply(model, &mut ctx, logits_all)?;
-                (w, Some(crate::cluster::apply_options(model, &mut ctx, o)?))
-            }
-            _ => (self.budget.apply(model, &mut ctx, logits_all)?, None),
-        };
-        Ok(Prepared { ctx, window, cluster })
+        slots: usize,
+    ) -> Result<hearth_engine::EngineOptions> {
+        self.cluster.check_unused_unless_enabled()?;
+        let cluster = if self.cluster.enabled() { Some(self.cluster.options()?) } else { None };
+        Ok(hearth_engine::EngineOptions {
+            n_ctx: self.ctx_size(model, default_ctx)?,
+            n_batch: self.batch_size as usize,
+            n_threads: self.threads(),
+            cache_type: self.cache_type.into(),
+            slots,
+            pin: self.pin,
+            logits_all,
+            f32_attention_from: None,
+            budget: self.budget.options(),
+            cluster,
+            profile: Some(crate::cmd::profile::for_ring),
+        })
     }
 }
 

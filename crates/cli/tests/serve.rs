@@ -508,3 +508,83 @@ fn worker_groups_route_requests_and_agree_with_one_engine() {
     });
     assert_eq!(alone, together, "two engines must give one engine's greedy tokens");
 }
+
+/// `/health` as JSON.
+fn health(s: &Server) -> Value {
+    serde_json::from_str(&s.request("GET", "/health", None, "").1).unwrap()
+}
+
+/// The server across devices (two loopback workers: tensor parallel with the exact gather
+/// schedule, and a pipelined ring) and under a memory budget below the file's size gives
+/// single-node greedy completions, token for token and log-probability for
+/// log-probability. Workers take the server's f32 attention threshold: without it their
+/// heads take the f16 path and the logits differ (`tensor_split.rs` checks the split alone).
+#[test]
+fn serve_across_devices_and_under_a_budget_matches_one_machine() {
+    let prompts = ["The capital of France is", "def add(a, b):", "Water boils at"];
+    let one = Server::start(&["-c", "256"]);
+    let alone: Vec<_> = prompts.iter().map(|p| greedy(&one, p)).collect();
+    assert!(health(&one).get("cluster").is_none());
+    drop(one);
+    let model = common::model();
+    let (w1, w2) = (common::Worker::start(&model, &[]), common::Worker::start(&model, &[]));
+    let workers = common::addrs(&[&w1, &w2]);
+    let runs: [(&str, Vec<&str>); 3] = [
+        ("tensor parallel (gather)", vec!["-c", "256", "--workers", &workers, "--tp-schedule", "gather"]),
+        ("pipelined ring", vec!["-c", "256", "--workers", &workers, "--parallel", "ring", "--layer-window", "10,10,10"]),
+        // SmolLM2's file is 98 MB: the window streams its layers.
+        ("--mem-budget 80MiB", vec!["-c", "256", "--parallel", "2", "--mem-budget", "80MiB"]),
+    ];
+    for (what, args) in runs {
+        let s = Server::start(&args);
+        let got: Vec<_> = prompts.iter().map(|p| greedy(&s, p)).collect();
+        assert_eq!(got, alone, "{what}: completions differ from one machine's");
+        let h = health(&s);
+        if args.contains(&"--workers") {
+            assert_eq!(h["cluster"]["nodes_up"], 3, "{what}: {h}");
+            assert_eq!(h["slots"], 1, "{what}: a context across devices holds one sequence: {h}");
+        }
+    }
+}
+
+/// A worker killed while a request is generating: that request gets a 503 naming the
+/// worker within 5 s, the server re-plans over the devices left, and the next request
+/// gets the same greedy tokens as before (the gather schedule is exact on any split);
+/// `/health` and `/metrics` show the node down.
+#[test]
+fn a_worker_dying_mid_request_is_a_503_naming_it_and_serving_goes_on() {
+    let model = common::model();
+    let (w1, mut w2) = (common::Worker::start(&model, &[]), common::Worker::start(&model, &[]));
+    let s = Server::start(&["-c", "1024", "--workers", &common::addrs(&[&w1, &w2]), "--tp-schedule", "gather"]);
+    let before = greedy(&s, "The capital of France is");
+    let victim = w2.addr.clone();
+    let (status, body, after_kill) = std::thread::scope(|sc| {
+        let long = sc.spawn(|| {
+            let r = s.post("/v1/completions", &json!({"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "ignore_eos": true}));
+            (r, Instant::now())
+        });
+        let t0 = Instant::now();
+        while health(&s)["slots_busy"] != 1 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the request never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        w2.child.kill().unwrap();
+        let killed = Instant::now();
+        let ((status, body), answered) = long.join().unwrap();
+        (status, body, answered.saturating_duration_since(killed))
+    });
+    assert_error((status, body.clone()), 503, "server_error", None);
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(&victim), "the 503 does not name {victim}: {msg}");
+    assert_eq!(body["error"]["code"], "worker_failed");
+    assert!(after_kill < Duration::from_secs(5), "the 503 came {after_kill:?} after the kill");
+    assert_eq!(greedy(&s, "The capital of France is"), before, "after re-planning, the completion changed");
+    let h = health(&s);
+    assert_eq!(h["cluster"]["nodes_up"], 2, "{h}");
+    assert_eq!(h["cluster"]["replans"], 1, "{h}");
+    let down = h["cluster"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == victim.as_str()).cloned();
+    assert_eq!(down.map(|n| n["up"].clone()), Some(json!(false)), "{h}");
+    let m = s.get("/metrics");
+    assert!(m.contains("hearth_cluster_nodes{state=\"down\"} 1") && m.contains("hearth_cluster_replans_total 1"), "{m}");
+}

@@ -286,6 +286,11 @@ impl Context {
         self.f32_attn_from = n.max(1);
     }
 
+    /// The f32 attention threshold ([`Self::set_f32_attention_from`]).
+    pub fn f32_attention_from(&self) -> usize {
+        self.f32_attn_from
+    }
+
     /// Read weights through `source` (e.g. `hearth_memory::Window`) instead of the
     /// mapping, one unit at a time ([`LayerSource`]). The mapping's pages are dropped
     /// from the RSS ([`hearth_gguf::GgufFile::release_pages`]): from now on only the

@@ -341,8 +341,10 @@ pub struct Group {
 }
 
 /// Connect to every worker, hand out shards and open a session of `n_ctx` positions,
-/// batches of `n_batch` and KV cache type `cache`, for `model` whose file has SHA-256
-/// `sha256`.
+/// batches of `n_batch`, KV cache type `cache` and the coordinator's f32 attention
+/// threshold `f32_attn_from` (`Context::f32_attention_from`), for `model` whose file has
+/// SHA-256 `sha256`.
+#[allow(clippy::too_many_arguments)]
 pub fn connect(
     model: &Model,
     sha256: [u8; 32],
@@ -350,6 +352,7 @@ pub fn connect(
     n_ctx: usize,
     n_batch: usize,
     cache: CacheType,
+    f32_attn_from: usize,
 ) -> Result<Group, ClusterError> {
     let n = opts.workers.len() + 1;
     let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
@@ -384,7 +387,13 @@ pub fn connect(
         let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
         coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
         let gather_rows = gather[node].clone().map(|r| r.start as u64..r.end as u64);
-        peer.send(&Message::Session(Session { n_ctx: n_ctx as u64, n_batch: n_batch as u64, cache_type: cache_byte(cache), gather_rows }))?;
+        peer.send(&Message::Session(Session {
+            n_ctx: n_ctx as u64,
+            n_batch: n_batch as u64,
+            cache_type: cache_byte(cache),
+            gather_rows,
+            f32_attn_from: f32_attn_from as u64,
+        }))?;
         // Opening a session may mean cutting or loading a shard file: wait longer.
         let mut answer = peer.recv_within(SETUP_TIMEOUT)?.0;
         if let Message::NeedShard = answer {
@@ -550,6 +559,7 @@ pub fn serve_session(
             return Err(e.into());
         }
     };
+    ctx.set_f32_attention_from(usize::try_from(session.f32_attn_from).unwrap_or(usize::MAX));
     let model = &model;
     let star = Arc::new(Mutex::new(Star::worker(me, shard.n_nodes, peer, hello.wire)?));
     let collective = StarCollective::new(star.clone());

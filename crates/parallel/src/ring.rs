@@ -201,8 +201,17 @@ impl PendingRing {
     /// Open the ring: `windows[i]` layers per round for node `i` (node 0 = this
     /// coordinator; `n_layer` must be a multiple of `Σ windows`). Workers given 0 layers
     /// are sent away. Every ring worker builds its context for `n_ctx` positions,
-    /// batches of `n_batch` and KV cache type `cache`, then the links are made.
-    pub fn open(self, model: &Model, windows: &[usize], n_ctx: usize, n_batch: usize, cache: CacheType) -> Result<RingGroup, ClusterError> {
+    /// batches of `n_batch`, KV cache type `cache` and the coordinator's f32 attention
+    /// threshold `f32_attn_from`, then the links are made.
+    pub fn open(
+        self,
+        model: &Model,
+        windows: &[usize],
+        n_ctx: usize,
+        n_batch: usize,
+        cache: CacheType,
+        f32_attn_from: usize,
+    ) -> Result<RingGroup, ClusterError> {
         let n_layer = model.config.n_layer;
         if windows.len() != self.members.len() + 1 {
             return Err(ClusterError::Plan(format!("{} layer windows for {} devices", windows.len(), self.members.len() + 1)));
@@ -225,6 +234,7 @@ impl PendingRing {
                 cache_type: crate::cluster::cache_byte(cache),
                 listen,
                 token,
+                f32_attn_from: f32_attn_from as u64,
                 rounds,
             };
             m.peer.send(&Message::RingSession(s))?;
@@ -468,6 +478,7 @@ pub fn serve_ring(
             Ok(c) => c,
             Err(e) => return fail(&mut control, e.into()),
         };
+    ctx.set_f32_attention_from(usize::try_from(session.f32_attn_from).unwrap_or(usize::MAX));
     // Our predecessor connects to us on a port of the address the coordinator reached.
     let listener = if session.listen {
         let ip = control.stream().local_addr().map(|a| a.ip()).unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());

@@ -21,7 +21,7 @@
 //! | 6 | [`Message::Partial`] | u64 seq, u32 step, u64 offset, u64 n, u8 wire type, data (see [`Partial`]) |
 //! | 7 | [`Message::Error`] | u8 has-node, u64 failed node, UTF-8 message (rest of the frame) |
 //! | 8 | [`Message::Shutdown`] | empty |
-//! | 9 | [`Message::Session`] | u64 n_ctx, u64 n_batch, u8 KV cache type (0 f32, 1 f16, 2 q8_0), u8 schedule (0 sum, 1 gather), u64 × 2 gathered rows |
+//! | 9 | [`Message::Session`] | u64 n_ctx, u64 n_batch, u8 KV cache type (0 f32, 1 f16, 2 q8_0), u8 schedule (0 sum, 1 gather), u64 × 2 gathered rows, u64 f32 attention threshold |
 //! | 10 | [`Message::Ready`] | u64 KV-cache bytes, u64 weight bytes of the worker's shard |
 //! | 11 | [`Message::Step`] | u64 first position, u64 element count, f32 × count (`[n_tokens, n_embd]` input embeddings) |
 //! | 12 | [`Message::NeedShard`] | empty |
@@ -31,7 +31,7 @@
 //! | 16 | [`Message::Stats`] | u64 passes, f64 busy seconds, f64 seconds in allreduces, u64 bytes sent, u64 bytes received, f64 seconds waiting for disk |
 //! | 17 | [`Message::ProfileRequest`] | empty |
 //! | 18 | [`Message::Profile`] | UTF-8 JSON of the worker's profile and budget (the rest of the frame) |
-//! | 19 | [`Message::RingSession`] | u64 n_ctx, u64 n_batch, u8 KV cache type, u8 listen, 32-byte link token, u64 rounds, u64 × 2 per round (first, end layer) |
+//! | 19 | [`Message::RingSession`] | u64 n_ctx, u64 n_batch, u8 KV cache type, u8 listen, 32-byte link token, u64 f32 attention threshold, u64 rounds, u64 × 2 per round (first, end layer) |
 //! | 20 | [`Message::RingReady`] | u64 KV-cache bytes, u64 weight bytes, u16 link port (0: none) |
 //! | 21 | [`Message::Link`] | 32-byte link token, UTF-8 address of the next device (empty: back to the coordinator) |
 //! | 22 | [`Message::LinkHello`] | 32-byte link token, u64 node of the sender |
@@ -49,7 +49,7 @@ use std::io::{self, Read, Write};
 use thiserror::Error;
 
 /// Version of this protocol; a peer with another version is refused at handshake.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Bytes before the payload: u32 length + u8 type.
 pub const HEADER_BYTES: usize = 5;
@@ -475,6 +475,8 @@ pub struct RingSession {
     pub listen: bool,
     /// A secret random token for this session's links.
     pub token: [u8; 32],
+    /// The coordinator's f32 attention threshold ([`Session::f32_attn_from`]).
+    pub f32_attn_from: u64,
     /// The worker's window in each round: layers `start..end`.
     pub rounds: Vec<std::ops::Range<u64>>,
 }
@@ -524,6 +526,10 @@ pub struct Session {
     /// The gather schedule's output rows for this worker (`hearth_model::TensorSplit::gather_rows`);
     /// `None`: partial sums.
     pub gather_rows: Option<std::ops::Range<u64>>,
+    /// A sequence feeding at least this many tokens in a pass takes the f32 attention
+    /// path (`hearth_model::Context::set_f32_attention_from`): every node must decide as
+    /// the coordinator does, or its heads' results differ from one node's.
+    pub f32_attn_from: u64,
 }
 
 const T_HELLO: u8 = 1;
@@ -745,6 +751,7 @@ impl Message {
                 let r = x.gather_rows.clone().unwrap_or(0..0);
                 out.extend_from_slice(&r.start.to_le_bytes());
                 out.extend_from_slice(&r.end.to_le_bytes());
+                out.extend_from_slice(&x.f32_attn_from.to_le_bytes());
             }
             Message::Ready { kv_bytes, weight_bytes } => {
                 out.extend_from_slice(&kv_bytes.to_le_bytes());
@@ -768,6 +775,7 @@ impl Message {
                 out.push(r.cache_type);
                 out.push(r.listen as u8);
                 out.extend_from_slice(&r.token);
+                out.extend_from_slice(&r.f32_attn_from.to_le_bytes());
                 put_u64(out, r.rounds.len());
                 for w in &r.rounds {
                     out.extend_from_slice(&w.start.to_le_bytes());
@@ -917,7 +925,7 @@ impl Message {
                     1 => Some(start..end),
                     _ => return Err(WireError::Invalid { what: "Session", why: format!("schedule {gather}") }),
                 };
-                Message::Session(Session { n_ctx, n_batch, cache_type, gather_rows })
+                Message::Session(Session { n_ctx, n_batch, cache_type, gather_rows, f32_attn_from: f.u64()? })
             }
             T_READY => Message::Ready { kv_bytes: f.u64()?, weight_bytes: f.u64()? },
             T_STEP => Message::Step { pos0: f.u64()?, x: f.f32s()? },
@@ -933,13 +941,14 @@ impl Message {
                     return Err(WireError::Invalid { what: "RingSession", why: format!("KV cache type {cache_type}, listen {listen}") });
                 }
                 let token = f.arr()?;
+                let f32_attn_from = f.u64()?;
                 let n = f.u64()?;
                 let mut rounds = Vec::new();
                 for _ in 0..n {
                     // each round is 16 bytes: a count beyond the payload fails here
                     rounds.push(f.u64()?..f.u64()?);
                 }
-                Message::RingSession(RingSession { n_ctx, n_batch, cache_type, listen: listen == 1, token, rounds })
+                Message::RingSession(RingSession { n_ctx, n_batch, cache_type, listen: listen == 1, token, f32_attn_from, rounds })
             }
             T_RING_READY => Message::RingReady { kv_bytes: f.u64()?, weight_bytes: f.u64()?, link_port: u16::from_le_bytes(f.arr()?) },
             T_LINK => {
@@ -1053,7 +1062,7 @@ mod tests {
             Message::Error(ErrorMsg { failed_node: Some(3), message: "node 3 closed the connection".into() }),
             Message::Error(ErrorMsg { failed_node: None, message: String::new() }),
             Message::Shutdown,
-            Message::Session(Session { n_ctx: 2048, n_batch: 512, cache_type: 1, gather_rows: Some(0..288) }),
+            Message::Session(Session { n_ctx: 2048, n_batch: 512, cache_type: 1, gather_rows: Some(0..288), f32_attn_from: 64 }),
             Message::Ready { kv_bytes: 1 << 20, weight_bytes: 3 << 20 },
             Message::Step { pos0: 7, x: vec![0.5, -1.0, 2.0] },
             Message::NeedShard,
@@ -1076,6 +1085,7 @@ mod tests {
                 cache_type: 1,
                 listen: true,
                 token: [6; 32],
+                f32_attn_from: 1,
                 rounds: vec![2..4, 12..14],
             }),
             Message::RingReady { kv_bytes: 1 << 20, weight_bytes: 3 << 20, link_port: 4242 },
@@ -1111,8 +1121,8 @@ mod tests {
         // ProfileRequest, Profile (2 bytes), RingSession (2 rounds), RingReady, Link (13-byte
         // address), Link (none), LinkHello, Linked, Hop (2 × f32), Ping (3 bytes), Pong
         #[rustfmt::skip]
-        let want = vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 39, 21, 21 + 12, 5, 5 + 4, 45, 5, 53,
-                        5, 7, 63 + 32, 23, 37 + 13, 37, 45, 5, 25 + 8, 8, 13];
+        let want = vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 47, 21, 21 + 12, 5, 5 + 4, 45, 5, 53,
+                        5, 7, 71 + 32, 23, 37 + 13, 37, 45, 5, 25 + 8, 8, 13];
         assert_eq!(sizes, want);
     }
 
@@ -1232,12 +1242,13 @@ mod tests {
             (prop::option::of(any::<u64>()), ".{0,40}")
                 .prop_map(|(failed_node, message)| { Message::Error(ErrorMsg { failed_node, message }) }),
             Just(Message::Shutdown),
-            (any::<u64>(), any::<u64>(), 0u8..3, prop::option::of((any::<u64>(), any::<u64>()))).prop_map(
-                |(n_ctx, n_batch, cache_type, g)| Message::Session(Session {
+            (any::<u64>(), any::<u64>(), 0u8..3, prop::option::of((any::<u64>(), any::<u64>())), any::<u64>()).prop_map(
+                |(n_ctx, n_batch, cache_type, g, f32_attn_from)| Message::Session(Session {
                     n_ctx,
                     n_batch,
                     cache_type,
-                    gather_rows: g.map(|(a, b)| a..b)
+                    gather_rows: g.map(|(a, b)| a..b),
+                    f32_attn_from
                 })
             ),
             (any::<u64>(), any::<u64>()).prop_map(|(kv_bytes, weight_bytes)| Message::Ready { kv_bytes, weight_bytes }),
@@ -1253,13 +1264,14 @@ mod tests {
             ),
             Just(Message::ProfileRequest),
             prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::Profile),
-            (any::<u64>(), any::<u64>(), 0u8..3, any::<bool>(), arr(), prop::collection::vec((any::<u64>(), any::<u64>()), 0..6)).prop_map(
-                |(n_ctx, n_batch, cache_type, listen, token, r)| Message::RingSession(RingSession {
+            (any::<u64>(), any::<u64>(), 0u8..3, any::<bool>(), arr(), any::<u64>(), prop::collection::vec((any::<u64>(), any::<u64>()), 0..6)).prop_map(
+                |(n_ctx, n_batch, cache_type, listen, token, f32_attn_from, r)| Message::RingSession(RingSession {
                     n_ctx,
                     n_batch,
                     cache_type,
                     listen,
                     token,
+                    f32_attn_from,
                     rounds: r.into_iter().map(|(a, b)| a..b).collect()
                 })
             ),

@@ -71,9 +71,19 @@ struct Run {
 /// Prefill `PROMPT`, then `steps - 1` decode steps, single node vs split over
 /// `weights`; both fed the single node's greedy tokens.
 fn compare(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cache: CacheType, steps: usize) -> Run {
+    compare_with(model, weights, wire, exact, cache, steps, false)
+}
+
+/// [`compare`]; `f32_attention`: both contexts take the f32 attention path in every pass,
+/// as `hearth serve` runs them (`Context::set_f32_attention_from(1)`).
+fn compare_with(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cache: CacheType, steps: usize, f32_attention: bool) -> Run {
     let ids = model.tokenizer.encode(PROMPT, true, true);
     let mut single = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
     let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
+    if f32_attention {
+        single.set_f32_attention_from(1);
+        split.set_f32_attention_from(1);
+    }
     let opts = ClusterOptions {
         layout: Default::default(),
         workers: workers(model, weights.len() - 1),
@@ -84,7 +94,7 @@ fn compare(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cac
         exact,
         progress: false,
     };
-    let g = connect(model, SHA, &opts, 128, 64, cache).unwrap();
+    let g = connect(model, SHA, &opts, 128, 64, cache, split.f32_attention_from()).unwrap();
     split.set_tensor_split(g.split, Box::new(g.collective)).unwrap();
     let mut run = Run { max_diff: 0.0, flips: vec![] };
     let mut input = ids;
@@ -112,6 +122,9 @@ fn gather_schedule_is_bit_identical_to_one_node() {
     for w in SPLITS {
         let r = compare(&m, w, WireType::F32, true, CacheType::F16, 12);
         assert_eq!(r.max_diff, 0.0, "{w:?}: gather schedule logits differ by {}", r.max_diff);
+        // As `hearth serve` runs (f32 attention in every pass).
+        let r = compare_with(&m, w, WireType::F32, true, CacheType::F16, 12, true);
+        assert_eq!(r.max_diff, 0.0, "{w:?}, f32 attention: gather schedule logits differ by {}", r.max_diff);
     }
 }
 

@@ -122,6 +122,12 @@ impl ApiError {
         }
     }
 
+    /// 503: a device of the group failed while this request was in flight (the message
+    /// names it); the server goes on over the devices left, so a retry may succeed.
+    pub fn device_failed(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), kind: "server_error", param: None, code: Some("worker_failed") }
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})

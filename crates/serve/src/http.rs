@@ -65,14 +65,17 @@ pub fn router(app: Arc<App>) -> Router {
 
 async fn health(State(app): State<Arc<App>>) -> Response {
     let m = &app.metrics;
-    Json(serde_json::json!({
+    let mut v = serde_json::json!({
         "status": "ok",
         "slots": app.scheduler.n_slots(),
         "engines": app.scheduler.len(),
         "slots_busy": m.active.load(Ordering::Relaxed),
         "queue_depth": m.queue_depth.load(Ordering::Relaxed),
-    }))
-    .into_response()
+    });
+    if let Some(c) = m.cluster.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        v["cluster"] = c.json();
+    }
+    Json(v).into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
@@ -263,6 +266,7 @@ async fn whole(head: Head, mut events: impl futures_util::Stream<Item = (usize, 
                 }
             }
             Event::Failed(m) => return Err(ApiError::internal(m)),
+            Event::Unavailable(m) => return Err(ApiError::device_failed(m)),
         }
     }
     Err(ApiError::unavailable())
@@ -319,6 +323,11 @@ fn stream(
                     }
                     Some((_, Event::Failed(m))) => {
                         queue.push_back(data(ApiError::internal(m).body()));
+                        queue.push_back(SseEvent::default().data("[DONE]"));
+                        finished = true;
+                    }
+                    Some((_, Event::Unavailable(m))) => {
+                        queue.push_back(data(ApiError::device_failed(m).body()));
                         queue.push_back(SseEvent::default().data("[DONE]"));
                         finished = true;
                     }

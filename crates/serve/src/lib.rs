@@ -3,6 +3,8 @@
 //!
 //! - [`scheduler`]: the thread that owns the model context and its KV cache slots and
 //!   runs all active sequences in one forward pass per step.
+//! - [`cluster`]: serving across devices — a failed worker's requests get a 503 naming
+//!   it and the engine is set up again over the devices left.
 //! - [`engines`]: worker groups — several schedulers behind one front, least-loaded routing.
 //! - [`sequence`]: one request's state in a slot (sampling, detokenizing, stop strings).
 //! - [`http`]: routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
@@ -12,6 +14,7 @@
 //! - [`topology`]: CPUs for pinned worker groups (NUMA nodes first, then cores).
 #![deny(missing_docs)]
 
+pub mod cluster;
 pub mod engines;
 pub mod error;
 pub mod http;
@@ -85,6 +88,10 @@ pub struct Engine {
     pub ctx: Context,
     /// CPUs for its threads (thread `i` on `pin[i % len]`), or `None` to leave them free.
     pub pin: Option<Vec<usize>>,
+    /// For a context across devices: the options it was prepared with, its layout
+    /// (`tensor`, `ring`) and the workers in its group, so that it can be set up again
+    /// without a worker that fails.
+    pub across: Option<(hearth_engine::EngineOptions, &'static str, Vec<String>)>,
 }
 
 /// Serve `engines` (one, or a worker group each; requests go to the least loaded) until
@@ -98,7 +105,11 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     let template = chat_template(&model);
     let mut schedulers = Vec::new();
     for (id, e) in engines.into_iter().enumerate() {
-        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache)?.0);
+        let replan = e.across.map(|(o, layout, workers)| {
+            *metrics.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster::ClusterState::new(layout, &workers));
+            cluster::Replanner::new(model.clone(), o, metrics.cluster.clone())
+        });
+        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan)?.0);
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

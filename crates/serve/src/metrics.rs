@@ -70,6 +70,8 @@ pub struct Metrics {
     pub ttft: Histogram,
     /// Time per output token after the first, per request.
     pub tpot: Histogram,
+    /// The devices of a server running across several (`None` on one machine).
+    pub cluster: std::sync::Arc<Mutex<Option<crate::cluster::ClusterState>>>,
 }
 
 impl Default for Metrics {
@@ -87,6 +89,7 @@ impl Default for Metrics {
             batch_sequences: Histogram::new(COUNTS),
             ttft: Histogram::new(SECONDS),
             tpot: Histogram::new(SECONDS),
+            cluster: Default::default(),
         }
     }
 }
@@ -133,6 +136,21 @@ impl Metrics {
             ("hearth_rss_anon_bytes", "Resident anonymous memory: KV caches, scratch, heap.", mem.rss_anon_bytes),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        if let Some(c) = self.cluster.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let up = c.nodes.iter().filter(|n| n.up).count();
+            let _ = writeln!(
+                out,
+                "# HELP hearth_cluster_nodes Devices of the group (this machine and the workers), by state.\n# TYPE hearth_cluster_nodes gauge\n\
+                 hearth_cluster_nodes{{state=\"up\"}} {up}\nhearth_cluster_nodes{{state=\"down\"}} {}",
+                c.nodes.len() - up
+            );
+            let _ = writeln!(
+                out,
+                "# HELP hearth_cluster_replans_total Times the engine was set up again after a device failed.\n\
+                 # TYPE hearth_cluster_replans_total counter\nhearth_cluster_replans_total {}",
+                c.replans
+            );
         }
         self.batch_tokens.render(&mut out, "hearth_batch_tokens", "Tokens per forward pass (prefill and decode).");
         self.batch_sequences.render(&mut out, "hearth_batch_sequences", "Sequences per forward pass.");

@@ -13,6 +13,7 @@
 //! tokens before it, not on how they were cut into passes or which request fed them:
 //! cached and uncached runs give the same tokens.
 
+use crate::cluster::Replanner;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::sequence::{Event, Job, Seq};
@@ -39,6 +40,7 @@ impl Scheduler {
     /// `pin`: CPUs for the context's threads, pinned from the scheduler thread (which
     /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
     /// `prompt_cache`: reuse a freed slot's cached prefix (see the module docs).
+    /// `replan`: for a context across devices, how to set it up again when a worker fails.
     pub fn start(
         mut ctx: Context,
         queue_size: usize,
@@ -46,6 +48,7 @@ impl Scheduler {
         pin: Option<Vec<usize>>,
         id: usize,
         prompt_cache: bool,
+        replan: Option<Replanner>,
     ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
         let queue_size = queue_size.max(1);
         let (tx, rx) = sync_channel(queue_size);
@@ -54,15 +57,15 @@ impl Scheduler {
         let l = load.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new().name(format!("hearth-scheduler-{id}")).spawn(move || {
-            if let Some(cpus) = pin {
-                if let Err(e) = ctx.pin_threads_to(&cpus) {
+            if let Some(cpus) = &pin {
+                if let Err(e) = ctx.pin_threads_to(cpus) {
                     let _ = ready_tx.send(Err(e.to_string()));
                     return;
                 }
             }
             let _ = ready_tx.send(Ok(()));
             ctx.set_f32_attention_from(1);
-            run(ctx, rx, &m, &l, prompt_cache)
+            run(ctx, rx, &m, &l, prompt_cache, replan.map(|r| (r, pin)))
         })?;
         ready_rx.recv().map_err(std::io::Error::other)?.map_err(std::io::Error::other)?;
         Ok((Self { tx, metrics, load, queue_size, n_ctx, n_slots }, thread))
@@ -149,8 +152,17 @@ impl SlotCache {
     }
 }
 
-/// The scheduler loop; returns when every [`Scheduler`] handle is gone and no sequence is left.
-fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsize, prompt_cache: bool) {
+/// The scheduler loop; returns when every [`Scheduler`] handle is gone and no sequence
+/// is left, or when a context across devices failed and could not be set up again.
+/// `replan`: the replanner and the CPUs to pin a new context's threads to.
+fn run(
+    mut ctx: Context,
+    rx: Receiver<Job>,
+    metrics: &Metrics,
+    load: &AtomicUsize,
+    prompt_cache: bool,
+    mut replan: Option<(Replanner, Option<Vec<usize>>)>,
+) {
     let model = ctx.model().clone();
     let tok = &model.tokenizer;
     let (n_ctx, n_vocab) = (ctx.n_ctx(), model.config.n_vocab);
@@ -219,6 +231,27 @@ fn run(mut ctx: Context, rx: Receiver<Job>, metrics: &Metrics, load: &AtomicUsiz
         let logits = match ctx.eval_batch(&segs) {
             Ok(l) => l,
             Err(e) => {
+                if let Some((r, pin)) = replan.as_mut() {
+                    if let Some((node, msg)) = r.failed(&e) {
+                        // Every sequence's K/V on the group is lost: fail them all (503),
+                        // then go on over the devices left.
+                        for s in active.drain(..) {
+                            s.send(Event::Unavailable(msg.clone()));
+                            retire(metrics, load);
+                        }
+                        let Some(mut next) = r.replan(ctx, node, &msg) else { return };
+                        if let Some(cpus) = pin.as_deref() {
+                            if let Err(e) = next.pin_threads_to(cpus) {
+                                eprintln!("hearth serve: pinning the new engine's threads: {e}");
+                            }
+                        }
+                        next.set_f32_attention_from(1);
+                        ctx = next;
+                        free = (0..ctx.n_slots()).rev().collect();
+                        cache = SlotCache::new(ctx.n_slots(), prompt_cache);
+                        continue;
+                    }
+                }
                 // Fail this step's sequences; the others go on.
                 let msg = format!("the forward pass failed: {e}");
                 let mut failed: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();

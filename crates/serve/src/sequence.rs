@@ -87,6 +87,8 @@ pub enum Event {
     },
     /// The engine failed on this sequence.
     Failed(String),
+    /// The engine lost a device in a forward pass (a worker died): 503, naming it.
+    Unavailable(String),
 }
 
 /// A sequence holding a slot.

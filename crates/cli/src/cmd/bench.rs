@@ -13,7 +13,7 @@ pub(crate) mod membw;
 
 use crate::common::{file_type_name, params_label, print_out, resolve_model, MemoryReport};
 use anyhow::{bail, Context as _, Result};
-use hearth_model::{Context, Logits, Model};
+use hearth_model::{Logits, Model};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use std::fmt::Write as _;
@@ -168,9 +168,6 @@ pub fn run(a: Args) -> Result<()> {
         bail!("nothing to measure: both -p and -n are 0");
     }
     let path = resolve_model(a.model.as_ref())?;
-    if a.cluster.enabled() && a.budget.mem_budget.is_some() {
-        bail!("--mem-budget together with --workers is not supported yet (workers split the weights instead)");
-    }
     a.budget.before_load(&path)?;
     let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let c = &model.config;
@@ -188,12 +185,24 @@ pub fn run(a: Args) -> Result<()> {
     let mut results = Vec::new();
     let mut last_memory = None;
     for &t in &threads {
-        let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, t, a.cache_type.into())?;
-        if a.pin {
-            ctx.pin_threads()?;
+        a.cluster.check_unused_unless_enabled()?;
+        if let Some(n) = a.cluster.slots() {
+            bail!("--parallel {n} (KV cache slots) applies to `hearth serve`; bench runs one sequence (across devices: --parallel tensor|ring)");
         }
-        pb.suspend(|| a.budget.apply(&model, &mut ctx, false))?;
-        let cluster = pb.suspend(|| a.cluster.apply(&model, &mut ctx))?;
+        let opts = hearth_engine::EngineOptions {
+            n_ctx,
+            n_batch: a.batch_size as usize,
+            n_threads: t,
+            cache_type: a.cache_type.into(),
+            slots: 1,
+            pin: a.pin,
+            logits_all: false,
+            f32_attention_from: None,
+            budget: a.budget.options(),
+            cluster: if a.cluster.enabled() { Some(a.cluster.options()?) } else { None },
+            profile: Some(crate::cmd::profile::for_ring),
+        };
+        let hearth_engine::Prepared { mut ctx, cluster, .. } = pb.suspend(|| hearth_engine::prepare(&model, &opts))?;
         let windowed = ctx.source_stats().is_some();
         pb.set_message(format!("t={t} membw"));
         let bw = if windowed { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };

@@ -30,9 +30,8 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     // With --workers: the group, re-formed without a worker that fails.
-    a.model.cluster.check_unused_unless_enabled()?;
-    let mut cluster = if a.model.cluster.enabled() { Some(a.model.cluster.options()?) } else { None };
-    let mut ctx = a.model.prepare_with(&model, 2048, false, cluster.as_ref())?.ctx;
+    let mut opts = a.model.engine_options(&model, 2048, false)?;
+    let mut ctx = hearth_engine::prepare(&model, &opts)?.ctx;
     let sampler = a.sampling.config()?;
     let mut messages: Vec<Message> = Vec::new();
     if let Some(s) = &a.system {
@@ -101,18 +100,18 @@ pub fn run(a: Args) -> Result<()> {
             Err(e) => {
                 // The reply may have been cut mid-line.
                 eprintln!("\nerror: {e}");
-                if let (Some(node), Some(opts)) = (crate::cluster::failed_worker(&e), cluster.as_ref()) {
+                if let (Some(node), Some(group)) = (hearth_engine::failed_worker(&e), opts.cluster.as_ref()) {
                     // Re-split over the nodes left; the conversation is evaluated again
                     // from the start on the next message.
-                    let rest = crate::cluster::without_node(opts, node);
+                    let rest = opts.without_node(node);
                     eprintln!(
                         "[dropping node {node} ({}); re-splitting over {} node(s) — send your message again]",
-                        opts.workers.get(node - 1).map_or("?", String::as_str),
-                        rest.workers.len() + 1
+                        group.workers.get(node - 1).map_or("?", String::as_str),
+                        rest.cluster.as_ref().map_or(0, |c| c.workers.len()) + 1
                     );
                     drop(ctx);
-                    ctx = a.model.prepare_with(&model, 2048, false, Some(&rest))?.ctx;
-                    cluster = Some(rest);
+                    ctx = hearth_engine::prepare(&model, &rest)?.ctx;
+                    opts = rest;
                     cached.clear();
                     messages.pop();
                     continue;

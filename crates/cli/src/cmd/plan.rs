@@ -140,9 +140,9 @@ pub fn run(a: Args) -> Result<()> {
         let opts = a.cluster.options()?;
         let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
         let pending = hearth_parallel::ring::gather(&model, sha, &opts.workers, opts.key.as_ref(), opts.timeout, true)
-            .map_err(|e| crate::cluster::explain(e, &opts))?;
+            .map_err(|e| hearth_engine::explain(e, &opts))?;
         let params = PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false };
-        let (cost, devices) = crate::ring::devices(&model, params, &pending, a.mem_budget)?;
+        let (cost, devices) = hearth_engine::ring::devices(&model, params, &pending, a.mem_budget, crate::cmd::profile::for_ring)?;
         return print_out(&super::plan_ring::report(&devices, &cost, a.n_prompt as usize, a.json)?);
     }
     a.cluster.check_unused()?;

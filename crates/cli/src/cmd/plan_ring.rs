@@ -71,40 +71,10 @@ pub fn read_devices(path: &Path) -> Result<Vec<DeviceSpec>> {
         .collect()
 }
 
-/// What one token costs the solver's model, from the file's tensor table.
-pub fn model_cost(m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64) -> ModelCost {
-    let layers = m.shape.n_layer.max(1);
-    let layer_bytes = m.largest_layer_bytes();
-    let is_layer = |n: &str| n.starts_with("blk.");
-    let layer_params: u64 = m
-        .tensors
-        .iter()
-        .filter(|t| t.name.starts_with("blk.0."))
-        .map(|t| t.bytes * t.ty.block_size() as u64 / t.ty.type_size().max(1) as u64)
-        .sum();
-    // The layers' dominant type names the matmul rate to use.
-    let mut by_type = std::collections::BTreeMap::<String, u64>::new();
-    for t in m.tensors.iter().filter(|t| is_layer(&t.name) && t.n_dims == 2) {
-        *by_type.entry(t.ty.name().to_lowercase()).or_default() += t.bytes;
-    }
-    let weight_type = by_type.into_iter().max_by_key(|(_, b)| *b).map(|(t, _)| t).unwrap_or_else(|| "q4_0".into());
-    ModelCost {
-        n_layer: layers,
-        layer_bytes,
-        layer_flops: 2.0 * layer_params as f64,
-        kv_bytes_per_layer_token: 2 * kv_row_bytes,
-        n_ctx: n_ctx as u64,
-        act_bytes: 4 * m.shape.n_embd as u64,
-        extra_bytes: m.tensors.iter().filter(|t| !is_layer(&t.name)).map(|t| t.bytes).sum(),
-        weight_type,
-        head_bytes: m.tensor("output.weight").or_else(|| m.tensor("token_embd.weight")).map_or(0, |t| t.bytes),
-    }
-}
-
 /// Solve for the devices of a ring file and print (or return as JSON) the assignment.
 pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, n_prompt: usize, json: bool) -> Result<String> {
     let devices = read_devices(ring)?;
-    report(&devices, &model_cost(m, n_ctx, kv_row_bytes), n_prompt, json)
+    report(&devices, &hearth_engine::ring::model_cost(m, n_ctx, kv_row_bytes), n_prompt, json)
 }
 
 /// Solve for `devices` and print (or return as JSON) the assignment, with the predicted

@@ -1,50 +1,29 @@
 //! `hearth serve`: the OpenAI-compatible HTTP server (crate `hearth-serve`) over one
 //! model context with `--parallel` KV cache slots, batched continuously.
 
-use crate::common::{resolve_model, threads_or_default, CacheTypeArg};
+use crate::common::{resolve_model, threads_or_default, ModelArgs};
 use anyhow::{bail, Context as _, Result};
-use hearth_model::{Context, Model};
-use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Flags of `hearth serve`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// GGUF model file [default: $HEARTH_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf]
-    #[arg(short, long, value_name = "PATH")]
-    pub model: Option<PathBuf>,
+    /// Model, threads, context, KV cache type, memory budget, workers. --parallel N sets
+    /// the KV cache slots (sequences generated at once); -c is positions per slot
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Address to listen on
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on (0: any free port; the listening line says which)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Sequences generated at once: KV cache slots, each of --ctx-size positions
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub parallel: u32,
-    /// Positions per slot (prompt plus generated tokens of one request), at most the
-    /// model's trained context [default: 2048, capped at the trained context]
-    #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(2..))]
-    pub ctx_size: Option<u32>,
-    /// Tokens per forward pass (the scheduler's per-step budget: decode tokens plus prompt chunks)
-    #[arg(short = 'b', long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch_size: u32,
     /// Requests that may wait for a free slot; more are refused with 429
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_size: u32,
-    /// Worker threads per engine, 1-1024 [default: number of physical cores / --groups]
-    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub threads: Option<u16>,
-    /// KV cache type: f32, f16 or q8_0
-    #[arg(long, value_enum, default_value_t = CacheTypeArg::F16)]
-    pub cache_type: CacheTypeArg,
-    /// Pin threads to distinct cores (physical cores first); with --groups, each group
-    /// to its own cores
-    #[arg(long)]
-    pub pin: bool,
     /// Engine instances (worker groups), each with its own --parallel slots and --threads
     /// threads (default: physical cores / G), behind one HTTP front; requests go to the
-    /// least-loaded one. The weights are mapped once and shared.
+    /// least-loaded one. The weights are mapped once and shared; with --pin each group
+    /// gets its own cores (NUMA nodes first)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub groups: u32,
     /// Require `Authorization: Bearer KEY` on /v1/* requests
@@ -73,36 +52,46 @@ pub fn run(a: Args) -> Result<()> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let path = resolve_model(a.model.as_ref())?;
-    let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    let train = model.config.n_ctx_train;
-    let n_ctx = match a.ctx_size {
-        Some(c) if c as usize > train => bail!("--ctx-size {c} exceeds the model's trained context length of {train} tokens"),
-        Some(c) => c as usize,
-        None => 2048.min(train),
-    };
+    if a.model.ctx_size == Some(1) {
+        bail!("--ctx-size 1 leaves no position to generate into: a slot needs at least 2");
+    }
+    let path = resolve_model(a.model.model.as_ref())?;
+    let model = a.model.load()?;
     let groups = a.groups as usize;
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         anyhow::bail!("--api-key is empty: give a key, or leave the flag out to serve without one");
     }
+    let across = a.model.cluster.enabled();
+    if groups > 1 && (across || a.model.budget.mem_budget.is_some()) {
+        bail!(
+            "--groups {groups} runs several engines on this machine; with {} there is one engine (give --groups 1)",
+            if across { "workers (a worker serves one group at a time)" } else { "--mem-budget (one window of streamed layers)" }
+        );
+    }
+    // Across devices a context holds one sequence: requests wait their turn.
+    let slots = a.model.cluster.slots().map_or(if across { 1 } else { 4 }, |n| n as usize);
     let cores = threads_or_default(None);
     if groups > cores {
         eprintln!("warning: --groups {groups} engines on {cores} cores: engines will share cores and slow each other down");
     }
-    let threads = a.threads.map_or_else(|| (threads_or_default(None) / groups).max(1), usize::from);
-    let cpus = if a.pin {
+    let threads = a.model.threads.map_or_else(|| (threads_or_default(None) / groups).max(1), usize::from);
+    let cpus = if a.model.pin {
         let order = hearth_kernels::affinity::pin_order();
         hearth_serve::topology::group_cpus(&order, &hearth_serve::topology::numa_nodes(), groups, threads)
             .map_err(|e| anyhow::anyhow!("--pin: {e}"))?
     } else {
         Vec::new()
     };
+    let mut opts = a.model.engine_options_with_slots(&model, 2048, false, slots)?;
+    opts.n_threads = threads;
+    opts.pin = false; // pinned from each engine's scheduler thread, to its own CPUs
+    // Every pass on the f32 attention path (see hearth_serve::scheduler): workers too.
+    opts.f32_attention_from = Some(1);
     let mut engines = Vec::with_capacity(groups);
     for g in 0..groups {
-        let mut ctx = Context::with_cache_type(model.clone(), n_ctx, a.batch_size as usize, threads, a.cache_type.into())?;
-        ctx.set_slots(a.parallel as usize)?;
-        let pin = cpus.get(g).cloned();
-        engines.push(hearth_serve::Engine { ctx, pin });
+        let p = hearth_engine::prepare(&model, &opts)?;
+        let across = p.cluster.as_ref().map(|c| (opts.clone(), c.layout(), c.workers.clone()));
+        engines.push(hearth_serve::Engine { ctx: p.ctx, pin: cpus.get(g).cloned(), across });
     }
     let ctx = &engines[0].ctx;
     let model_id = a.alias.first().cloned().unwrap_or_else(|| {
@@ -110,13 +99,14 @@ pub fn run(a: Args) -> Result<()> {
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
     eprintln!(
-        "hearth serve: {model_id}, {groups} engine(s) × {} slots × {n_ctx} positions (KV cache {:.1} MiB each), {} tokens per step, \
-         {} threads each{}",
-        a.parallel,
+        "hearth serve: {model_id}, {groups} engine(s) × {slots} slots × {} positions (KV cache {:.1} MiB each), {} tokens per step, \
+         {} threads each{}{}",
+        ctx.n_ctx(),
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
         ctx.n_batch(),
         ctx.n_threads(),
-        if a.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() }
+        if a.model.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() },
+        if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" }
     );
     let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache };
     hearth_serve::serve(engines, opts).context("serving")

@@ -181,9 +181,9 @@ pub fn run(a: Args) -> Result<()> {
                     Some(w) => {
                         eprintln!("coordinator {peer}: pipelined ring, layers {:?}", w.rounds);
                         ctx.set_ring(w, None)?;
-                        budget.apply_ring(&m, &mut ctx, false)
+                        hearth_engine::window::apply_ring(&m, &mut ctx, budget.options().as_ref(), false)
                     }
-                    None => budget.apply(&m, &mut ctx, false),
+                    None => hearth_engine::window::apply(&m, &mut ctx, budget.options().as_ref(), false),
                 };
                 window.map_err(|e| hearth_model::ModelError::Context(format!("{e:#}")))?;
                 Ok(ctx)

@@ -1,0 +1,106 @@
+//! A memory budget (`--mem-budget`): when the mapped model does not fit, its layers are
+//! streamed from disk through a sliding window (`hearth_memory::Window`) of as many
+//! layers as the budget holds, read ahead while the current one computes.
+
+use crate::{mib, BudgetOptions};
+use anyhow::Result;
+use hearth_memory::plan::{plan, plan_window, ModelSummary, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
+use hearth_memory::Window;
+use hearth_model::{Context, Model};
+
+/// With a budget, plan the window and attach it to `ctx` (or say the mapped model fits).
+/// `logits_all`: the run wants every position's logits (perplexity). Prints the decision
+/// to stderr; returns the window plan.
+pub fn apply(model: &Model, ctx: &mut Context, budget: Option<&BudgetOptions>, logits_all: bool) -> Result<Option<WindowPlan>> {
+    apply_units(model, ctx, budget, logits_all, true)
+}
+
+/// [`apply`] for a pipelined-ring device: only its own layers (and, on the head device,
+/// `head`, the output head) count and stream. When they do not all fit, no unit is
+/// pinned: every slot streams, so the next window is prefetched while the token is on
+/// the other devices.
+pub fn apply_ring(model: &Model, ctx: &mut Context, budget: Option<&BudgetOptions>, head: bool) -> Result<Option<WindowPlan>> {
+    apply_units(model, ctx, budget, false, head)
+}
+
+fn apply_units(
+    model: &Model,
+    ctx: &mut Context,
+    budget: Option<&BudgetOptions>,
+    logits_all: bool,
+    head: bool,
+) -> Result<Option<WindowPlan>> {
+    let Some(b) = budget else { return Ok(None) };
+    let budget = b.bytes;
+    let summary = ModelSummary::from_gguf(&model.file)?;
+    let params =
+        PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
+    let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
+    let ring = ctx.ring_windows().is_some();
+    let units = ctx.units(head)?;
+    let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
+    if ring {
+        // Only this device's layers and their KV cache.
+        p.kv_cache_bytes = ctx.kv_bytes() as u64;
+        p.peak_rss_bytes = units.iter().map(|r| r.len() as u64).sum::<u64>() + p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
+    } else if ctx.n_slots() > 1 {
+        // A server's slots: one sequence's KV cache each.
+        let kv = p.kv_cache_bytes * ctx.n_slots() as u64;
+        p.peak_rss_bytes += kv - p.kv_cache_bytes;
+        p.kv_cache_bytes = kv;
+    }
+    let mut w = plan_window(&p, &sizes, budget, 0.0).map_err(|min| {
+        let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
+        anyhow::anyhow!(
+            "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {} + a margin of {} \
+             (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
+             (or lower --ctx-size / --batch-size{q8}{})",
+            mib(budget),
+            mib(p.kv_cache_bytes),
+            mib(p.scratch_bytes),
+            mib(p.overhead_bytes),
+            mib(min.slot_bytes),
+            mib(min.margin_bytes),
+            mib_up(min.min_budget_bytes),
+            min.min_budget_bytes,
+            if ctx.n_slots() > 1 { " / --parallel" } else { "" }
+        )
+    })?;
+    if p.peak_rss_bytes + w.margin_bytes <= budget {
+        eprintln!("--mem-budget {}: the model fits mapped (predicted peak RSS {}), no window needed", mib(budget), mib(p.peak_rss_bytes));
+        return Ok(None);
+    }
+    if ring && w.slots < w.n_units {
+        w.pinned = 0;
+        w.read_bytes_per_token = sizes.iter().sum();
+    }
+    // Drop the mapping's pages (header, norms) before the window's slots fill up, so the
+    // two never count together in the peak.
+    model.file.release_pages();
+    let window = Window::open_full(model.file.path(), units, w.slots, w.pinned, b.read_mode, b.prefetch)?;
+    eprintln!(
+        "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
+         + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",
+        mib(budget),
+        w.slots,
+        mib(w.slot_bytes),
+        w.n_units,
+        w.pinned,
+        w.n_units - w.pinned,
+        w.slots - w.pinned,
+        mib(p.kv_cache_bytes),
+        mib(p.scratch_bytes),
+        mib(p.overhead_bytes),
+        mib(w.peak_rss_bytes),
+        mib(w.read_bytes_per_token),
+        if window.is_direct() { "O_DIRECT" } else { "buffered" },
+        if w.slots == 1 { "; one slot: no read-ahead, every layer waits for its read" } else { "" },
+    );
+    ctx.set_source(Box::new(window));
+    Ok(Some(w))
+}
+
+/// MiB with one decimal, rounded up (a minimum the user may copy).
+fn mib_up(b: u64) -> String {
+    format!("{:.1} MiB", (b as f64 / (1024.0 * 1024.0) * 10.0).ceil() / 10.0)
+}
