@@ -588,3 +588,66 @@ fn a_worker_dying_mid_request_is_a_503_naming_it_and_serving_goes_on() {
     let m = s.get("/metrics");
     assert!(m.contains("hearth_cluster_nodes{state=\"down\"} 1") && m.contains("hearth_cluster_replans_total 1"), "{m}");
 }
+
+/// `/v1/embeddings`: each input's vector is the model's final normed hidden states
+/// (`Context::eval_hidden`, checked against llama.cpp's `result_norm` in the model crate)
+/// pooled and scaled to unit length, bit for bit as computed in process; base64 carries
+/// the same floats; `--pooling last` gives the last token's (control: not the mean);
+/// a generation running beside it changes nothing; bad inputs are 400s naming the field.
+#[test]
+fn embeddings_are_pooled_normed_hidden_states() {
+    use hearth_model::embed::{normalize, Pooling};
+    let texts = ["The capital of France is", "hello world", "def add(a, b): return a + b"];
+    let model = std::sync::Arc::new(hearth_model::Model::load(common::model()).unwrap());
+    let expect = |text: &str, pooling: Pooling| {
+        let mut ctx = hearth_model::Context::new(model.clone(), 256, 256, 2).unwrap();
+        ctx.set_f32_attention_from(1); // as the server runs
+        let ids = model.tokenizer.encode(text, true, false);
+        let mut v = pooling.pool(&ctx.eval_hidden(0, &ids).unwrap(), model.config.n_embd);
+        normalize(&mut v);
+        (v, ids.len())
+    };
+    let floats = |v: &Value| -> Vec<f32> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect() };
+    let s = Server::start(&["-c", "256"]);
+    let (st, r) = s.post("/v1/embeddings", &json!({"input": texts, "model": "text-embedding-3-small"}));
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["object"], "list");
+    let mut tokens = 0;
+    for (i, t) in texts.iter().enumerate() {
+        let d = &r["data"][i];
+        assert_eq!((d["object"].as_str(), d["index"].as_u64()), (Some("embedding"), Some(i as u64)));
+        let (want, n) = expect(t, Pooling::Mean);
+        assert_eq!(floats(&d["embedding"]), want, "input {i}");
+        tokens += n;
+    }
+    assert_eq!(r["usage"]["prompt_tokens"], tokens);
+    // base64: little-endian f32 bytes.
+    let (_, b) = s.post("/v1/embeddings", &json!({"input": texts[0], "encoding_format": "base64"}));
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b["data"][0]["embedding"].as_str().unwrap()).unwrap();
+    let decoded: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(decoded, expect(texts[0], Pooling::Mean).0);
+    // Beside a running generation: the same vector.
+    std::thread::scope(|sc| {
+        let gen = sc.spawn(|| s.post("/v1/completions", &json!({"prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": true})));
+        std::thread::sleep(Duration::from_millis(100));
+        let (_, again) = s.post("/v1/embeddings", &json!({"input": texts[1]}));
+        assert_eq!(floats(&again["data"][0]["embedding"]), expect(texts[1], Pooling::Mean).0);
+        assert_eq!(gen.join().unwrap().0, 200);
+    });
+    for (body, param) in [
+        (json!({"input": ""}), "input"),
+        (json!({"input": [99999999]}), "input"),
+        (json!({"input": "x", "dimensions": 7}), "dimensions"),
+        (json!({"input": "x", "encoding_format": "hex"}), "encoding_format"),
+    ] {
+        assert_error(s.post("/v1/embeddings", &body), 400, "invalid_request_error", Some(param));
+    }
+    let long = "word ".repeat(400);
+    assert_error(s.post("/v1/embeddings", &json!({"input": long})), 400, "invalid_request_error", Some("input"));
+    drop(s);
+    let last = Server::start(&["-c", "256", "--pooling", "last"]);
+    let (_, r) = last.post("/v1/embeddings", &json!({"input": texts[0]}));
+    let got = floats(&r["data"][0]["embedding"]);
+    assert_eq!(got, expect(texts[0], Pooling::Last).0);
+    assert_ne!(got, expect(texts[0], Pooling::Mean).0, "control: last and mean pooling differ");
+}

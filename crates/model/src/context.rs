@@ -557,6 +557,31 @@ impl Context {
         Ok(&self.s.logits)
     }
 
+    /// Run `tokens` through the model at `slot`'s next positions (appending them to its KV
+    /// cache, in passes of at most [`Self::n_batch`] tokens) and return their final hidden
+    /// states after the output norm, `[tokens.len(), n_embd]` (llama.cpp's `result_norm`:
+    /// what [`crate::embed`] pools into an embedding). No logits are computed.
+    pub fn eval_hidden(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+        if slot >= self.n_slots() {
+            return Err(ModelError::Input(format!("slot {slot} does not exist ({} slots)", self.n_slots())));
+        }
+        self.check_tokens(slot, tokens)?;
+        let model = Arc::clone(&self.model);
+        let (c, w) = (&model.config, &model.weights);
+        let e = c.n_embd;
+        let mut out = vec![0f32; tokens.len() * e];
+        let mut done = 0;
+        for chunk in tokens.chunks(self.n_batch) {
+            let span = Span { slot, pos0: self.n_past[slot], row: 0, len: chunk.len() };
+            self.forward(chunk, &[span], &[], 0)?;
+            for (r, o) in out[done * e..(done + chunk.len()) * e].chunks_exact_mut(e).enumerate() {
+                ops::rmsnorm(&self.s.x[r * e..(r + 1) * e], &w.output_norm, c.rms_eps, o);
+            }
+            done += chunk.len();
+        }
+        Ok(out)
+    }
+
     /// Whether `tokens` can be appended to `slot`: a model with a head, ids in the
     /// vocabulary, room in the slot.
     fn check_tokens(&self, slot: usize, tokens: &[u32]) -> Result<()> {

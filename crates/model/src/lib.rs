@@ -24,6 +24,7 @@ mod attn;
 mod block;
 mod config;
 mod context;
+pub mod embed;
 mod error;
 mod kv_cache;
 mod model;

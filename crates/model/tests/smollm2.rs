@@ -222,3 +222,57 @@ fn chunked_prefill_matches_single_batch() {
     assert!(max < 1e-3, "max diff {max}");
     assert_eq!(hearth_model::sampler::argmax(&full), hearth_model::sampler::argmax(&chunked));
 }
+
+/// llama.cpp's `result_norm` of the last prompt token (the trace of its eval callback on
+/// the Q4_1 file, prompt p0): the first and last three values as printed, and the sum.
+fn result_norm_reference() -> (Vec<f32>, f64) {
+    use std::io::Read;
+    let path = reference_dir().join("traces/eval_callback_q4_1_p0_capital.txt.gz");
+    let mut gz = Vec::new();
+    std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).read_to_end(&mut gz).unwrap();
+    let text = gunzip(&gz);
+    let block = &text[text.find("result_norm = ").expect("no result_norm in the trace")..];
+    let row = block.lines().find(|l| l.contains("...")).unwrap();
+    let vals: Vec<f32> = row.replace(['[', ']', ','], " ").split_whitespace().filter_map(|t| t.parse().ok()).collect();
+    let sum = block.lines().find_map(|l| l.trim().strip_prefix("sum = ")).unwrap().trim().parse().unwrap();
+    (vals, sum)
+}
+
+/// gzip → text, with the system's `gzip` (no decompressor among the dependencies).
+fn gunzip(bytes: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip");
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+}
+
+/// `Context::eval_hidden` gives llama.cpp's final normed hidden state (`result_norm`), what
+/// `/v1/embeddings` pools: last token of p0 to the printed 4 decimals and the row sum to
+/// 1e-3. Control: the same prompt one token shorter does not match.
+#[test]
+fn hidden_states_match_llama_cpp_result_norm() {
+    let p = &reference()["reference_q4_1"]["prompts"][0];
+    let prompt = ids(&p["prompt_token_ids"]);
+    let (want, want_sum) = result_norm_reference();
+    assert_eq!(want.len(), 6);
+    let last = |tokens: &[u32]| {
+        let mut ctx = Context::new(q4_1(), 512, 512, 2).unwrap();
+        let h = ctx.eval_hidden(0, tokens).unwrap();
+        let e = q4_1().config.n_embd;
+        assert_eq!(h.len(), tokens.len() * e);
+        h[(tokens.len() - 1) * e..].to_vec()
+    };
+    let matches = |row: &[f32]| {
+        let got: Vec<f32> = row[..3].iter().chain(&row[row.len() - 3..]).copied().collect();
+        let sum: f64 = row.iter().map(|&x| x as f64).sum();
+        got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 6e-5) && (sum - want_sum).abs() < 1e-3
+    };
+    let row = last(&prompt);
+    assert!(matches(&row), "first/last three {:?} … {:?}, sum {}; llama.cpp {want:?}, sum {want_sum}", &row[..3], &row[row.len() - 3..], row.iter().map(|&x| x as f64).sum::<f64>());
+    assert!(!matches(&last(&prompt[..prompt.len() - 1])), "control: a shorter prompt must not match");
+}

@@ -48,6 +48,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Unix seconds the server started.
     pub started: u64,
+    /// How `/v1/embeddings` pools an input's hidden states.
+    pub pooling: hearth_model::embed::Pooling,
 }
 
 /// The routes.
@@ -59,6 +61,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
         .with_state(app)
 }
@@ -97,7 +100,7 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 }
 
 /// A body that could not be read (too large: axum's limit) as an OpenAI error.
-fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| ApiError::unreadable_body(e.status(), e.body_text()))
 }
 
@@ -136,13 +139,13 @@ async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Resu
 }
 
 /// Count the answer and turn an error into its JSON response.
-fn answer(app: &App, endpoint: &str, r: Result<Response, ApiError>) -> Response {
+pub(crate) fn answer(app: &App, endpoint: &str, r: Result<Response, ApiError>) -> Response {
     let resp = r.unwrap_or_else(IntoResponse::into_response);
     app.metrics.request(endpoint, resp.status().as_u16());
     resp
 }
 
-fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &app.api_key else { return Ok(()) };
     // The scheme is case-insensitive (RFC 9110 §11.1).
     let given = headers
@@ -162,12 +165,12 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
 
 impl App {
     /// The id and the aliases.
-    fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         std::iter::once(self.model_id.as_str()).chain(self.aliases.iter().map(String::as_str)).collect()
     }
 
     /// Whether `name` is the id or an alias.
-    fn serves(&self, name: &str) -> bool {
+    pub(crate) fn serves(&self, name: &str) -> bool {
         self.names().contains(&name)
     }
 }
@@ -218,6 +221,7 @@ async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_fie
             ignore_eos: p.ignore_eos,
             events: tx,
             arrived: Instant::now(),
+            embed: None,
         })?;
         rxs.push(rx);
     }
@@ -267,6 +271,7 @@ async fn whole(head: Head, mut events: impl futures_util::Stream<Item = (usize, 
             }
             Event::Failed(m) => return Err(ApiError::internal(m)),
             Event::Unavailable(m) => return Err(ApiError::device_failed(m)),
+            Event::Embedding { .. } => return Err(ApiError::internal("the scheduler answered a completion with an embedding")),
         }
     }
     Err(ApiError::unavailable())
@@ -323,6 +328,11 @@ fn stream(
                     }
                     Some((_, Event::Failed(m))) => {
                         queue.push_back(data(ApiError::internal(m).body()));
+                        queue.push_back(SseEvent::default().data("[DONE]"));
+                        finished = true;
+                    }
+                    Some((_, Event::Embedding { .. })) => {
+                        queue.push_back(data(ApiError::internal("the scheduler answered a completion with an embedding").body()));
                         queue.push_back(SseEvent::default().data("[DONE]"));
                         finished = true;
                     }

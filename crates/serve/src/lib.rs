@@ -5,6 +5,7 @@
 //!   runs all active sequences in one forward pass per step.
 //! - [`cluster`]: serving across devices — a failed worker's requests get a 503 naming
 //!   it and the engine is set up again over the devices left.
+//! - [`embeddings`]: `/v1/embeddings`, pooled final hidden states.
 //! - [`engines`]: worker groups — several schedulers behind one front, least-loaded routing.
 //! - [`sequence`]: one request's state in a slot (sampling, detokenizing, stop strings).
 //! - [`http`]: routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
@@ -15,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod cluster;
+pub mod embeddings;
 pub mod engines;
 pub mod error;
 pub mod http;
@@ -51,6 +53,8 @@ pub struct ServeOptions {
     pub strict_model: bool,
     /// Reuse a freed slot's K/V for a prompt sharing its prefix (the prompt cache).
     pub prompt_cache: bool,
+    /// How `/v1/embeddings` pools hidden states (`None`: the file's `pooling_type`, else mean).
+    pub pooling: Option<hearth_model::embed::Pooling>,
 }
 
 /// The model's chat template, ready to render (an error message when it has none).
@@ -103,6 +107,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
         return Err(std::io::Error::other("no engine to serve with"));
     };
     let template = chat_template(&model);
+    let pooling = opts.pooling.or_else(|| hearth_model::embed::Pooling::of_model(&model)).unwrap_or(hearth_model::embed::Pooling::Mean);
     let mut schedulers = Vec::new();
     for (id, e) in engines.into_iter().enumerate() {
         let replan = e.across.map(|(o, layout, workers)| {
@@ -113,7 +118,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started });
+    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started, pooling });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;

@@ -169,7 +169,27 @@ fn run(
     let mut free: Vec<usize> = (0..ctx.n_slots()).rev().collect();
     let mut cache = SlotCache::new(ctx.n_slots(), prompt_cache);
     let mut active: Vec<Seq> = Vec::new();
+    // A worker of a context across devices failed: (its node, the message naming it).
+    let mut lost: Option<(usize, String)> = None;
     loop {
+        if let (Some((node, msg)), Some((r, pin))) = (lost.take(), replan.as_mut()) {
+            // Every sequence's K/V on the group is lost: fail them all (503), then go on
+            // over the devices left.
+            for s in active.drain(..) {
+                s.send(Event::Unavailable(msg.clone()));
+                retire(metrics, load);
+            }
+            let Some(mut next) = r.replan(ctx, node, &msg) else { return };
+            if let Some(cpus) = pin.as_deref() {
+                if let Err(e) = next.pin_threads_to(cpus) {
+                    eprintln!("hearth serve: pinning the new engine's threads: {e}");
+                }
+            }
+            next.set_f32_attention_from(1);
+            ctx = next;
+            free = (0..ctx.n_slots()).rev().collect();
+            cache = SlotCache::new(ctx.n_slots(), prompt_cache);
+        }
         // Admit waiting requests into free slots (block only when idle).
         while !free.is_empty() {
             let job = if active.is_empty() {
@@ -187,6 +207,34 @@ fn run(
             if job.events.is_closed() {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 load.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(pooling) = job.embed {
+                // An embedding: the whole input in passes of its own, in a free slot.
+                let slot = free[cache.pick(&free, &job.prompt).0];
+                ctx.truncate_slot(slot, 0);
+                cache.keep(slot, &[]);
+                metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+                let event = match ctx.eval_hidden(slot, &job.prompt) {
+                    Ok(h) => {
+                        cache.keep(slot, &job.prompt); // its K/V are the input's: a prefix to reuse
+                        let mut vector = pooling.pool(&h, model.config.n_embd);
+                        hearth_model::embed::normalize(&mut vector);
+                        Event::Embedding { vector, prompt_tokens: job.prompt.len() }
+                    }
+                    Err(e) => match replan.as_ref().and_then(|(r, _)| r.failed(&e)) {
+                        Some((node, msg)) => {
+                            lost = Some((node, msg.clone()));
+                            Event::Unavailable(msg)
+                        }
+                        None => Event::Failed(format!("the forward pass failed: {e}")),
+                    },
+                };
+                let _ = job.events.send(event);
+                load.fetch_sub(1, Ordering::Relaxed);
+                if lost.is_some() {
+                    break;
+                }
                 continue;
             }
             let (i, shared) = cache.pick(&free, &job.prompt);
@@ -231,26 +279,9 @@ fn run(
         let logits = match ctx.eval_batch(&segs) {
             Ok(l) => l,
             Err(e) => {
-                if let Some((r, pin)) = replan.as_mut() {
-                    if let Some((node, msg)) = r.failed(&e) {
-                        // Every sequence's K/V on the group is lost: fail them all (503),
-                        // then go on over the devices left.
-                        for s in active.drain(..) {
-                            s.send(Event::Unavailable(msg.clone()));
-                            retire(metrics, load);
-                        }
-                        let Some(mut next) = r.replan(ctx, node, &msg) else { return };
-                        if let Some(cpus) = pin.as_deref() {
-                            if let Err(e) = next.pin_threads_to(cpus) {
-                                eprintln!("hearth serve: pinning the new engine's threads: {e}");
-                            }
-                        }
-                        next.set_f32_attention_from(1);
-                        ctx = next;
-                        free = (0..ctx.n_slots()).rev().collect();
-                        cache = SlotCache::new(ctx.n_slots(), prompt_cache);
-                        continue;
-                    }
+                if let Some(f) = replan.as_ref().and_then(|(r, _)| r.failed(&e)) {
+                    lost = Some(f);
+                    continue;
                 }
                 // Fail this step's sequences; the others go on.
                 let msg = format!("the forward pass failed: {e}");

@@ -29,6 +29,9 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// When the request arrived (TTFT counts from here, queueing included).
     pub arrived: Instant,
+    /// An embedding request: the prompt's final hidden states pooled this way into one
+    /// unit vector ([`Event::Embedding`]); nothing is generated.
+    pub embed: Option<hearth_model::embed::Pooling>,
 }
 
 /// Why a sequence ended, as OpenAI's `finish_reason`.
@@ -89,6 +92,13 @@ pub enum Event {
     Failed(String),
     /// The engine lost a device in a forward pass (a worker died): 503, naming it.
     Unavailable(String),
+    /// An embedding job's vector (`[n_embd]`, unit length) and its input's token count.
+    Embedding {
+        /// The pooled, normalized hidden state.
+        vector: Vec<f32>,
+        /// Tokens of the input.
+        prompt_tokens: usize,
+    },
 }
 
 /// A sequence holding a slot.

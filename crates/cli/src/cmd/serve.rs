@@ -42,6 +42,32 @@ pub struct Args {
     /// shares its prefix, e.g. a chat's next turn, from there)
     #[arg(long)]
     pub no_prompt_cache: bool,
+    /// How /v1/embeddings pools an input's final hidden states (after the output norm)
+    /// into one unit vector: mean, cls (first token) or last (last token, what decoder
+    /// embedding models use) [default: the file's pooling_type, else mean]
+    #[arg(long, value_enum)]
+    pub pooling: Option<PoolingArg>,
+}
+
+/// `--pooling` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolingArg {
+    /// The mean over the input's tokens
+    Mean,
+    /// The first token's
+    Cls,
+    /// The last token's
+    Last,
+}
+
+impl From<PoolingArg> for hearth_model::embed::Pooling {
+    fn from(p: PoolingArg) -> Self {
+        match p {
+            PoolingArg::Mean => Self::Mean,
+            PoolingArg::Cls => Self::Cls,
+            PoolingArg::Last => Self::Last,
+        }
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -108,6 +134,6 @@ pub fn run(a: Args) -> Result<()> {
         if a.model.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() },
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" }
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache };
+    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: a.pooling.map(Into::into) };
     hearth_serve::serve(engines, opts).context("serving")
 }
