@@ -651,3 +651,29 @@ fn embeddings_are_pooled_normed_hidden_states() {
     assert_eq!(got, expect(texts[0], Pooling::Last).0);
     assert_ne!(got, expect(texts[0], Pooling::Mean).0, "control: last and mean pooling differ");
 }
+
+/// `n` choices evaluate their shared prompt once: the later choices wait for the first's
+/// prompt and copy its K/V (`Context::copy_slot`), so the server's cached-token counter
+/// grows by (n − 1) × (prompt − 1); the choices are the same as on a server that
+/// evaluates the prompt for each (`--no-prompt-cache`, the control: nothing cached).
+#[test]
+fn n_choices_share_one_prompt_evaluation() {
+    let prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle. ".repeat(4);
+    let body = json!({"prompt": prompt, "n": 4, "max_tokens": 12, "temperature": 0.9, "seed": 7});
+    let cached_total = |s: &Server| -> u64 {
+        s.get("/metrics").lines().find_map(|l| l.strip_prefix("hearth_prompt_cached_tokens_total ")).unwrap().trim().parse().unwrap()
+    };
+    let run = |args: &[&str]| {
+        let s = Server::start(args);
+        let (st, r) = s.post("/v1/completions", &body);
+        assert_eq!(st, 200, "{r}");
+        let texts: Vec<String> = (0..4).map(|i| r["choices"][i]["text"].as_str().unwrap().to_string()).collect();
+        (texts, r["usage"]["prompt_tokens"].as_u64().unwrap(), cached_total(&s))
+    };
+    let (shared, n_prompt, cached) = run(&["--parallel", "4"]);
+    let (alone, _, none) = run(&["--parallel", "4", "--no-prompt-cache"]);
+    assert_eq!(shared, alone, "copying the prompt's K/V changed the choices");
+    assert_eq!(cached, 3 * (n_prompt - 1), "the later choices did not copy the first one's prompt");
+    assert_eq!(none, 0);
+    assert!(shared.iter().any(|t| t != &shared[0]), "the choices should differ (seed + i): {shared:?}");
+}

@@ -438,6 +438,20 @@ impl Context {
         *p
     }
 
+    /// Start slot `to`'s sequence with the first `n` positions of slot `from`'s (their
+    /// K/V copied, so a prompt two requests share is evaluated once; the sequence in
+    /// `to` is dropped). Returns the positions copied: `n` capped at what `from` holds,
+    /// or 0 when a sliding-window layer's ring no longer holds what position `n` needs
+    /// (0 and nothing changed when `from` is `to` or a slot does not exist).
+    pub fn copy_slot(&mut self, from: usize, to: usize, n: usize) -> usize {
+        let (Some(&have), true) = (self.n_past.get(from), to < self.n_past.len() && from != to) else { return 0 };
+        let n = n.min(have);
+        let n = if self.kv.layout().can_rewind(have, n) { n } else { 0 };
+        self.kv.copy_slot(from, to, n);
+        self.n_past[to] = n;
+        n
+    }
+
     /// The source's I/O counters, when weights come through one.
     pub fn source_stats(&self) -> Option<SourceStats> {
         self.source.as_ref().map(|s| s.stats())

@@ -144,6 +144,20 @@ impl Rows {
         }
     }
 
+    /// Copy rows `src..src + n` to `dst..dst + n` (non-overlapping).
+    fn copy_rows(&mut self, src: usize, dst: usize, n: usize, kv_dim: usize) {
+        let w = match self {
+            Rows::Q8_0(_) => CacheType::Q8_0.row_bytes(kv_dim),
+            _ => kv_dim,
+        };
+        let (from, to) = (src * w..(src + n) * w, dst * w);
+        match self {
+            Rows::F32(d) => d.copy_within(from, to),
+            Rows::F16(d) => d.copy_within(from, to),
+            Rows::Q8_0(d) => d.copy_within(from, to),
+        }
+    }
+
     /// Rows `rows` only (row 0 of the view = row `rows.start`).
     fn view_rows(&self, rows: std::ops::Range<usize>, kv_dim: usize) -> KvRows<'_> {
         match self {
@@ -292,6 +306,19 @@ impl KvCache {
                 let r = rows.start * kvd..rows.end * kvd;
                 self.k[layer].store(at, kvd, &k[r.clone()]);
                 self.v[layer].store(at, kvd, &v[r]);
+            }
+        }
+    }
+
+    /// Copy positions `0..n` of slot `from`'s sequence into slot `to`, every layer (a
+    /// window layer's ring: the rows those positions map to, `p mod held`).
+    pub fn copy_slot(&mut self, from: usize, to: usize, n: usize) {
+        let kvd = self.layout.kv_dim;
+        for (il, &held) in self.held.iter().enumerate() {
+            let m = n.min(held);
+            if m > 0 && from != to {
+                self.k[il].copy_rows(from * held, to * held, m, kvd);
+                self.v[il].copy_rows(from * held, to * held, m, kvd);
             }
         }
     }

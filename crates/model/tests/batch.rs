@@ -108,3 +108,34 @@ fn batch_errors_are_reported() {
     }
     assert!(ctx.eval_batch(&[seg(1, &t)]).is_err(), "slot 1 is full (15 + 3 > 16)");
 }
+
+/// A prompt evaluated once and copied to other slots (`Context::copy_slot`, the server's
+/// `n` choices) continues exactly as if each slot had evaluated it: the last prompt token
+/// fed in the copy gives the same logits bits, then the same greedy steps. Control: a
+/// copy of one token fewer than the slot fed, continued from the wrong place, differs.
+#[test]
+fn copied_slots_continue_bit_for_bit() {
+    let model = model();
+    let prompt = model.tokenizer.encode(PROMPTS[1], true, true);
+    let (want, want_bits) = alone(&model, &prompt);
+    let mut ctx = Context::new(model.clone(), 256, 64, 2).unwrap();
+    ctx.set_slots(3).unwrap();
+    let n = prompt.len() - 1;
+    ctx.eval_batch(&[Segment { slot: 0, tokens: &prompt[..n], logits: false }]).unwrap();
+    for to in [1, 2] {
+        assert_eq!(ctx.copy_slot(0, to, n), n);
+        let mut logits = ctx.eval_batch(&[Segment { slot: to, tokens: &prompt[n..], logits: true }]).unwrap().to_vec();
+        for step in 0..STEPS {
+            assert_eq!(logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_bits[step], "slot {to}, step {step}");
+            let id = argmax(&logits);
+            assert_eq!(id, want[step]);
+            logits = ctx.eval_batch(&[Segment { slot: to, tokens: &[id], logits: true }]).unwrap().to_vec();
+        }
+    }
+    assert_eq!(ctx.copy_slot(0, 0, 3), 0, "a slot is not copied onto itself");
+    assert_eq!(ctx.copy_slot(0, 9, 3), 0, "a missing slot copies nothing");
+    // Control: one position short, then fed from the wrong token.
+    assert_eq!(ctx.copy_slot(0, 1, n - 1), n - 1);
+    let wrong = ctx.eval_batch(&[Segment { slot: 1, tokens: &prompt[n..], logits: true }]).unwrap();
+    assert_ne!(wrong.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_bits[0]);
+}

@@ -171,6 +171,9 @@ fn run(
     let mut active: Vec<Seq> = Vec::new();
     // A worker of a context across devices failed: (its node, the message naming it).
     let mut lost: Option<(usize, String)> = None;
+    // Requests waiting for a running sequence to finish evaluating the prompt they share
+    // (e.g. the `n` choices of one request), to copy its K/V instead of evaluating it again.
+    let mut deferred: Vec<Job> = Vec::new();
     loop {
         if let (Some((node, msg)), Some((r, pin))) = (lost.take(), replan.as_mut()) {
             // Every sequence's K/V on the group is lost: fail them all (503), then go on
@@ -190,20 +193,27 @@ fn run(
             free = (0..ctx.n_slots()).rev().collect();
             cache = SlotCache::new(ctx.n_slots(), prompt_cache);
         }
-        // Admit waiting requests into free slots (block only when idle).
+        // Admit waiting requests into free slots (block only when idle): deferred ones
+        // first, in order.
+        let mut retry: std::collections::VecDeque<Job> = deferred.drain(..).collect();
         while !free.is_empty() {
-            let job = if active.is_empty() {
-                match rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => return,
-                }
+            let job = if let Some(j) = retry.pop_front() {
+                j
             } else {
-                match rx.try_recv() {
-                    Ok(j) => j,
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
+                let j = if active.is_empty() {
+                    match rx.recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    }
+                } else {
+                    match rx.try_recv() {
+                        Ok(j) => j,
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    }
+                };
+                metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                j
             };
-            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             if job.events.is_closed() {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 load.fetch_sub(1, Ordering::Relaxed);
@@ -237,16 +247,32 @@ fn run(
                 }
                 continue;
             }
+            // At least the last prompt token is fed, for its logits.
+            let want = job.prompt.len() - 1;
             let (i, shared) = cache.pick(&free, &job.prompt);
+            // The running sequence sharing the longest prefix with this prompt: what it
+            // has evaluated so far, and what it will have once its prompt is in.
+            let running = active
+                .iter()
+                .filter(|_| prompt_cache)
+                .map(|s| (common_prefix(&s.tokens[..s.fed], &job.prompt).min(want), common_prefix(&s.tokens[..s.prompt_len()], &job.prompt).min(want), s.slot))
+                .max();
+            if running.is_some_and(|(now, later, _)| later > now && later > shared && 2 * later >= want) {
+                deferred.push(job); // its prompt is still being evaluated next door
+                continue;
+            }
             let slot = free.swap_remove(i);
             metrics.active.fetch_add(1, Ordering::Relaxed);
-            // At least the last prompt token is fed, for its logits.
-            let cached = ctx.truncate_slot(slot, shared.min(job.prompt.len() - 1));
+            let cached = match running.filter(|&(now, _, _)| now > shared) {
+                Some((now, _, from)) => ctx.copy_slot(from, slot, now),
+                None => ctx.truncate_slot(slot, shared.min(want)),
+            };
             cache.keep(slot, &[]);
             metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
             metrics.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
             active.push(Seq::new(job, slot, tok, cached));
         }
+        deferred.extend(retry); // no free slot left for them this step
         // Cancel sequences whose client has gone.
         active.retain(|s| {
             let gone = s.events.is_closed();
@@ -320,6 +346,11 @@ fn run(
             retire(metrics, load);
         }
     }
+}
+
+/// Tokens `a` and `b` share at their start.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// A sequence left its slot.

@@ -149,6 +149,11 @@ impl<'t> Seq<'t> {
         self.tokens.len() - self.prompt_len
     }
 
+    /// Tokens of its prompt.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
     /// Whether the sequence is past its prompt (decoding).
     pub fn decoding(&self) -> bool {
         self.generated() > 0
