@@ -109,26 +109,71 @@ fn user(text: &str) -> Value {
 fn cases() -> Vec<(&'static str, Value)> {
     let s = |max: u32| json!({"type": "string", "maxLength": max});
     vec![
-        ("Give me a person's name and age.", json!({"type": "object", "properties": {"name": s(20), "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false})),
+        (
+            "Give me a person's name and age.",
+            json!({"type": "object", "properties": {"name": s(20), "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false}),
+        ),
         ("What is the capital of France?", json!({"type": "object", "properties": {"capital": s(30)}, "required": ["capital"]})),
-        ("Is the sky blue?", json!({"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"], "additionalProperties": false})),
+        (
+            "Is the sky blue?",
+            json!({"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"], "additionalProperties": false}),
+        ),
         ("Pick a color.", json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]})),
-        ("List three fruits.", json!({"type": "object", "properties": {"fruits": {"type": "array", "items": s(15), "minItems": 3, "maxItems": 3}}, "required": ["fruits"]})),
-        ("Rate this movie from 1 to 5.", json!({"type": "object", "properties": {"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": s(40)}, "required": ["stars", "comment"]})),
-        ("Describe a book.", json!({"type": "object", "properties": {"title": s(30), "author": {"type": "object", "properties": {"first": s(15), "last": s(15)}, "required": ["first", "last"], "additionalProperties": false}, "year": {"type": "integer", "minimum": 1400, "maximum": 2030}}, "required": ["title", "author", "year"], "additionalProperties": false})),
-        ("Give the temperature in Oslo.", json!({"type": "object", "properties": {"celsius": {"type": "number", "minimum": -60, "maximum": 60}}, "required": ["celsius"]})),
+        (
+            "List three fruits.",
+            json!({"type": "object", "properties": {"fruits": {"type": "array", "items": s(15), "minItems": 3, "maxItems": 3}}, "required": ["fruits"]}),
+        ),
+        (
+            "Rate this movie from 1 to 5.",
+            json!({"type": "object", "properties": {"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": s(40)}, "required": ["stars", "comment"]}),
+        ),
+        (
+            "Describe a book.",
+            json!({"type": "object", "properties": {"title": s(30), "author": {"type": "object", "properties": {"first": s(15), "last": s(15)}, "required": ["first", "last"], "additionalProperties": false}, "year": {"type": "integer", "minimum": 1400, "maximum": 2030}}, "required": ["title", "author", "year"], "additionalProperties": false}),
+        ),
+        (
+            "Give the temperature in Oslo.",
+            json!({"type": "object", "properties": {"celsius": {"type": "number", "minimum": -60, "maximum": 60}}, "required": ["celsius"]}),
+        ),
         ("Name two planets.", json!({"type": "array", "items": s(12), "minItems": 2, "maxItems": 2})),
         ("Say hello.", json!({"type": "string", "maxLength": 30})),
         ("How many legs does a spider have?", json!({"type": "integer", "minimum": 0, "maximum": 100})),
-        ("Who wrote Hamlet? Say null if unsure.", json!({"type": "object", "properties": {"author": {"anyOf": [s(30), {"type": "null"}]}}, "required": ["author"]})),
-        ("Make a to-do list.", json!({"type": "object", "properties": {"items": {"type": "array", "maxItems": 4, "items": {"type": "object", "properties": {"task": s(25), "done": {"type": "boolean"}}, "required": ["task", "done"], "additionalProperties": false}}}, "required": ["items"], "additionalProperties": false})),
-        ("Give a point on a map.", json!({"type": "object", "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}, "lon": {"type": "number", "minimum": -180, "maximum": 180}}, "required": ["lat", "lon"], "additionalProperties": false})),
-        ("Is 7 prime? Answer yes or no with a reason.", json!({"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}, "reason": s(50)}, "required": ["verdict", "reason"], "additionalProperties": false})),
-        ("Describe a dog.", json!({"type": "object", "properties": {"breed": s(20), "weight_kg": {"type": "number", "minimum": 0, "maximum": 100}, "friendly": {"type": "boolean"}}, "required": ["breed", "weight_kg", "friendly"], "additionalProperties": false})),
-        ("Convert 3 km to meters.", json!({"type": "object", "properties": {"meters": {"type": "integer", "minimum": 0, "maximum": 100000}, "unit": {"const": "m"}}, "required": ["meters", "unit"]})),
-        ("Tag this sentence: 'I love pizza'.", json!({"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}, "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,10}$"}, "maxItems": 3}}, "required": ["sentiment", "tags"], "additionalProperties": false})),
-        ("Describe an address.", json!({"$defs": {"street": {"type": "object", "properties": {"name": s(20), "number": {"type": "integer", "minimum": 1, "maximum": 999}}, "required": ["name", "number"], "additionalProperties": false}}, "type": "object", "properties": {"street": {"$ref": "#/$defs/street"}, "city": s(20)}, "required": ["street", "city"], "additionalProperties": false})),
-        ("Give a shape.", json!({"anyOf": [{"type": "object", "properties": {"circle_radius": {"type": "integer", "minimum": 1, "maximum": 10}}, "required": ["circle_radius"], "additionalProperties": false}, {"type": "object", "properties": {"square_side": {"type": "integer", "minimum": 1, "maximum": 10}}, "required": ["square_side"], "additionalProperties": false}]})),
+        (
+            "Who wrote Hamlet? Say null if unsure.",
+            json!({"type": "object", "properties": {"author": {"anyOf": [s(30), {"type": "null"}]}}, "required": ["author"]}),
+        ),
+        (
+            "Make a to-do list.",
+            json!({"type": "object", "properties": {"items": {"type": "array", "maxItems": 4, "items": {"type": "object", "properties": {"task": s(25), "done": {"type": "boolean"}}, "required": ["task", "done"], "additionalProperties": false}}}, "required": ["items"], "additionalProperties": false}),
+        ),
+        (
+            "Give a point on a map.",
+            json!({"type": "object", "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}, "lon": {"type": "number", "minimum": -180, "maximum": 180}}, "required": ["lat", "lon"], "additionalProperties": false}),
+        ),
+        (
+            "Is 7 prime? Answer yes or no with a reason.",
+            json!({"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}, "reason": s(50)}, "required": ["verdict", "reason"], "additionalProperties": false}),
+        ),
+        (
+            "Describe a dog.",
+            json!({"type": "object", "properties": {"breed": s(20), "weight_kg": {"type": "number", "minimum": 0, "maximum": 100}, "friendly": {"type": "boolean"}}, "required": ["breed", "weight_kg", "friendly"], "additionalProperties": false}),
+        ),
+        (
+            "Convert 3 km to meters.",
+            json!({"type": "object", "properties": {"meters": {"type": "integer", "minimum": 0, "maximum": 100000}, "unit": {"const": "m"}}, "required": ["meters", "unit"]}),
+        ),
+        (
+            "Tag this sentence: 'I love pizza'.",
+            json!({"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}, "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,10}$"}, "maxItems": 3}}, "required": ["sentiment", "tags"], "additionalProperties": false}),
+        ),
+        (
+            "Describe an address.",
+            json!({"$defs": {"street": {"type": "object", "properties": {"name": s(20), "number": {"type": "integer", "minimum": 1, "maximum": 999}}, "required": ["name", "number"], "additionalProperties": false}}, "type": "object", "properties": {"street": {"$ref": "#/$defs/street"}, "city": s(20)}, "required": ["street", "city"], "additionalProperties": false}),
+        ),
+        (
+            "Give a shape.",
+            json!({"anyOf": [{"type": "object", "properties": {"circle_radius": {"type": "integer", "minimum": 1, "maximum": 10}}, "required": ["circle_radius"], "additionalProperties": false}, {"type": "object", "properties": {"square_side": {"type": "integer", "minimum": 1, "maximum": 10}}, "required": ["square_side"], "additionalProperties": false}]}),
+        ),
     ]
 }
 
@@ -166,14 +211,20 @@ fn json_schema_output_follows_the_schema() {
         assert_valid(&cases[i].1, &value, &format!("case {i} ({})", cases[i].0));
     }
     // json_object, and /v1/completions with a schema.
-    let (st, r) = s.post("/v1/chat/completions", &json!({"messages": user("Describe a cat in JSON."), "max_tokens": 200, "temperature": 0,
-        "response_format": {"type": "json_object"}}));
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("Describe a cat in JSON."), "max_tokens": 200, "temperature": 0,
+        "response_format": {"type": "json_object"}}),
+    );
     assert_eq!(st, 200, "{r}");
     let obj: Value = serde_json::from_str(r["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
     assert!(obj.is_object(), "{obj}");
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]});
-    let (st, r) = s.post("/v1/completions", &json!({"prompt": "A JSON object with one digit:", "max_tokens": 40, "temperature": 0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}}));
+    let (st, r) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "A JSON object with one digit:", "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}}),
+    );
     assert_eq!(st, 200, "{r}");
     let v: Value = serde_json::from_str(r["choices"][0]["text"].as_str().unwrap()).unwrap();
     assert_valid(&schema, &v, "completion");
@@ -216,9 +267,8 @@ fn calls_of(r: &Value) -> Vec<(String, Value)> {
 fn forced_tool_calls_follow_the_parameters_schema() {
     let s = Server::start(2);
     let tools = json!([weather_tool(), time_tool()]);
-    let schema_of = |name: &str| {
-        tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]["parameters"].clone()
-    };
+    let schema_of =
+        |name: &str| tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]["parameters"].clone();
     let named = json!({"type": "function", "function": {"name": "get_time"}});
     for (choice, temperature, prompt) in [
         (json!("required"), 0.0, "What's the weather in Paris?"),
@@ -284,7 +334,8 @@ fn auto_and_none_and_tool_results_in_the_conversation() {
     let s = Server::start(2);
     let tools = json!([weather_tool()]);
     for prompt in ["Hi! How are you?", "What's the weather in Madrid in celsius?"] {
-        let (st, r) = s.post("/v1/chat/completions", &json!({"messages": user(prompt), "tools": tools, "temperature": 0, "max_tokens": 60}));
+        let (st, r) =
+            s.post("/v1/chat/completions", &json!({"messages": user(prompt), "tools": tools, "temperature": 0, "max_tokens": 60}));
         assert_eq!(st, 200, "{r}");
         let c = &r["choices"][0];
         if c["message"]["tool_calls"].is_array() {
@@ -304,7 +355,10 @@ fn auto_and_none_and_tool_results_in_the_conversation() {
         {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 4}"},
     ]);
     for choice in ["auto", "none"] {
-        let (st, r) = s.post("/v1/chat/completions", &json!({"messages": convo, "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 30}));
+        let (st, r) = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": convo, "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 30}),
+        );
         assert_eq!(st, 200, "{r}");
         if choice == "none" {
             assert!(r["choices"][0]["message"]["content"].is_string() && r["choices"][0]["message"].get("tool_calls").is_none(), "{r}");
@@ -322,8 +376,14 @@ fn bad_schemas_and_tools_are_400_naming_the_field() {
         (json!({"messages": user("x"), "response_format": rf(json!({"type": "integer_number"}))}), "response_format"),
         (json!({"messages": user("x"), "response_format": rf(json!({"$ref": "#/$defs/missing"}))}), "response_format"),
         (json!({"messages": user("x"), "response_format": {"type": "json_schema"}}), "response_format"),
-        (json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}], "tool_choice": "required"}), "tools"),
-        (json!({"messages": user("x"), "tools": [weather_tool()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (
+            json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}], "tool_choice": "required"}),
+            "tools",
+        ),
+        (
+            json!({"messages": user("x"), "tools": [weather_tool()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
         (json!({"messages": user("x"), "tool_choice": "required"}), "tool_choice"),
     ] {
         let (st, r) = s.post("/v1/chat/completions", &body);
@@ -342,7 +402,13 @@ fn bad_schemas_and_tools_are_400_naming_the_field() {
 fn a_constrained_neighbour_leaves_an_unconstrained_request_unchanged() {
     let s = Server::start(2);
     let plain = json!({"prompt": "The three primary colors are", "max_tokens": 40, "temperature": 0, "logprobs": 1, "ignore_eos": true});
-    let tokens = |r: &Value| (r["choices"][0]["text"].clone(), r["choices"][0]["logprobs"]["tokens"].clone(), r["choices"][0]["logprobs"]["token_logprobs"].clone());
+    let tokens = |r: &Value| {
+        (
+            r["choices"][0]["text"].clone(),
+            r["choices"][0]["logprobs"]["tokens"].clone(),
+            r["choices"][0]["logprobs"]["token_logprobs"].clone(),
+        )
+    };
     let (st, alone) = s.post("/v1/completions", &plain);
     assert_eq!(st, 200, "{alone}");
     let schema = json!({"type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}}, "required": ["colors"]});

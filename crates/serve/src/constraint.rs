@@ -107,9 +107,7 @@ impl Constraint {
     pub fn mask<'a>(&'a mut self, logits: &[f32]) -> Result<&'a [f32], String> {
         let allowed = self.matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
         self.masked.clear();
-        self.masked.extend(
-            logits.iter().enumerate().map(|(i, &l)| if allowed.is_allowed(i as u32) { l } else { f32::NEG_INFINITY }),
-        );
+        self.masked.extend(logits.iter().enumerate().map(|(i, &l)| if allowed.is_allowed(i as u32) { l } else { f32::NEG_INFINITY }));
         if self.masked.iter().all(|l| *l == f32::NEG_INFINITY) {
             return Err("the grammar allows no token here".into());
         }

@@ -108,8 +108,8 @@ async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Byte
         let body = read_body(body)?;
         let req = request::chat(&body)?;
         let template = app.template.as_ref().map_err(|e| ApiError::invalid("messages", e.clone()))?;
-        let (messages, fields, extra) = tools::conversation(template, req.messages, req.fields, req.tools.as_ref());
-        let prompt = crate::chat_prompt_with(&app.model.tokenizer, template, &messages, &fields, &extra)
+        let c = tools::conversation(template, req.messages, req.fields, req.tools.as_ref());
+        let prompt = crate::chat_prompt_with(&app.model.tokenizer, template, &c.messages, &c.fields, &c.extra)
             .map_err(|e| ApiError::invalid("messages", e))?;
         let grammar = match (&req.params.format, &req.tools) {
             (Some(f), _) => Some((json_grammar(f), "response_format")),

@@ -6,10 +6,10 @@
 //! </tool_call>
 //! ```
 //!
-//! It is the format of the Qwen 2.5 / 3, Hermes 2 Pro / 3 and SmolLM3 templates; a
-//! template that prints `<tool_call>` and reads `tools` describes the tools itself,
-//! any other template (SmolLM2's ChatML, Llama 3's, Mistral's) gets the tools and this
-//! format described in a system message of ours, so the output is always this format.
+//! It is the format of the Qwen 2.5 / 3, QwQ, Hermes 2 Pro / 3 and Granite 4 templates
+//! ([`hermes_template`]), which describe the tools themselves; any other template
+//! (SmolLM2's ChatML, Llama 3's, Mistral's) gets the tools and this format described in
+//! a system message of ours, so the output is always this format.
 //! Other formats (Llama 3's bare JSON, Mistral's `[TOOL_CALLS]`) are not recognised.
 //!
 //! The grammar makes the calls valid by construction: `required` and a named function
@@ -94,11 +94,21 @@ pub fn parse(m: &Map<String, Value>) -> Result<Option<(Vec<Tool>, ToolChoice)>, 
             "none" => ToolChoice::None,
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
-            _ => return Err(ApiError::invalid("tool_choice", format!("`tool_choice` must be none, auto, required or a function, got `{s}`"))),
+            _ => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("`tool_choice` must be none, auto, required or a function, got `{s}`"),
+                ))
+            }
         }),
         Some(v @ Value::Object(o)) => match o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
             Some(name) if o.get("type").and_then(Value::as_str) == Some("function") => Some(ToolChoice::Function(name.to_string())),
-            _ => return Err(ApiError::invalid("tool_choice", format!("`tool_choice` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"))),
+            _ => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("`tool_choice` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"),
+                ))
+            }
         },
         Some(v) => return Err(ApiError::invalid("tool_choice", format!("`tool_choice` must be a string or an object, got {v}"))),
     };
@@ -149,7 +159,9 @@ pub fn grammar(tools: &[Tool], choice: &ToolChoice) -> Option<TopLevelGrammar> {
     let call = format!("call: {} %json {} {}", lark_str(&format!("{OPEN}\n")), call_schema(&callable), lark_str(&format!("\n{CLOSE}")));
     let lark = match choice {
         // Text that does not open a call, or calls (separated by a newline).
-        ToolChoice::Auto => format!("start: TEXT | calls\ncalls: call (\"\\n\" call)*\nTEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*<tool_call>(.|\\n)*/\n{call}\n"),
+        ToolChoice::Auto => {
+            format!("start: TEXT | calls\ncalls: call (\"\\n\" call)*\nTEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*<tool_call>(.|\\n)*/\n{call}\n")
+        }
         _ => format!("start: call\n{call}\n"),
     };
     Some(TopLevelGrammar::from_lark(lark))
@@ -321,6 +333,16 @@ pub fn calls_for_template(calls: &Value) -> Value {
     calls
 }
 
+/// Whether the template describes tools itself in this module's format: it reads `tools`,
+/// prints `<tool_call>` and spells the call as JSON with `name` and `arguments` (Qwen 2.5
+/// and 3, QwQ, Hermes 2 Pro / 3, Granite 4, ...). Templates that put other markup inside
+/// `<tool_call>` (GLM 4.6's `<arg_key>`, Qwen3-Coder's `<function=...>`) are not.
+pub fn hermes_template(template: &hearth_chat::ChatTemplate) -> bool {
+    let src = template.source();
+    let json_call = ["\"name\": <function-name>", "\\\"name\\\": <function-name>", "{\"name\": ", "\"arguments\": "];
+    template.reads_tools() && src.contains(OPEN) && json_call.iter().any(|p| src.contains(p))
+}
+
 /// The conversation as the chat template gets it: the messages, their extra fields and
 /// the template variables. A template that reads `tools` and prints `<tool_call>` gets
 /// `tools` and the assistants' `tool_calls` (arguments parsed) as it expects; any other
@@ -333,10 +355,10 @@ pub fn conversation(
     messages: Vec<hearth_chat::Message>,
     mut fields: Vec<Map<String, Value>>,
     tools: Option<&(Vec<Tool>, ToolChoice)>,
-) -> (Vec<hearth_chat::Message>, Vec<Map<String, Value>>, Map<String, Value>) {
+) -> Conversation {
     let mut extra = Map::new();
     let tools = tools.filter(|(_, c)| *c != ToolChoice::None).map(|(t, _)| t);
-    let native = template.reads_tools() && template.source().contains(OPEN);
+    let native = hermes_template(template);
     if native {
         for f in &mut fields {
             if let Some(c) = f.get("tool_calls") {
@@ -347,7 +369,7 @@ pub fn conversation(
         if let Some(t) = tools {
             extra.insert("tools".into(), Value::Array(t.iter().map(|t| t.raw.clone()).collect()));
         }
-        return (messages, fields, extra);
+        return Conversation { messages, fields, extra };
     }
     let mut out = Vec::with_capacity(messages.len() + 1);
     let mut out_fields = Vec::with_capacity(messages.len() + 1);
@@ -355,7 +377,8 @@ pub fn conversation(
         if let Some(Value::Array(calls)) = f.remove("tool_calls") {
             for c in &calls {
                 let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
-                let args = calls_for_template(&Value::Array(vec![c.clone()]))[0].pointer("/function/arguments").cloned().unwrap_or(json!({}));
+                let args =
+                    calls_for_template(&Value::Array(vec![c.clone()]))[0].pointer("/function/arguments").cloned().unwrap_or(json!({}));
                 if !m.content.is_empty() {
                     m.content.push('\n');
                 }
@@ -378,7 +401,18 @@ pub fn conversation(
             }
         }
     }
-    (out, out_fields, extra)
+    Conversation { messages: out, fields: out_fields, extra }
+}
+
+/// What [`conversation`] gives the chat template.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    /// The messages.
+    pub messages: Vec<hearth_chat::Message>,
+    /// Their extra fields (`tool_calls`, `tool_call_id`, `name`).
+    pub fields: Vec<Map<String, Value>>,
+    /// Template variables (`tools`).
+    pub extra: Map<String, Value>,
 }
 
 /// A call as text in this format (assistant turns with `tool_calls`, for templates that
@@ -469,6 +503,63 @@ mod tests {
         assert_eq!(param(r#"{"tools":[{"type":"retrieval"}]}"#), "tools[0]");
         assert_eq!(param(r#"{"tools":{}}"#), "tools");
         assert_eq!(param(&format!(r#"{{"tools":[{f},{f}]}}"#)), "tools[1]");
+    }
+
+    /// Over the reference templates: those recognised as this format render the tools
+    /// and an earlier call in it; every template renders a tool conversation as
+    /// `conversation` shapes it (or fails as the template itself demands).
+    #[test]
+    fn reference_templates_render_tool_conversations() {
+        let dir = match std::env::var_os("HEARTH_REFERENCE_DIR") {
+            Some(d) => std::path::PathBuf::from(d),
+            None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference"),
+        }
+        .join("chat-templates");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            eprintln!("note: {} not found, skipped", dir.display());
+            return;
+        };
+        let tool = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+        let tools =
+            (vec![Tool { name: "get_weather".into(), parameters: tool["function"]["parameters"].clone(), raw: tool }], ToolChoice::Auto);
+        let msgs = vec![
+            hearth_chat::Message::new("user", "Weather in Oslo?"),
+            hearth_chat::Message::new("assistant", ""),
+            hearth_chat::Message::new("tool", "{\"temp\": 4}"),
+        ];
+        let mut call_fields = Map::new();
+        call_fields.insert(
+            "tool_calls".into(),
+            json!([{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]),
+        );
+        let mut tool_fields = Map::new();
+        tool_fields.insert("tool_call_id".into(), json!("call_1"));
+        let fields = vec![Map::new(), call_fields, tool_fields];
+        let (mut native, mut rendered) = (Vec::new(), 0);
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(src) = std::fs::read_to_string(e.path()) else { continue };
+            let Ok(t) = hearth_chat::ChatTemplate::new(&src, "<s>", "</s>") else { continue };
+            let c = conversation(&t, msgs.clone(), fields.clone(), Some(&tools));
+            let Ok(r) = t.render_marked_with(&c.messages, &c.fields, true, &c.extra) else { continue };
+            rendered += 1;
+            assert!(r.text.contains("get_weather"), "{name}: the tools are not in the prompt:\n{}", r.text);
+            if hermes_template(&t) {
+                native.push(name.clone());
+                assert!(r.text.contains(OPEN) && r.text.contains("Oslo"), "{name}: the earlier call is missing:\n{}", r.text);
+            } else {
+                assert!(r.text.contains(&call_text("get_weather", &json!({"city": "Oslo"}))), "{name}:\n{}", r.text);
+            }
+        }
+        assert!(rendered >= 40, "only {rendered} templates rendered");
+        for want in ["Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"] {
+            assert!(native.iter().any(|n| n == want), "{want} not recognised: {native:?}");
+        }
+        for not in ["GLM-4.6.jinja", "Qwen3-Coder.jinja"] {
+            assert!(!native.iter().any(|n| n == not), "{not} recognised but puts other markup in <tool_call>");
+        }
+        eprintln!("{} of {rendered} rendered templates use the format natively: {native:?}", native.len());
     }
 
     #[test]
