@@ -128,6 +128,11 @@ pub struct ChatTemplate {
     /// Firefunction v2's convention, filled in as llama.cpp does.
     reads_datetime: bool,
     reads_functions: bool,
+    /// The template reads `tools` (it describes tools to the model itself).
+    reads_tools: bool,
+    /// The template's source (after preprocessing), for callers that pick a tool-call
+    /// format from what the template prints.
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -170,7 +175,7 @@ impl ChatTemplate {
     ) -> Result<Self, ChatError> {
         let mut env = env::build(now);
         let source = preprocess::rewrite_generation_tags(source).into_owned();
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| ChatError::from_engine(e, true))?;
         let undeclared = env
             .get_template(TEMPLATE_NAME)
@@ -187,6 +192,8 @@ impl ChatTemplate {
             },
             reads_datetime: undeclared.contains("datetime"),
             reads_functions: undeclared.contains("functions"),
+            reads_tools: undeclared.contains("tools"),
+            source,
         };
         template.caps = template.probe();
         Ok(template)
@@ -229,6 +236,17 @@ impl ChatTemplate {
         self.caps
     }
 
+    /// Whether the template reads the `tools` variable (so it describes tools to the
+    /// model itself when they are passed in the extra context).
+    pub fn reads_tools(&self) -> bool {
+        self.reads_tools
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Renders `messages`; with `add_generation_prompt` the output ends with
     /// the header that opens the assistant's reply.
     pub fn render(
@@ -253,7 +271,24 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Rendered, ChatError> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.render_marked_with(messages, &[], add_generation_prompt, &Map::new())
+    }
+
+    /// [`ChatTemplate::render_marked`] with more fields per message (`fields[i]` is
+    /// merged into message `i`: `tool_calls`, `tool_call_id`, `name`; missing entries
+    /// add nothing) and extra template variables (`tools`), as in
+    /// [`ChatTemplate::render_with_context`].
+    pub fn render_marked_with(
+        &self,
+        messages: &[Message],
+        fields: &[Map<String, Json>],
+        add_generation_prompt: bool,
+        extra: &Map<String, Json>,
+    ) -> Result<Rendered, ChatError> {
+        let render = |msgs: &[Message]| {
+            self.render_raw(self.polyfill(msgs, fields), add_generation_prompt, extra)
+        };
+        let text = render(messages)?;
         // Private-use code points: no template or tokenizer gives them a meaning.
         let marker = |i: usize| format!("\u{F8FF}hearth:{i}\u{F8FF}");
         let marked: Vec<Message> = messages
@@ -264,7 +299,7 @@ impl ChatTemplate {
                 content: if m.content.is_empty() { String::new() } else { marker(i) },
             })
             .collect();
-        let with_markers = self.render(&marked, add_generation_prompt)?;
+        let with_markers = render(&marked)?;
         let mut rebuilt = String::with_capacity(text.len());
         let mut ranges = Vec::new();
         let mut rest = with_markers.as_str();
@@ -301,28 +336,36 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &Map<String, Json>,
     ) -> Result<String, ChatError> {
-        self.render_raw(self.polyfill(messages), add_generation_prompt, extra)
+        self.render_raw(self.polyfill(messages, &[]), add_generation_prompt, extra)
     }
 
-    /// Rewrites the conversation into a shape the template supports.
-    fn polyfill(&self, messages: &[Message]) -> Json {
+    /// Rewrites the conversation into a shape the template supports; `fields[i]` is
+    /// merged into message `i` where it is kept as a message of its own.
+    fn polyfill(&self, messages: &[Message], fields: &[Map<String, Json>]) -> Json {
         let caps = self.caps;
         let mut out = Vec::with_capacity(messages.len());
-        let mut push = |role: &str, content: String| {
+        let mut push = |role: &str, content: String, more: Option<&Map<String, Json>>| {
             let content = if caps.requires_typed_content {
                 json!([{"type": "text", "text": content}])
             } else {
                 Json::String(content)
             };
-            out.push(json!({"role": role, "content": content}));
+            let mut m = Map::new();
+            m.insert("role".into(), Json::String(role.to_string()));
+            m.insert("content".into(), content);
+            for (k, v) in more.into_iter().flatten() {
+                m.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            out.push(Json::Object(m));
         };
         // System text waiting for the next user turn (minja's rules: system
         // turns join with "\n"; a user turn gets "system\nuser"; any other
         // turn first flushes it as a user turn of its own).
         let mut pending_system = String::new();
-        for m in messages {
+        for (i, m) in messages.iter().enumerate() {
+            let more = fields.get(i);
             if caps.supports_system_role {
-                push(&m.role, m.content.clone());
+                push(&m.role, m.content.clone(), more);
                 continue;
             }
             match m.role.as_str() {
@@ -338,18 +381,18 @@ impl ChatTemplate {
                         content.push('\n');
                         content.push_str(&m.content);
                     }
-                    push("user", content);
+                    push("user", content, more);
                 }
                 role => {
                     if !pending_system.is_empty() {
-                        push("user", std::mem::take(&mut pending_system));
+                        push("user", std::mem::take(&mut pending_system), None);
                     }
-                    push(role, m.content.clone());
+                    push(role, m.content.clone(), more);
                 }
             }
         }
         if !pending_system.is_empty() {
-            push("user", pending_system);
+            push("user", pending_system, None);
         }
         Json::Array(out)
     }

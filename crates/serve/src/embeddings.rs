@@ -166,6 +166,7 @@ async fn embed_one(app: &App, prompt: Vec<u32>) -> Result<(Vec<f32>, usize), Api
         events: tx,
         arrived: Instant::now(),
         embed: Some(app.pooling),
+        constraint: None,
     })?;
     match rx.recv().await {
         Some(Event::Embedding { vector, prompt_tokens }) => Ok((vector, prompt_tokens)),

@@ -2,11 +2,13 @@
 //! into whole responses or SSE streams. A dropped connection drops the event receiver,
 //! which cancels the sequence at the scheduler's next step.
 
+use crate::constraint::{self, Constraint};
 use crate::engines::Engines;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::openai::{self, Head, Kind};
-use crate::request::{self, Params, Prompt};
+use crate::request::{self, Format, Params, Prompt};
+use crate::tools::{self, CallStream, Piece, ToolChoice};
 use crate::sequence::{Event, Finish, Job, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -50,6 +52,8 @@ pub struct App {
     pub started: u64,
     /// How `/v1/embeddings` pools an input's hidden states.
     pub pooling: hearth_model::embed::Pooling,
+    /// Constrained decoding's per-model state (built on the first constrained request).
+    pub grammars: constraint::Grammars,
 }
 
 /// The routes.
@@ -110,8 +114,17 @@ async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Byte
         let body = read_body(body)?;
         let req = request::chat(&body)?;
         let template = app.template.as_ref().map_err(|e| ApiError::invalid("messages", e.clone()))?;
-        let prompt = crate::chat_prompt(&app.model.tokenizer, template, &req.messages).map_err(|e| ApiError::invalid("messages", e))?;
-        generate(&app, Kind::Chat, prompt, req.params, "messages").await
+        let c = tools::conversation(template, req.messages, req.fields, req.tools.as_ref());
+        let prompt = crate::chat_prompt_with(&app.model.tokenizer, template, &c.messages, &c.fields, &c.extra)
+            .map_err(|e| ApiError::invalid("messages", e))?;
+        let grammar = match (&req.params.format, &req.tools) {
+            (Some(f), _) => Some((json_grammar(f), "response_format")),
+            (None, Some((tools, choice))) => tools::grammar(tools, choice).map(|g| (g, "tools")),
+            (None, None) => None,
+        };
+        let constraints = constraints(&app, grammar, req.params.n).await?;
+        let calls = req.tools.as_ref().is_some_and(|(_, c)| *c != ToolChoice::None);
+        generate(&app, Kind::Chat, prompt, req.params, "messages", constraints, calls).await
     }
     .await;
     answer(&app, "/v1/chat/completions", r)
@@ -132,10 +145,46 @@ async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Resu
                 ids
             }
         };
-        generate(&app, Kind::Completion, prompt, req.params, "prompt").await
+        let grammar = req.params.format.as_ref().map(|f| (json_grammar(f), "response_format"));
+        let constraints = constraints(&app, grammar, req.params.n).await?;
+        generate(&app, Kind::Completion, prompt, req.params, "prompt", constraints, false).await
     }
     .await;
     answer(&app, "/v1/completions", r)
+}
+
+/// The grammar of a `response_format`: the schema (`json_object`: any object), with
+/// compact separators unless the schema sets llguidance's options itself.
+fn json_grammar(f: &Format) -> llguidance::api::TopLevelGrammar {
+    let mut schema = match f {
+        Format::JsonObject => serde_json::json!({"type": "object"}),
+        Format::JsonSchema(s) => s.clone(),
+    };
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(tools::compact);
+    }
+    constraint::json_grammar(Some(&schema))
+}
+
+/// One matcher per choice for `grammar` (none without one), compiled off the async
+/// workers (a large schema takes milliseconds; the first one also builds the token
+/// trie). A grammar that does not compile is a 400 naming `field`.
+async fn constraints(
+    app: &Arc<App>,
+    grammar: Option<(llguidance::api::TopLevelGrammar, &'static str)>,
+    n: usize,
+) -> Result<Vec<Constraint>, ApiError> {
+    let Some((g, field)) = grammar else { return Ok(Vec::new()) };
+    let a = app.clone();
+    let built = tokio::task::spawn_blocking(move || {
+        (0..n).map(|_| a.grammars.constraint(&a.model.tokenizer, g.clone())).collect::<Result<Vec<_>, _>>()
+    })
+    .await;
+    match built {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(ApiError::invalid(field, format!("`{field}` cannot be used for constrained decoding: {e}"))),
+        Err(e) => Err(ApiError::internal(format!("building the grammar failed: {e}"))),
+    }
 }
 
 /// Count the answer and turn an error into its JSON response.
@@ -188,7 +237,16 @@ async fn model(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<S
 }
 
 /// Check the request against the server, queue it, and answer whole or as a stream.
-async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_field: &str) -> Result<Response, ApiError> {
+/// `constraints`: one per choice, or none; `calls`: read tool calls out of the text.
+async fn generate(
+    app: &App,
+    kind: Kind,
+    prompt: Vec<u32>,
+    p: Params,
+    prompt_field: &str,
+    mut constraints: Vec<Constraint>,
+    calls: bool,
+) -> Result<Response, ApiError> {
     if let Some(m) = p.model.as_deref().filter(|m| app.strict_model && !m.is_empty() && !app.serves(m)) {
         return Err(ApiError::unknown_model(m, &app.names()));
     }
@@ -222,15 +280,16 @@ async fn generate(app: &App, kind: Kind, prompt: Vec<u32>, p: Params, prompt_fie
             events: tx,
             arrived: Instant::now(),
             embed: None,
+            constraint: constraints.pop(),
         })?;
         rxs.push(rx);
     }
     let events = merge(rxs);
     let head = Head::new(kind, &app.model_id);
     if p.stream {
-        Ok(Sse::new(stream(head, events, p.n, p.include_usage, p.logprobs.is_some())).into_response())
+        Ok(Sse::new(stream(head, events, p.n, p.include_usage, p.logprobs.is_some(), calls)).into_response())
     } else {
-        whole(head, events, p.n, p.logprobs.is_some()).await
+        whole(head, events, p.n, p.logprobs.is_some(), calls).await
     }
 }
 
@@ -247,7 +306,13 @@ fn add_usage(total: &mut Option<openai::Usage>, prompt: usize, cached: usize, co
 }
 
 /// Wait for every choice and answer them as one JSON body.
-async fn whole(head: Head, mut events: impl futures_util::Stream<Item = (usize, Event)> + Unpin, n: usize, want_lps: bool) -> Result<Response, ApiError> {
+async fn whole(
+    head: Head,
+    mut events: impl futures_util::Stream<Item = (usize, Event)> + Unpin,
+    n: usize,
+    want_lps: bool,
+    calls: bool,
+) -> Result<Response, ApiError> {
     let mut text = vec![String::new(); n];
     let mut lps = vec![Vec::<TokenLogprob>::new(); n];
     let mut finish = vec![None; n];
@@ -262,8 +327,31 @@ async fn whole(head: Head, mut events: impl futures_util::Stream<Item = (usize, 
                 finish[i] = Some(f);
                 add_usage(&mut usage, prompt_tokens, cached_tokens, completion_tokens);
                 if finish.iter().all(Option::is_some) {
+                    // With tools, each text is read for calls the way a stream is.
+                    let mut found = vec![Vec::new(); n];
+                    if calls {
+                        for i in 0..n {
+                            let mut s = CallStream::default();
+                            let pieces: Vec<Piece> = s.push(&text[i]).into_iter().chain(s.finish()).collect();
+                            text[i].clear();
+                            for p in pieces {
+                                match p {
+                                    Piece::Text(t) => text[i].push_str(&t),
+                                    Piece::Call(c) => found[i].push((tools::call_id(), c)),
+                                }
+                            }
+                            if !found[i].is_empty() && finish[i] == Some(Finish::Stop) {
+                                finish[i] = Some(Finish::ToolCalls);
+                            }
+                        }
+                    }
                     let choices: Vec<openai::Choice<'_>> = (0..n)
-                        .map(|i| openai::Choice { text: &text[i], finish: finish[i].unwrap_or(Finish::Stop), lps: want_lps.then_some(&lps[i][..]) })
+                        .map(|i| openai::Choice {
+                            text: &text[i],
+                            finish: finish[i].unwrap_or(Finish::Stop),
+                            lps: want_lps.then_some(&lps[i][..]),
+                            calls: &found[i],
+                        })
                         .collect();
                     let u = usage.unwrap_or(openai::Usage { prompt: 0, cached: 0, completion: 0 });
                     return Ok(Json(openai::response(&head, &choices, u)).into_response());
@@ -286,6 +374,7 @@ fn stream(
     n: usize,
     include_usage: bool,
     want_lps: bool,
+    calls: bool,
 ) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     let mut queue = VecDeque::new();
@@ -294,14 +383,17 @@ fn stream(
             queue.push_back(data(openai::chunk(&head, i, true, Some(""), None, None)));
         }
     }
-    // (events, queue, choices still running, usage so far, finished)
-    let state = (events, queue, n, None, false);
-    futures_util::stream::unfold(state, move |(mut events, mut queue, mut running, mut usage, mut finished)| {
+    // With tools, each choice's text goes through a call reader: content as it is
+    // known, calls when complete (`n_calls`: calls sent so far).
+    let readers: Vec<(CallStream, usize)> = if calls { (0..n).map(|_| (CallStream::default(), 0)).collect() } else { Vec::new() };
+    // (events, queue, choices still running, usage so far, finished, call readers)
+    let state = (events, queue, n, None, false, readers);
+    futures_util::stream::unfold(state, move |(mut events, mut queue, mut running, mut usage, mut finished, mut readers)| {
         let head = head.clone();
         async move {
             loop {
                 if let Some(e) = queue.pop_front() {
-                    return Some((Ok(e), (events, queue, running, usage, finished)));
+                    return Some((Ok(e), (events, queue, running, usage, finished, readers)));
                 }
                 if finished {
                     return None;
@@ -309,11 +401,26 @@ fn stream(
                 match events.next().await {
                     Some((i, Event::Token { text, logprob })) => {
                         let lp = logprob.filter(|_| want_lps);
-                        if !text.is_empty() || lp.is_some() {
+                        if let Some((reader, n_calls)) = readers.get_mut(i) {
+                            for p in reader.push(&text) {
+                                queue.extend(piece_chunks(&head, i, p, n_calls).into_iter().map(data));
+                            }
+                            if let Some(lp) = lp {
+                                queue.push_back(data(openai::chunk(&head, i, false, None, Some(&lp), None)));
+                            }
+                        } else if !text.is_empty() || lp.is_some() {
                             queue.push_back(data(openai::chunk(&head, i, false, Some(&text), lp.as_ref(), None)));
                         }
                     }
-                    Some((i, Event::Done { finish, prompt_tokens, cached_tokens, completion_tokens })) => {
+                    Some((i, Event::Done { mut finish, prompt_tokens, cached_tokens, completion_tokens })) => {
+                        if let Some((reader, n_calls)) = readers.get_mut(i) {
+                            for p in reader.finish() {
+                                queue.extend(piece_chunks(&head, i, p, n_calls).into_iter().map(data));
+                            }
+                            if *n_calls > 0 && finish == Finish::Stop {
+                                finish = Finish::ToolCalls;
+                            }
+                        }
                         let text = (head.kind == Kind::Completion).then_some("");
                         queue.push_back(data(openai::chunk(&head, i, false, text, None, Some(finish))));
                         add_usage(&mut usage, prompt_tokens, cached_tokens, completion_tokens);
@@ -349,4 +456,16 @@ fn stream(
             }
         }
     })
+}
+
+/// The chunks of one piece of a choice's text under tools: content, or a call (`n_calls`
+/// counts the choice's calls, for their indices).
+fn piece_chunks(head: &Head, i: usize, p: Piece, n_calls: &mut usize) -> Vec<serde_json::Value> {
+    match p {
+        Piece::Text(t) => vec![openai::chunk(head, i, false, Some(&t), None, None)],
+        Piece::Call(c) => {
+            *n_calls += 1;
+            openai::tool_call_chunks(head, i, *n_calls - 1, &tools::call_id(), &c).into()
+        }
+    }
 }

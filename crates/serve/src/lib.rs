@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod cluster;
+pub mod constraint;
 pub mod embeddings;
 pub mod engines;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+pub mod tools;
 pub mod topology;
 
 use hearth_chat::{ChatTemplate, Message};
@@ -72,7 +74,19 @@ pub fn chat_template(model: &Model) -> Result<ChatTemplate, String> {
 /// be located, a content holding a control token's text is refused (the error names it);
 /// contents without one tokenize the same either way.
 pub fn chat_prompt(tok: &Tokenizer, template: &ChatTemplate, messages: &[Message]) -> Result<Vec<u32>, String> {
-    let r = template.render_marked(messages, true).map_err(|e| format!("the chat template failed: {e}"))?;
+    chat_prompt_with(tok, template, messages, &[], &serde_json::Map::new())
+}
+
+/// [`chat_prompt`] with more fields per message (`tool_calls`, `tool_call_id`) and
+/// template variables (`tools`), see [`ChatTemplate::render_marked_with`].
+pub fn chat_prompt_with(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[Message],
+    fields: &[serde_json::Map<String, serde_json::Value>],
+    extra: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<u32>, String> {
+    let r = template.render_marked_with(messages, fields, true, extra).map_err(|e| format!("the chat template failed: {e}"))?;
     if let Some(contents) = &r.contents {
         return Ok(tok.encode_with_plain(&r.text, true, contents));
     }
@@ -118,7 +132,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started, pooling });
+    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started, pooling, grammars: Default::default() });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;

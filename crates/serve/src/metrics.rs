@@ -41,6 +41,8 @@ impl Histogram {
 }
 
 const SECONDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Per-token constraint work: tens of microseconds to tens of milliseconds.
+const MASK_SECONDS: &[f64] = &[0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1];
 const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
 
 /// Everything `/metrics` reports.
@@ -72,6 +74,8 @@ pub struct Metrics {
     pub tpot: Histogram,
     /// The devices of a server running across several (`None` on one machine).
     pub cluster: std::sync::Arc<Mutex<Option<crate::cluster::ClusterState>>>,
+    /// Time to compute a constrained sequence's token mask and apply it (per token).
+    pub constraint_mask: Histogram,
 }
 
 impl Default for Metrics {
@@ -90,6 +94,7 @@ impl Default for Metrics {
             ttft: Histogram::new(SECONDS),
             tpot: Histogram::new(SECONDS),
             cluster: Default::default(),
+            constraint_mask: Histogram::new(MASK_SECONDS),
         }
     }
 }
@@ -156,6 +161,11 @@ impl Metrics {
         self.batch_sequences.render(&mut out, "hearth_batch_sequences", "Sequences per forward pass.");
         self.ttft.render(&mut out, "hearth_ttft_seconds", "Time to first token, from arrival (includes queueing).");
         self.tpot.render(&mut out, "hearth_tpot_seconds", "Mean time per output token after the first, per request.");
+        self.constraint_mask.render(
+            &mut out,
+            "hearth_constraint_mask_seconds",
+            "Time to compute and apply a constrained sequence's token mask (response_format, tools), per token.",
+        );
         out
     }
 }

@@ -2,6 +2,7 @@
 //! `text_completion` (whole and streamed), with usage counts and log-probabilities.
 
 use crate::sequence::{Finish, TokenLogprob};
+use crate::tools::Call;
 use serde_json::{json, Value};
 
 /// Which endpoint a response is for.
@@ -107,6 +108,14 @@ pub struct Choice<'a> {
     pub finish: Finish,
     /// Log-probabilities, when asked for.
     pub lps: Option<&'a [TokenLogprob]>,
+    /// Tool calls parsed from the text (chat), with their ids; `text` is then what is
+    /// left (`content: null` when empty).
+    pub calls: &'a [(String, Call)],
+}
+
+/// `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+fn tool_calls(calls: &[(String, Call)]) -> Value {
+    calls.iter().map(|(id, c)| json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect()
 }
 
 /// A whole (non-streamed) response with `choices` (index = position).
@@ -115,12 +124,16 @@ pub fn response(h: &Head, choices: &[Choice<'_>], u: Usage) -> Value {
         .iter()
         .enumerate()
         .map(|(i, c)| match h.kind {
-            Kind::Chat => json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": logprobs(h.kind, c.lps),
-                "finish_reason": c.finish.as_str(),
-            }),
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": c.text});
+                if !c.calls.is_empty() {
+                    if c.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = tool_calls(c.calls);
+                }
+                json!({"index": i, "message": message, "logprobs": logprobs(h.kind, c.lps), "finish_reason": c.finish.as_str()})
+            }
             Kind::Completion => json!({
                 "index": i,
                 "text": c.text,
@@ -155,6 +168,20 @@ pub fn chunk(h: &Head, index: usize, role: bool, text: Option<&str>, lp: Option<
         }
     };
     json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [choice], "system_fingerprint": null})
+}
+
+/// A streamed tool call of choice `index`, as two chunks (OpenAI's shape): the first
+/// names the call (`id`, `type`, `function.name`, empty `arguments`), the second carries
+/// the arguments; `k` is the call's index among the choice's calls.
+pub fn tool_call_chunks(h: &Head, index: usize, k: usize, id: &str, call: &Call) -> [Value; 2] {
+    let wrap = |tc: Value| {
+        let choice = json!({"index": index, "delta": {"tool_calls": [tc]}, "logprobs": null, "finish_reason": null});
+        json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [choice], "system_fingerprint": null})
+    };
+    [
+        wrap(json!({"index": k, "id": id, "type": "function", "function": {"name": call.name, "arguments": ""}})),
+        wrap(json!({"index": k, "function": {"arguments": call.arguments}})),
+    ]
 }
 
 /// The usage chunk streamed last with `stream_options.include_usage` (no choices).

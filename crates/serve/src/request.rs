@@ -3,6 +3,7 @@
 //! ignored, as OpenAI clients send many optional ones.
 
 use crate::error::ApiError;
+use crate::tools::{Tool, ToolChoice};
 use hearth_chat::Message;
 use hearth_model::sampler::SamplerConfig;
 use serde_json::{Map, Value};
@@ -36,6 +37,17 @@ pub struct Params {
     pub ignore_eos: bool,
     /// `n`: choices to generate for the prompt (choice `i` samples with `seed + i`).
     pub n: usize,
+    /// `response_format`: `None` for text.
+    pub format: Option<Format>,
+}
+
+/// A structured `response_format`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    /// `json_object`: any JSON object.
+    JsonObject,
+    /// `json_schema`: JSON following `json_schema.schema`.
+    JsonSchema(Value),
 }
 
 /// A chat completion request.
@@ -43,6 +55,11 @@ pub struct Params {
 pub struct ChatRequest {
     /// The conversation, for the model's chat template.
     pub messages: Vec<Message>,
+    /// More fields of each message for the template: `tool_calls` (assistant),
+    /// `tool_call_id` and `name` (tool).
+    pub fields: Vec<Map<String, Value>>,
+    /// `tools` and `tool_choice`, when tools are given.
+    pub tools: Option<(Vec<Tool>, ToolChoice)>,
     /// The rest.
     pub params: Params,
 }
@@ -126,18 +143,7 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
     }
-    if f.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "tool calls are not supported"));
-    }
-    match f.get("response_format") {
-        None => {}
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str).is_some() => {
-            let t = o["type"].as_str().unwrap_or_default();
-            return Err(ApiError::invalid("response_format", format!("`response_format` type `{t}` is not supported yet (only `text`)")));
-        }
-        Some(v) => return Err(ApiError::invalid("response_format", format!("`response_format` must be an object with a `type`, got {v}"))),
-    }
+    let format = response_format(f.get("response_format"))?;
     let max = f.int_in("max_completion_tokens", 1, i64::MAX)?.or(f.int_in("max_tokens", 1, i64::MAX)?);
     let d = SamplerConfig::default();
     let seed = match f.get("seed") {
@@ -203,7 +209,46 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         logprobs,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         n,
+        format,
     })
+}
+
+/// `response_format`: `text`, `json_object`, or `json_schema` with a `schema` object
+/// (whether llguidance supports the schema is checked when it is compiled).
+fn response_format(v: Option<&Value>) -> Result<Option<Format>, ApiError> {
+    let bad = |why: String| Err(ApiError::invalid("response_format", why));
+    let Some(v) = v else { return Ok(None) };
+    let Value::Object(o) = v else { return bad(format!("`response_format` must be an object with a `type`, got {v}")) };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Format::JsonObject)),
+        Some("json_schema") => match o.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(s @ (Value::Object(_) | Value::Bool(true))) => Ok(Some(Format::JsonSchema(s.clone()))),
+            Some(s) => bad(format!("`response_format.json_schema.schema` must be a JSON schema object, got {s}")),
+            None => bad("`response_format` of type `json_schema` needs `json_schema: {\"name\": ..., \"schema\": {...}}`".into()),
+        },
+        Some(t) => bad(format!("`response_format` type `{t}` is not supported (text, json_object, json_schema)")),
+        None => bad(format!("`response_format` must be an object with a `type`, got {v}")),
+    }
+}
+
+/// An assistant message's `tool_calls`, checked: a list of
+/// `{"id", "type": "function", "function": {"name", "arguments": "<JSON text>"}}`.
+fn tool_calls(at: &str, v: &Value) -> Result<Value, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            &format!("{at}.tool_calls"),
+            format!("`{at}.tool_calls` must be a list of {{\"type\": \"function\", \"function\": {{\"name\": ..., \"arguments\": \"...\"}}}}"),
+        )
+    };
+    let list = v.as_array().ok_or_else(bad)?;
+    for c in list {
+        let f = c.get("function").ok_or_else(bad)?;
+        if f.get("name").and_then(Value::as_str).is_none() || f.get("arguments").is_some_and(|a| !a.is_string() && !a.is_object()) {
+            return Err(bad());
+        }
+    }
+    Ok(v.clone())
 }
 
 /// Parse a `/v1/chat/completions` body.
@@ -217,6 +262,7 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         Some(v) => return Err(ApiError::invalid("messages", format!("`messages` must be a list, got {v}"))),
     };
     let mut messages = Vec::with_capacity(list.len());
+    let mut fields = Vec::with_capacity(list.len());
     for (i, msg) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(o) = msg else {
@@ -250,9 +296,30 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
                 return Err(ApiError::invalid(&format!("{at}.content"), format!("content must be a string or a list of parts, got {v}")))
             }
         };
+        let mut more = Map::new();
+        if let Some(calls) = o.get("tool_calls").filter(|v| !v.is_null()) {
+            if role != "assistant" {
+                return Err(ApiError::invalid(&format!("{at}.tool_calls"), "only assistant messages have `tool_calls`"));
+            }
+            more.insert("tool_calls".into(), tool_calls(&at, calls)?);
+        }
+        for k in ["tool_call_id", "name"] {
+            match o.get(k) {
+                None | Some(Value::Null) => {}
+                Some(v @ Value::String(_)) => {
+                    more.insert(k.into(), v.clone());
+                }
+                Some(v) => return Err(ApiError::invalid(&format!("{at}.{k}"), format!("`{at}.{k}` must be a string, got {v}"))),
+            }
+        }
         messages.push(Message { role: role.to_string(), content });
+        fields.push(more);
     }
-    Ok(ChatRequest { messages, params })
+    let tools = crate::tools::parse(&m)?;
+    if tools.as_ref().is_some_and(|(_, c)| *c != ToolChoice::None) && params.format.is_some() {
+        return Err(ApiError::invalid("response_format", "`response_format` with `tools` is not supported: use one or the other"));
+    }
+    Ok(ChatRequest { messages, fields, tools, params })
 }
 
 /// Parse a `/v1/completions` body.
@@ -326,13 +393,27 @@ mod tests {
         assert_eq!(err(completion(br#"{"prompt":["a","b"]}"#)), (400, p("prompt")));
         assert_eq!(err(completion(br#"{"prompt":"a","logprobs":99}"#)), (400, p("logprobs")));
         assert_eq!(err(completion(br#"{}"#)), (400, p("prompt")));
-        // Nothing is accepted and then ignored: structured output is refused by name.
+        // A response_format that is not understood is refused by name, never ignored.
         let u = r#""messages":[{"role":"user","content":"x"}]"#;
-        for rf in [r#"{"type":"json_object"}"#, r#"{"type":"json_schema","json_schema":{}}"#, r#""json""#, r#"{}"#] {
+        for rf in [r#"{"type":"json_schema","json_schema":{}}"#, r#""json""#, r#"{}"#, r#"{"type":"xml"}"#,
+                   r#"{"type":"json_schema","json_schema":{"schema":3}}"#] {
             let body = format!(r#"{{{u},"response_format":{rf}}}"#);
             assert_eq!(err(chat(body.as_bytes())), (400, p("response_format")), "{rf}");
         }
         assert!(chat(format!(r#"{{{u},"response_format":{{"type":"text"}}}}"#).as_bytes()).is_ok());
+        let json = |rf: &str| chat(format!(r#"{{{u},"response_format":{rf}}}"#).as_bytes()).unwrap().params.format;
+        assert_eq!(json(r#"{"type":"json_object"}"#), Some(Format::JsonObject));
+        assert_eq!(json(r#"{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"string"}}}"#),
+                   Some(Format::JsonSchema(serde_json::json!({"type":"string"}))));
+        let tool = r#""tools":[{"type":"function","function":{"name":"f"}}]"#;
+        let both = format!(r#"{{{u},{tool},"tool_choice":"required","response_format":{{"type":"json_object"}}}}"#);
+        assert_eq!(err(chat(both.as_bytes())), (400, p("response_format")));
+        let bad_calls = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{}}]}]}"#;
+        assert_eq!(err(chat(bad_calls.as_bytes())), (400, p("messages[0].tool_calls")));
+        let calls = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
+            "function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]}"#;
+        let r = chat(calls.as_bytes()).unwrap();
+        assert_eq!((r.fields[0]["tool_calls"][0]["function"]["name"].as_str(), r.fields[1]["tool_call_id"].as_str()), (Some("f"), Some("c")));
         assert_eq!(err(chat(format!(r#"{{{u},"presence_penalty":2.5}}"#).as_bytes())), (400, p("presence_penalty")));
         assert_eq!(err(chat(format!(r#"{{{u},"frequency_penalty":"x"}}"#).as_bytes())), (400, p("frequency_penalty")));
     }

@@ -1,6 +1,7 @@
 //! One request's sequence while it holds a KV cache slot: its tokens, sampler, detokenizer
 //! and stop strings, and what each new token sends to the client.
 
+use crate::constraint::Constraint;
 use crate::metrics::Metrics;
 use crate::stop::StopText;
 use hearth_model::sampler::{Sampler, SamplerConfig};
@@ -32,6 +33,8 @@ pub struct Job {
     /// An embedding request: the prompt's final hidden states pooled this way into one
     /// unit vector ([`Event::Embedding`]); nothing is generated.
     pub embed: Option<hearth_model::embed::Pooling>,
+    /// A grammar the output must follow (`response_format`, tool calls).
+    pub constraint: Option<Constraint>,
 }
 
 /// Why a sequence ended, as OpenAI's `finish_reason`.
@@ -41,6 +44,8 @@ pub enum Finish {
     Stop,
     /// `max_tokens` reached, or the slot's context is full.
     Length,
+    /// The answer is tool calls (set by the HTTP front when it parsed calls).
+    ToolCalls,
 }
 
 impl Finish {
@@ -49,6 +54,7 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
@@ -121,6 +127,7 @@ pub struct Seq<'t> {
     pub events: UnboundedSender<Event>,
     arrived: Instant,
     first_token: Option<Instant>,
+    constraint: Option<Constraint>,
 }
 
 impl<'t> Seq<'t> {
@@ -141,6 +148,7 @@ impl<'t> Seq<'t> {
             events: job.events,
             arrived: job.arrived,
             first_token: None,
+            constraint: job.constraint,
         }
     }
 
@@ -162,7 +170,28 @@ impl<'t> Seq<'t> {
     /// Sample the next token from `logits` and tell the client. Returns `Some` when the
     /// sequence has ended (the `Done` event is already sent).
     pub fn step(&mut self, logits: &[f32], tok: &Tokenizer, n_ctx: usize, metrics: &Metrics) -> Option<Finish> {
-        let id = self.sampler.sample(logits, &self.tokens);
+        let id = match &mut self.constraint {
+            None => self.sampler.sample(logits, &self.tokens),
+            Some(c) => {
+                // Disallowed tokens get −∞, so every sampler setting (greedy included)
+                // picks an allowed one.
+                let t0 = Instant::now();
+                let masked = c.mask(logits);
+                metrics.constraint_mask.observe(t0.elapsed().as_secs_f64());
+                match masked {
+                    Ok(m) => self.sampler.sample(m, &self.tokens),
+                    Err(e) => return self.fail(format!("constrained decoding failed: {e}")),
+                }
+            }
+        };
+        // The grammar is complete after this token: the sequence ends here.
+        let grammar_done = match &mut self.constraint {
+            Some(c) if !tok.is_eog(id) => match c.commit(id) {
+                Ok(()) => c.finished(),
+                Err(e) => return self.fail(format!("constrained decoding failed: {e}")),
+            },
+            _ => false,
+        };
         let now = Instant::now();
         if self.first_token.is_none() {
             self.first_token = Some(now);
@@ -171,7 +200,9 @@ impl<'t> Seq<'t> {
         let logprob = self.logprobs.map(|k| token_logprob(logits, id, k, tok));
         self.tokens.push(id);
         metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
-        let finish = if tok.is_eog(id) && !self.ignore_eos {
+        // Under a grammar an end-of-generation token is only allowed once it is complete,
+        // so it ends the sequence even with `ignore_eos`.
+        let finish = if tok.is_eog(id) && (!self.ignore_eos || self.constraint.is_some()) {
             // An incomplete character held back is dropped (never sent as U+FFFD);
             // what the stop strings held back is released.
             self.dec.finish();
@@ -181,11 +212,14 @@ impl<'t> Seq<'t> {
         } else {
             let full = self.generated() >= self.max_tokens || self.tokens.len() > n_ctx;
             let piece = self.dec.push(id);
-            if full {
+            if full || grammar_done {
                 self.dec.finish();
             }
             let (mut text, hit) = self.stop.push(&piece);
             let finish = if hit {
+                Some(Finish::Stop)
+            } else if grammar_done {
+                text += &self.stop.finish();
                 Some(Finish::Stop)
             } else if full {
                 text += &self.stop.finish();
@@ -204,6 +238,12 @@ impl<'t> Seq<'t> {
             self.send(Event::Done { finish: f, prompt_tokens: self.prompt_len, cached_tokens: self.cached, completion_tokens: n });
         }
         finish
+    }
+
+    /// End the sequence with an error (the client gets it instead of a finish reason).
+    fn fail(&mut self, message: String) -> Option<Finish> {
+        self.send(Event::Failed(message));
+        Some(Finish::Stop)
     }
 
     /// Send an event; a client that has gone is noticed before the next step.

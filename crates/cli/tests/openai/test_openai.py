@@ -5,10 +5,12 @@ Run by crates/cli/tests/serve.rs against a running server:
 Prints one line per check and `N passed, M failed`; exits 1 on any failure.
 """
 
+import json
 import os
 import sys
 import traceback
 
+import jsonschema
 import openai
 
 BASE = os.environ["HEARTH_BASE_URL"]
@@ -159,6 +161,81 @@ def a_fixed_client_model_name_is_served():
     # Clients that send a fixed name get the served model (--strict-model refuses them).
     r = chat(model="gpt-3.5-turbo", max_tokens=4)
     assert r.model == MODEL and r.usage.completion_tokens == 4, r
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@check
+def forced_tool_call_validates():
+    r = chat(messages=[{"role": "user", "content": "What's the weather in Paris?"}], tools=[WEATHER], tool_choice="required", max_tokens=100)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None, r
+    [call] = c.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather", call
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    # The call and its result go back into the conversation.
+    r2 = chat(
+        messages=[
+            {"role": "user", "content": "What's the weather in Paris?"},
+            c.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
+        ],
+        tools=[WEATHER],
+        max_tokens=20,
+    )
+    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls"), r2
+
+
+@check
+def streamed_tool_call_assembles_to_the_whole():
+    kw = dict(messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER],
+              tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100)
+    whole = chat(**kw).choices[0].message.tool_calls[0].function
+    name, args, finish = "", "", None
+    for ch in chat(stream=True, **kw):
+        d = ch.choices[0].delta
+        for tc in d.tool_calls or []:
+            assert tc.index == 0, tc
+            name += tc.function.name or ""
+            args += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    assert (name, json.loads(args)) == (whole.name, json.loads(whole.arguments)), (name, args, whole)
+    assert finish == "tool_calls", finish
+
+
+@check
+def json_schema_response_format_validates():
+    schemas = [
+        {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+         "required": ["name", "age"], "additionalProperties": False},
+        {"type": "object", "properties": {"colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}}, "required": ["colors"]},
+        {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4},
+    ]
+    for i, schema in enumerate(schemas):
+        r = chat(messages=[{"role": "user", "content": "Answer in JSON."}], max_tokens=150, temperature=0.5 * i, seed=i,
+                 response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})
+        c = r.choices[0]
+        assert c.finish_reason == "stop", r
+        jsonschema.validate(json.loads(c.message.content), schema)
+    try:
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strnig"}}})
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "response_format", e.body
+    else:
+        raise AssertionError("a bad schema was accepted")
 
 
 failed = 0
