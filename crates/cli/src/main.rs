@@ -53,8 +53,8 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Measure this device (cores, RAM, memory and disk bandwidth, matmul rates per type); cached.
     Profile(cmd::profile::Args),
-    /// Serve a share of a model to a coordinator (`generate --workers`): tensor parallelism
-    /// across machines.
+    /// Serve a share of a model to a coordinator (`generate`, `chat`, `bench`, `serve` with
+    /// --workers): a tensor-parallel share of every block, or whole layers of a pipelined ring.
     Worker(cmd::worker::Args),
     /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
     Serve(cmd::serve::Args),

@@ -584,9 +584,18 @@ fn a_worker_dying_mid_request_is_a_503_naming_it_and_serving_goes_on() {
     assert_eq!(h["cluster"]["nodes_up"], 2, "{h}");
     assert_eq!(h["cluster"]["replans"], 1, "{h}");
     let down = h["cluster"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == victim.as_str()).cloned();
-    assert_eq!(down.map(|n| n["up"].clone()), Some(json!(false)), "{h}");
+    assert_eq!(down.as_ref().map(|n| n["up"].clone()), Some(json!(false)), "{h}");
+    assert_eq!(down.map(|n| n["state"].clone()), Some(json!("down")), "{h}");
     let m = s.get("/metrics");
     assert!(m.contains("hearth_cluster_nodes{state=\"down\"} 1") && m.contains("hearth_cluster_replans_total 1"), "{m}");
+    // The last worker dies while the server is idle: the next request, which had sent
+    // nothing when the pass failed, starts over on this machine alone and succeeds.
+    let mut w1 = w1;
+    w1.child.kill().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(greedy(&s, "The capital of France is"), before, "after the idle worker's death");
+    let h = health(&s);
+    assert_eq!((h["cluster"]["layout"].as_str(), h["cluster"]["nodes_up"].as_u64()), (Some("single"), Some(1)), "{h}");
 }
 
 /// `/v1/embeddings`: each input's vector is the model's final normed hidden states

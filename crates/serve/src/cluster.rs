@@ -16,6 +16,19 @@ pub struct NodeState {
     pub addr: String,
     /// Whether it takes part in the current engine.
     pub up: bool,
+    /// It failed (else, when not up, the plan leaves it out: a ring's solver gave it no layers).
+    pub failed: bool,
+}
+
+impl NodeState {
+    /// `up`, `down` (failed) or `unused` (alive as far as known, left out by the plan).
+    pub fn state(&self) -> &'static str {
+        match (self.up, self.failed) {
+            (true, _) => "up",
+            (false, true) => "down",
+            (false, false) => "unused",
+        }
+    }
 }
 
 /// The group an engine runs in.
@@ -32,16 +45,24 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    /// The state of a freshly prepared engine.
-    pub fn new(layout: &'static str, workers: &[String]) -> Self {
-        let mut nodes = vec![NodeState { addr: "this machine".into(), up: true }];
-        nodes.extend(workers.iter().map(|w| NodeState { addr: w.clone(), up: true }));
+    /// The state of a freshly prepared engine over `members` of the `workers` named.
+    pub fn new(layout: &'static str, workers: &[String], members: &[String]) -> Self {
+        let mut nodes = vec![NodeState { addr: "this machine".into(), up: true, failed: false }];
+        nodes.extend(workers.iter().map(|w| NodeState { addr: w.clone(), up: members.contains(w), failed: false }));
         Self { layout, nodes, replans: 0, last_failure: None }
+    }
+
+    /// Worker `addr` failed (`why`): down from now on.
+    pub fn fail(&mut self, addr: &str, why: &str) {
+        for n in self.nodes.iter_mut().filter(|n| n.addr == addr) {
+            (n.up, n.failed) = (false, true);
+        }
+        self.last_failure = Some(why.to_string());
     }
 
     /// `/health`'s `cluster` object.
     pub fn json(&self) -> serde_json::Value {
-        let nodes: Vec<_> = self.nodes.iter().map(|n| serde_json::json!({"addr": n.addr, "up": n.up})).collect();
+        let nodes: Vec<_> = self.nodes.iter().map(|n| serde_json::json!({"addr": n.addr, "up": n.up, "state": n.state()})).collect();
         serde_json::json!({
             "layout": self.layout,
             "nodes": nodes,
@@ -67,11 +88,15 @@ impl Replanner {
     }
 
     /// The worker `e` blames, if it was one worker's failure: its node index and a message
-    /// naming it for the requests in flight.
+    /// naming it for the requests in flight. `/health` shows it down from now on.
     pub fn failed(&self, e: &ModelError) -> Option<(usize, String)> {
         let node = hearth_engine::failed_worker(e)?;
         let addr = self.opts.cluster.as_ref()?.workers.get(node - 1)?.clone();
-        Some((node, format!("worker {addr} (node {node}) failed during the forward pass: {e}; the server is re-planning over the devices left, retry the request")))
+        let msg = format!(
+            "worker {addr} (node {node}) failed during the forward pass: {e}; the server is re-planning over the devices left, retry the request"
+        );
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(ClusterState::default).fail(&addr, &msg);
+        Some((node, msg))
     }
 
     /// Set the engine up again without worker `node` (≥ 1), after dropping `old` (its
@@ -94,13 +119,20 @@ impl Replanner {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = state.get_or_insert_with(ClusterState::default);
         st.replans += 1;
-        st.last_failure = Some(failure.to_string());
+        if let Some(a) = &failed_addr {
+            st.fail(a, failure);
+        }
         match prepared {
             Ok(Prepared { ctx, cluster, .. }) => {
                 let members: Vec<String> = cluster.as_ref().map(|c| c.workers.clone()).unwrap_or_default();
                 st.layout = cluster.as_ref().map_or("single", |c| c.layout());
                 for n in st.nodes.iter_mut().skip(1) {
                     n.up = members.contains(&n.addr);
+                }
+                let had_windows =
+                    self.opts.cluster.as_ref().is_some_and(|c| matches!(&c.layout, hearth_parallel::Layout::Ring { windows: Some(_), .. }));
+                if had_windows {
+                    eprintln!("hearth serve: the ring's --layer-window no longer applies without {}: the layer solver chose the windows", failed_addr.as_deref().unwrap_or("that worker"));
                 }
                 eprintln!(
                     "hearth serve: {} left out; serving on {} device(s) ({})",
@@ -127,15 +159,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn health_lists_every_node_and_counts_those_up() {
-        let mut s = ClusterState::new("tensor", &["10.0.0.2:7070".into(), "10.0.0.3:7070".into()]);
-        s.nodes[2].up = false;
+    fn health_lists_every_node_and_tells_failed_from_unused() {
+        let w: Vec<String> = vec!["10.0.0.2:7070".into(), "10.0.0.3:7070".into(), "10.0.0.4:7070".into()];
+        let mut s = ClusterState::new("ring", &w, &w[..2]);
+        s.fail("10.0.0.3:7070", "gone");
         s.replans = 1;
         let j = s.json();
-        assert_eq!(j["layout"], "tensor");
-        assert_eq!(j["nodes"].as_array().map(Vec::len), Some(3));
+        assert_eq!(j["layout"], "ring");
+        assert_eq!(j["nodes"].as_array().map(Vec::len), Some(4));
         assert_eq!(j["nodes_up"], 2);
-        assert_eq!(j["nodes"][2]["up"], false);
-        assert_eq!(j["replans"], 1);
+        let states: Vec<&str> = (0..4).map(|i| j["nodes"][i]["state"].as_str().unwrap()).collect();
+        assert_eq!(states, ["up", "up", "down", "unused"]);
+        assert_eq!(j["last_failure"], "gone");
     }
 }

@@ -11,10 +11,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use base64::Engine as _;
 use hearth_model::sampler::SamplerConfig;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::unbounded_channel;
@@ -61,6 +60,9 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
         Some(Value::Array(a)) if a.is_empty() => return Err(bad("`input` is an empty list".into())),
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => {
             vec![Input::Tokens(ids(a).ok_or_else(|| bad("token ids must be integers in 0..2^32".into()))?)]
+        }
+        Some(Value::Array(a)) if !(a.iter().all(Value::is_string) || a.iter().all(Value::is_array)) => {
+            return Err(bad("`input` must be a list of strings or a list of token-id lists, not a mix".into()))
         }
         Some(Value::Array(a)) => a
             .iter()
@@ -128,26 +130,34 @@ pub async fn embeddings(State(app): State<Arc<App>>, headers: HeaderMap, body: R
             }
             if ids.len() > n_ctx {
                 let mut e = ApiError::context_length(ids.len(), n_ctx);
+                e.message = format!(
+                    "this input is {} tokens; an embedding's input may take all {n_ctx} positions of a slot (--ctx-size), no more",
+                    ids.len()
+                );
                 e.param = Some(param());
                 return Err(e);
             }
             prompts.push(ids);
         }
-        let mut data = Vec::with_capacity(prompts.len());
+        // The body is written as text, vector by vector: a `serde_json::Value` tree of
+        // 256 × n_embd numbers would take ~30 bytes per float beside the budget's plan.
+        let mut body = String::from(r#"{"object":"list","data":["#);
         let mut tokens = 0;
         for (index, prompt) in prompts.into_iter().enumerate() {
             let (vector, n) = embed_one(&app, prompt).await?;
             tokens += n;
             let embedding = if req.base64 {
                 let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
-                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+                format!("\"{}\"", base64::engine::general_purpose::STANDARD.encode(bytes))
             } else {
-                json!(vector)
+                serde_json::to_string(&vector).map_err(|e| ApiError::internal(format!("writing the embedding: {e}")))?
             };
-            data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+            let sep = if index > 0 { "," } else { "" };
+            body.push_str(&format!(r#"{sep}{{"object":"embedding","index":{index},"embedding":{embedding}}}"#));
         }
-        let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens});
-        Ok(Json(json!({"object": "list", "data": data, "model": app.model_id, "usage": usage})).into_response())
+        let model = serde_json::to_string(&app.model_id).unwrap_or_else(|_| "\"\"".into());
+        body.push_str(&format!(r#"],"model":{model},"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}"#));
+        Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
     }
     .await;
     answer(&app, "/v1/embeddings", r)
@@ -194,6 +204,8 @@ mod tests {
             (r#"{"input":[]}"#, "input"),
             (r#"{"input":[-1]}"#, "input"),
             (r#"{"input":[{"a":1}]}"#, "input"),
+            (r#"{"input":[[1],"a"]}"#, "input"),
+            (r#"{"input":["a",1]}"#, "input"),
             (r#"{"input":7}"#, "input"),
             (r#"{"input":"x","encoding_format":"hex"}"#, "encoding_format"),
             (r#"{"input":"x","dimensions":"big"}"#, "dimensions"),

@@ -106,9 +106,9 @@ pub struct Engine {
     pub ctx: Context,
     /// CPUs for its threads (thread `i` on `pin[i % len]`), or `None` to leave them free.
     pub pin: Option<Vec<usize>>,
-    /// For a context across devices: the options it was prepared with, its layout
-    /// (`tensor`, `ring`) and the workers in its group, so that it can be set up again
-    /// without a worker that fails.
+    /// For a context across devices: the options it was prepared with (their workers),
+    /// its layout (`tensor`, `ring`) and the workers in its group (a ring's solver may
+    /// leave some out), so that it can be set up again without a worker that fails.
     pub across: Option<(hearth_engine::EngineOptions, &'static str, Vec<String>)>,
 }
 
@@ -125,7 +125,8 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     let mut schedulers = Vec::new();
     for (id, e) in engines.into_iter().enumerate() {
         let replan = e.across.map(|(o, layout, workers)| {
-            *metrics.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster::ClusterState::new(layout, &workers));
+            let named = o.cluster.as_ref().map(|c| c.workers.clone()).unwrap_or_default();
+            *metrics.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster::ClusterState::new(layout, &named, &workers));
             cluster::Replanner::new(model.clone(), o, metrics.cluster.clone())
         });
         schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan)?.0);

@@ -176,11 +176,21 @@ fn run(
     let mut deferred: Vec<Job> = Vec::new();
     loop {
         if let (Some((node, msg)), Some((r, pin))) = (lost.take(), replan.as_mut()) {
-            // Every sequence's K/V on the group is lost: fail them all (503), then go on
-            // over the devices left.
+            // Every sequence's K/V on the group is lost: those that have sent nothing yet
+            // start over once the engine is set up again (a worker that died while the
+            // server was idle costs the next request a delay, not an error); the others
+            // fail (503 naming the worker).
             for s in active.drain(..) {
-                s.send(Event::Unavailable(msg.clone()));
-                retire(metrics, load);
+                match s.restart() {
+                    Ok(job) => {
+                        metrics.active.fetch_sub(1, Ordering::Relaxed);
+                        deferred.push(job);
+                    }
+                    Err(s) => {
+                        s.send(Event::Unavailable(msg.clone()));
+                        retire(metrics, load);
+                    }
+                }
             }
             let Some(mut next) = r.replan(ctx, node, &msg) else { return };
             if let Some(cpus) = pin.as_deref() {
@@ -233,18 +243,17 @@ fn run(
                         Event::Embedding { vector, prompt_tokens: job.prompt.len() }
                     }
                     Err(e) => match replan.as_ref().and_then(|(r, _)| r.failed(&e)) {
-                        Some((node, msg)) => {
-                            lost = Some((node, msg.clone()));
-                            Event::Unavailable(msg)
+                        Some(f) => {
+                            // Once the engine is set up again, the input runs again.
+                            lost = Some(f);
+                            deferred.push(job);
+                            break;
                         }
                         None => Event::Failed(format!("the forward pass failed: {e}")),
                     },
                 };
                 let _ = job.events.send(event);
                 load.fetch_sub(1, Ordering::Relaxed);
-                if lost.is_some() {
-                    break;
-                }
                 continue;
             }
             // At least the last prompt token is fed, for its logits.

@@ -128,6 +128,8 @@ pub struct Seq<'t> {
     arrived: Instant,
     first_token: Option<Instant>,
     constraint: Option<Constraint>,
+    /// The request's stop strings as sent (to start it over, [`Seq::restart`]).
+    stop_strings: Vec<String>,
 }
 
 impl<'t> Seq<'t> {
@@ -144,12 +146,35 @@ impl<'t> Seq<'t> {
             ignore_eos: job.ignore_eos,
             sampler: Sampler::new(job.sampler),
             dec: StreamDecoder::new(tok),
-            stop: StopText::new(job.stop),
+            stop: StopText::new(job.stop.clone()),
+            stop_strings: job.stop,
             events: job.events,
             arrived: job.arrived,
             first_token: None,
             constraint: job.constraint,
         }
+    }
+
+    /// The request again, to start over in another slot or context, when it has not
+    /// generated a token yet (the client has been told nothing); else the sequence back.
+    pub fn restart(self) -> Result<Job, Box<Self>> {
+        if self.generated() > 0 {
+            return Err(Box::new(self));
+        }
+        let mut prompt = self.tokens;
+        prompt.truncate(self.prompt_len);
+        Ok(Job {
+            prompt,
+            max_tokens: self.max_tokens,
+            sampler: self.sampler.config().clone(),
+            stop: self.stop_strings,
+            logprobs: self.logprobs,
+            ignore_eos: self.ignore_eos,
+            events: self.events,
+            arrived: self.arrived,
+            embed: None,
+            constraint: self.constraint,
+        })
     }
 
     /// Tokens generated so far.

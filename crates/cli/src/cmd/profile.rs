@@ -151,7 +151,7 @@ fn device_profile(model: &Path, threads: &[usize], types: &[String], quick: bool
     let cached = cache_path.as_deref().filter(|_| !refresh).and_then(|path| Some((path, cache::load(path, &key)?)));
     let profile = match cached {
         Some((path, mut p)) => {
-            eprintln!("hearth profile: loaded from cache {} (--refresh measures again)", path.display());
+            eprintln!("hearth profile: loaded from cache {} (`hearth profile --refresh` measures again)", path.display());
             // RAM availability changes from minute to minute: always current.
             p.ram_available_bytes = ram.available;
             p

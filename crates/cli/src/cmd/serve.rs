@@ -95,7 +95,7 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     // Across devices a context holds one sequence: requests wait their turn.
-    let slots = a.model.cluster.slots().map_or(if across { 1 } else { 4 }, |n| n as usize);
+    let mut slots = a.model.cluster.slots().map_or(if across { 1 } else { 4 }, |n| n as usize);
     let cores = threads_or_default(None);
     if groups > cores {
         eprintln!("warning: --groups {groups} engines on {cores} cores: engines will share cores and slow each other down");
@@ -115,25 +115,36 @@ pub fn run(a: Args) -> Result<()> {
     opts.f32_attention_from = Some(1);
     let mut engines = Vec::with_capacity(groups);
     for g in 0..groups {
-        let p = hearth_engine::prepare(&model, &opts)?;
-        let across = p.cluster.as_ref().map(|c| (opts.clone(), c.layout(), c.workers.clone()));
-        engines.push(hearth_serve::Engine { ctx: p.ctx, pin: cpus.get(g).cloned(), across });
+        let mut p = hearth_engine::prepare(&model, &opts)?;
+        if p.cluster.as_ref().is_some_and(|c| c.workers.is_empty()) {
+            // The ring's solver left every worker out: this is one machine, with its slots.
+            drop(p);
+            slots = a.model.cluster.slots().map_or(4, |n| n as usize);
+            (opts.cluster, opts.slots) = (None, slots);
+            eprintln!("hearth serve: the ring is this machine alone, so it serves as one machine ({slots} slots, batched)");
+            p = hearth_engine::prepare(&model, &opts)?;
+        }
+        let setup = p.cluster.as_ref().map(|c| (opts.clone(), c.layout(), c.workers.clone()));
+        engines.push(hearth_serve::Engine { ctx: p.ctx, pin: cpus.get(g).cloned(), across: setup });
     }
+    let across = engines[0].across.is_some();
     let ctx = &engines[0].ctx;
+    let pooling = a.pooling.map(Into::into).or_else(|| hearth_model::embed::Pooling::of_model(&model)).unwrap_or(hearth_model::embed::Pooling::Mean);
     let model_id = a.alias.first().cloned().unwrap_or_else(|| {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
     eprintln!(
         "hearth serve: {model_id}, {groups} engine(s) × {slots} slots × {} positions (KV cache {:.1} MiB each), {} tokens per step, \
-         {} threads each{}{}",
+         {} threads each, embeddings pooled by {}{}{}",
         ctx.n_ctx(),
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
         ctx.n_batch(),
         ctx.n_threads(),
+        pooling.name(),
         if a.model.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() },
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" }
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: a.pooling.map(Into::into) };
+    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling) };
     hearth_serve::serve(engines, opts).context("serving")
 }
