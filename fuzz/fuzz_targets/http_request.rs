@@ -3,6 +3,9 @@
 //! `logprobs`, prompts as text or token ids), then what a parsed request drives without
 //! a model: the stop-string matcher over streamed text.
 //!
+//! Also `/v1/embeddings` bodies (inputs as text or token ids, `encoding_format`,
+//! `dimensions`).
+//!
 //! Input: byte 0 picks the endpoint and how the text is streamed, the rest is the body.
 #![no_main]
 use hearth_serve::request::{chat, completion, Prompt, MAX_STOP};
@@ -11,6 +14,13 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let [mode, body @ ..] = data else { return };
+    if mode & 0x80 != 0 {
+        match hearth_serve::embeddings::parse(body) {
+            Ok(r) => assert!(!r.inputs.is_empty() && r.inputs.len() <= hearth_serve::embeddings::MAX_INPUTS),
+            Err(e) => assert!(e.status.is_client_error(), "a bad body must be a 4xx, got {}", e.status),
+        }
+        return;
+    }
     let (params, text) = if mode & 1 == 0 {
         match chat(body) {
             Ok(r) => {
