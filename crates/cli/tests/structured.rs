@@ -6,92 +6,8 @@
 
 mod common;
 
+use common::server::Server;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-/// A running `hearth serve`, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(parallel: usize) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(["serve", "--port", "0", "-t", "2", "--parallel", &parallel.to_string(), "-m"])
-            .arg(common::model())
-            .env_remove("HEARTH_MODEL")
-            .env_remove("HEARTH_API_KEY")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("the server exited before listening").unwrap();
-            if let Some(a) = line.strip_prefix("hearth serve listening on http://") {
-                break a.trim().to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Server { child, addr }
-    }
-
-    /// One request; (status, body text). The body is read to the end (the connection
-    /// closes), chunked transfer encoding undone.
-    fn raw(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
-        (status, body)
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (status, text) = self.raw("POST", path, &body.to_string());
-        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
-    }
-
-    /// A streamed request's `data:` chunks (without `[DONE]`).
-    fn stream(&self, path: &str, body: &Value) -> Vec<Value> {
-        let (status, text) = self.raw("POST", path, &body.to_string());
-        assert_eq!(status, 200, "{text}");
-        assert!(text.contains("data: [DONE]"), "{text}");
-        text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
-}
 
 /// `value` is valid under `schema` (else the errors).
 fn assert_valid(schema: &Value, value: &Value, what: &str) {
@@ -184,7 +100,7 @@ fn cases() -> Vec<(&'static str, Value)> {
 /// schema, and the answer stops when the JSON is complete (not at `max_tokens`).
 #[test]
 fn json_schema_output_follows_the_schema() {
-    let s = Server::start(4);
+    let s = Server::start(&["--parallel", "4"]);
     let cases = cases();
     assert_eq!(cases.len(), 20);
     let results: Vec<(usize, Value)> = std::thread::scope(|sc| {
@@ -239,7 +155,7 @@ fn json_schema_output_follows_the_schema() {
     let v: Value = serde_json::from_str(r["choices"][0]["text"].as_str().unwrap()).unwrap();
     assert_valid(&schema, &v, "completion");
     // The mask time is exported.
-    let (_, m) = s.raw("GET", "/metrics", "");
+    let m = s.get("/metrics");
     let count: u64 = m.lines().find_map(|l| l.strip_prefix("hearth_constraint_mask_seconds_count ")).unwrap().trim().parse().unwrap();
     assert!(count >= 22, "{m}");
 }
@@ -275,7 +191,7 @@ fn calls_of(r: &Value) -> Vec<(String, Value)> {
 /// schema: `content` null, `finish_reason` "tool_calls"; greedy and sampled.
 #[test]
 fn forced_tool_calls_follow_the_parameters_schema() {
-    let s = Server::start(2);
+    let s = Server::start(&["--parallel", "2"]);
     let tools = json!([weather_tool(), time_tool()]);
     let schema_of =
         |name: &str| tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]["parameters"].clone();
@@ -305,7 +221,7 @@ fn forced_tool_calls_follow_the_parameters_schema() {
 /// the arguments) that assemble to the whole answer's calls at temperature 0.
 #[test]
 fn streamed_tool_calls_assemble_to_the_whole_answer() {
-    let s = Server::start(2);
+    let s = Server::start(&["--parallel", "2"]);
     let body = json!({"messages": user("What's the weather in Rome, in celsius?"), "tools": [weather_tool(), time_tool()],
         "tool_choice": "required", "temperature": 0, "max_tokens": 120});
     let (st, whole) = s.post("/v1/chat/completions", &body);
@@ -341,7 +257,7 @@ fn streamed_tool_calls_assemble_to_the_whole_answer() {
 /// `none` answers in text.
 #[test]
 fn auto_and_none_and_tool_results_in_the_conversation() {
-    let s = Server::start(2);
+    let s = Server::start(&["--parallel", "2"]);
     let tools = json!([weather_tool()]);
     for prompt in ["Hi! How are you?", "What's the weather in Madrid in celsius?"] {
         let (st, r) =
@@ -380,7 +296,7 @@ fn auto_and_none_and_tool_results_in_the_conversation() {
 /// goes on.
 #[test]
 fn bad_schemas_and_tools_are_400_naming_the_field() {
-    let s = Server::start(1);
+    let s = Server::start(&["--parallel", "1"]);
     let rf = |schema: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
     for (body, param) in [
         (json!({"messages": user("x"), "response_format": rf(json!({"type": "integer_number"}))}), "response_format"),
@@ -410,7 +326,7 @@ fn bad_schemas_and_tools_are_400_naming_the_field() {
 /// and log-probabilities as they are alone.
 #[test]
 fn a_constrained_neighbour_leaves_an_unconstrained_request_unchanged() {
-    let s = Server::start(2);
+    let s = Server::start(&["--parallel", "2"]);
     let plain = json!({"prompt": "The three primary colors are", "max_tokens": 40, "temperature": 0, "logprobs": 1, "ignore_eos": true});
     let tokens = |r: &Value| {
         (
@@ -434,7 +350,7 @@ fn a_constrained_neighbour_leaves_an_unconstrained_request_unchanged() {
     let v: Value = serde_json::from_str(other.1["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
     assert_valid(&schema, &v, "the constrained neighbour");
     // They shared steps.
-    let (_, m) = s.raw("GET", "/metrics", "");
+    let m = s.get("/metrics");
     let b = |le: &str| -> u64 {
         m.lines().find_map(|l| l.strip_prefix(&format!("hearth_batch_sequences_bucket{{le=\"{le}\"}} "))).unwrap().trim().parse().unwrap()
     };

@@ -1,6 +1,8 @@
 //! Helpers shared by the CLI integration tests.
 #![allow(dead_code)] // each test file uses a subset
 
+pub mod server;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
