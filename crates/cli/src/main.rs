@@ -8,6 +8,7 @@ mod cluster;
 mod cmd;
 mod common;
 mod ring;
+mod speculative;
 
 use clap::{Parser, Subcommand};
 

@@ -5,6 +5,7 @@ use crate::context::{Context, Logits};
 use crate::error::{ModelError, Result};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::source::SourceStats;
+use crate::speculative::{SpecStats, Speculation};
 use std::time::Instant;
 
 /// Why generation stopped.
@@ -29,9 +30,10 @@ pub struct Timings {
     pub prefill_ms: f64,
     /// Time to first token: prefill plus sampling the first token.
     pub ttft_ms: f64,
-    /// Decode steps (forward passes after the prompt).
+    /// Tokens produced by decode steps: all but the first (which the prompt's pass gives).
+    /// Without speculation one per forward pass after the prompt.
     pub decode_tokens: usize,
-    /// Time spent in decode steps.
+    /// Time spent in decode steps (with speculation: drafting and checking the guesses).
     pub decode_ms: f64,
     /// Weight I/O during prefill, when weights come through a [`crate::LayerSource`].
     pub prefill_io: SourceStats,
@@ -64,6 +66,8 @@ pub struct Generation {
     pub stop: StopReason,
     /// Timings.
     pub timings: Timings,
+    /// What speculative decoding did, when it ran ([`generate_speculative`]).
+    pub speculative: Option<SpecStats>,
 }
 
 /// Evaluate `prompt` (appended to whatever `ctx` already holds) and generate up to
@@ -87,55 +91,128 @@ pub fn generate_with(
     max_tokens: usize,
     sampler: &SamplerConfig,
     stop_at_eog: bool,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation> {
+    generate_speculative(ctx, prompt, max_tokens, sampler, stop_at_eog, None, on_token)
+}
+
+/// [`generate_with`], with speculative decoding when `spec` is given: each decode pass
+/// evaluates the last token and the drafter's guesses after it as one batch, and keeps
+/// the guesses the sampler would have produced itself ([`crate::speculative`] says why
+/// the tokens are exactly those of plain decoding). The KV cache is rolled back over the
+/// guesses that were not taken (on tensor-parallel workers and ring devices too: a pass
+/// tells them its first position and they forget what lies past it).
+pub fn generate_speculative(
+    ctx: &mut Context,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &SamplerConfig,
+    stop_at_eog: bool,
+    mut spec: Option<&mut Speculation>,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<Generation> {
     if prompt.is_empty() {
         return Err(ModelError::Input("the prompt is empty: nothing to condition on".into()));
     }
     let model = ctx.model().clone();
+    let n_vocab = model.config.n_vocab;
     let mut sampler = Sampler::new(sampler.clone());
+    let base = ctx.n_past();
     let mut history: Vec<u32> = prompt.to_vec();
     let mut out = Vec::new();
     let mut t = Timings { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = SpecStats::default();
 
     let io0 = ctx.source_stats().unwrap_or_default();
     let start = Instant::now();
-    let mut logits = ctx.eval(prompt, Logits::Last)?;
-    t.prefill_ms = ms(start);
     let mut io1 = None;
-    let mut stop = StopReason::Length;
-    while out.len() < max_tokens {
-        let id = sampler.sample(logits, &history);
+    // The next pass: `batch` (the prompt, then the last token and its guesses), whose
+    // last `drafted` tokens are guesses.
+    let mut batch: Vec<u32> = prompt.to_vec();
+    let mut drafted = 0;
+    let mut pass_start = start;
+    let stop = loop {
+        let which = if drafted > 0 { Logits::All } else { Logits::Last };
+        let logits = ctx.eval(&batch, which)?;
         if out.is_empty() {
-            t.ttft_ms = ms(start);
+            t.prefill_ms = ms(start);
+        }
+        if max_tokens == 0 {
+            break StopReason::Length; // the prompt is evaluated, nothing sampled
+        }
+        // One row per token from the last non-guess on: row i predicts the token after it.
+        let rows = &logits[if drafted > 0 { (batch.len() - 1 - drafted) * n_vocab } else { 0 }..];
+        let guesses = &batch[batch.len() - drafted..];
+        let mut stop = None;
+        for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
+            let id = sampler.sample(row, &history);
+            if out.is_empty() {
+                t.ttft_ms = ms(start);
+            }
+            out.push(id);
+            history.push(id);
+            let guessed = i < drafted && id == guesses[i];
+            stats.accepted += guessed as usize;
+            if !on_token(id) {
+                stop = Some(StopReason::Cancelled);
+            } else if stop_at_eog && model.tokenizer.is_eog(id) {
+                stop = Some(StopReason::EndOfGeneration);
+            } else if out.len() == max_tokens {
+                stop = Some(StopReason::Length);
+            }
+            if stop.is_some() || !guessed {
+                break;
+            }
+        }
+        if pass_start != start {
+            t.decode_ms += ms(pass_start);
+        } else {
             io1 = ctx.source_stats();
         }
-        out.push(id);
-        history.push(id);
-        if !on_token(id) {
-            stop = StopReason::Cancelled;
-            break;
+        // The cache keeps everything but the last token, which the next pass feeds.
+        let keep = base + history.len() - 1;
+        if ctx.truncate(keep) != keep {
+            return Err(ModelError::Context(format!("the KV cache cannot roll back to position {keep} after a speculative pass")));
         }
-        if stop_at_eog && model.tokenizer.is_eog(id) {
-            stop = StopReason::EndOfGeneration;
-            break;
-        }
-        if out.len() == max_tokens {
-            break;
+        if let Some(s) = stop {
+            break s;
         }
         if ctx.n_past() >= ctx.n_ctx() {
-            stop = StopReason::ContextFull;
-            break;
+            break StopReason::ContextFull;
         }
-        let step = Instant::now();
-        logits = ctx.eval(&[id], Logits::Last)?;
-        t.decode_ms += ms(step);
-        t.decode_tokens += 1;
-    }
+        pass_start = Instant::now();
+        batch.clear();
+        batch.push(out[out.len() - 1]);
+        drafted = 0;
+        if let Some(sp) = spec.as_deref_mut() {
+            // No guess past max_tokens, the context or one pass; and under the f32
+            // attention threshold, so a pass of guesses computes attention as a decode
+            // step does and the logits are plain decoding's bit for bit.
+            let room = (sp.max)
+                .min(max_tokens - out.len() - 1)
+                .min(ctx.n_ctx() - ctx.n_past() - 1)
+                .min(ctx.n_batch() - 1)
+                .min(if ctx.f32_attention_from() > 1 { ctx.f32_attention_from() - 2 } else { usize::MAX });
+            if room >= sp.min.max(1) {
+                let mut d = sp.drafter.draft(&history, room)?;
+                d.truncate(room);
+                if d.len() >= sp.min.max(1) {
+                    if let Some(&bad) = d.iter().find(|&&id| id as usize >= n_vocab) {
+                        return Err(ModelError::Input(format!("the drafter proposed token {bad}, outside the vocabulary ({n_vocab})")));
+                    }
+                    drafted = d.len();
+                    stats.passes += 1;
+                    stats.drafted += drafted;
+                    batch.extend_from_slice(&d);
+                }
+            }
+        }
+    };
+    t.decode_tokens = out.len().saturating_sub(1);
     let io2 = ctx.source_stats().unwrap_or_default();
     let io1 = io1.unwrap_or(io2);
     (t.prefill_io, t.decode_io) = (io1.since(&io0), io2.since(&io1));
-    Ok(Generation { tokens: out, stop, timings: t })
+    Ok(Generation { tokens: out, stop, timings: t, speculative: spec.map(|_| stats) })
 }
 
 fn ms(since: Instant) -> f64 {

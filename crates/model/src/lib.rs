@@ -7,6 +7,8 @@
 //! - [`Context`]: one inference stream (KV cache, scratch, thread pool); [`Context::eval`]
 //!   runs a batch of tokens and returns logits.
 //! - [`sampler`]: greedy / temperature / top-k / top-p / min-p / repeat penalty.
+//! - [`speculative`]: drafters (n-gram lookup, a draft model) for
+//!   [`generate_speculative`].
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -46,4 +48,5 @@ pub use source::{split_rows, unit_ranges, LayerSource, SourceStats, Unit};
 pub use split::{keys as shard_keys, slice_matrix, Collective, CollectiveError, TensorSplit};
 pub use weights::{file_tensors, layer_table, LayerWeights, TensorRef, Weights, MATMUL_TYPES};
 mod generate;
-pub use generate::{generate, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};
+pub use generate::{generate, generate_speculative, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};
+pub mod speculative;

@@ -4,7 +4,7 @@ use crate::budget::{io_json, io_line};
 use crate::common::{print_out, MemoryReport, ModelArgs};
 use anyhow::{Context as _, Result};
 use hearth_chat::Message;
-use hearth_model::{generate_with, sampler::SamplerConfig, Model};
+use hearth_model::{generate_speculative, sampler::SamplerConfig, Model};
 use hearth_tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -107,6 +107,8 @@ pub struct Args {
     /// Print one JSON object (token ids, text, timings, peak RSS) instead of streaming text
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub spec: crate::speculative::SpecArgs,
 }
 
 /// Render `messages` with the model's chat template.
@@ -147,8 +149,9 @@ pub fn run(a: Args) -> Result<()> {
     let json = a.json;
     let tok = &model.tokenizer;
     let sampler = a.sampling.config()?;
+    let mut spec = a.spec.speculation(&model, ctx.n_ctx(), ctx.n_batch(), ctx.n_threads())?;
     let mut write_err = None;
-    let out = generate_with(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, |id| {
+    let out = generate_speculative(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, spec.as_mut(), |id| {
         // The first token comes right after prefill: split the group's counters there.
         if comm1.is_none() {
             comm1 = cluster.as_ref().map(|c| c.snapshot());
@@ -199,6 +202,7 @@ pub fn run(a: Args) -> Result<()> {
             "peak_rss_bytes": mem.proc.peak_rss_bytes,
             "memory": mem.json(),
             "seed": sampler.seed,
+            "speculative": out.speculative.as_ref().map(|s| crate::speculative::stats_json(&a.spec, s)),
             "ring": decode_ring,
             "tensor_parallel": cluster.as_ref().filter(|c| c.ring().is_none()).map(|c| {
                 let now = c.snapshot();
@@ -232,6 +236,9 @@ pub fn run(a: Args) -> Result<()> {
             out.stop,
             mem.human(),
         );
+        if let Some(s) = &out.speculative {
+            eprintln!("{}", crate::speculative::stats_line(&a.spec, s));
+        }
         if let Some(v) = &decode_ring {
             eprintln!("{}", crate::ring::ring_lines(v));
         } else if let (Some(run), Some(c0)) = (&cluster, &comm0) {

@@ -1,0 +1,75 @@
+//! Speculative decoding end to end (`generate --draft ngram | --draft-model`): the same
+//! greedy tokens as without, on one machine, under `--mem-budget`, across tensor-parallel
+//! workers and on the ring; acceptance statistics in `--json`; bad flags are clear errors.
+
+mod common;
+
+use common::{addrs, assert_clean_error, gemma3, model, ok, tokens, Worker};
+
+/// A copy task: its continuation repeats the prompt, so n-gram drafts are often right.
+const PROMPT: &str = "Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n\
+                      Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, orange, yellow, green, \
+                      blue, indigo, violet.\nCopy:";
+
+fn generate(extra: &[&str]) -> std::process::Output {
+    common::generate_json(PROMPT, &[&["-c", "256"], extra].concat())
+}
+
+/// The run's `speculative` object: (drafted, accepted).
+fn spec(v: &serde_json::Value) -> (u64, u64) {
+    let s = &v["speculative"];
+    (s["drafted"].as_u64().unwrap_or(0), s["accepted"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn speculative_tokens_equal_plain_decoding_on_every_schedule() {
+    let m = model();
+    let plain = ok(generate(&[]));
+    let want = tokens(&plain);
+    assert_eq!(want.len(), 20);
+    assert!(plain["speculative"].is_null());
+
+    let v = ok(generate(&["--draft", "ngram"]));
+    assert_eq!(tokens(&v), want, "n-gram");
+    let (drafted, accepted) = spec(&v);
+    assert!(accepted > 0 && accepted <= drafted, "{}", v["speculative"]);
+    // The same file as draft model: every guess is right. The prompt's pass gives token 1,
+    // then passes of 4 guesses give 5 tokens each and the last 3 guesses the last 4 tokens.
+    let v = ok(generate(&["--draft-model", m.to_str().unwrap(), "--draft-max", "4"]));
+    assert_eq!(tokens(&v), want, "draft model");
+    let (drafted, accepted) = spec(&v);
+    assert!(drafted == 15 && accepted == drafted, "{}", v["speculative"]);
+    assert_eq!(v["speculative"]["passes"], 4, "{}", v["speculative"]);
+
+    // Under a budget smaller than the weights: each streamed layer serves a whole pass.
+    let budget = ["--mem-budget", "64MiB"];
+    let streamed = ok(generate(&budget));
+    assert_eq!(tokens(&streamed), want);
+    let v = ok(generate(&[&budget[..], &["--draft", "ngram"]].concat()));
+    assert_eq!(tokens(&v), want, "n-gram under --mem-budget");
+    let read = |v: &serde_json::Value| v["window"]["decode_io"]["bytes_read"].as_u64().unwrap();
+    assert!(read(&v) < read(&streamed), "fewer passes read fewer bytes: {} vs {}", read(&v), read(&streamed));
+
+    // Tensor parallel (the exact gather schedule) and the ring: the workers forget the
+    // refused guesses when the next pass starts at an earlier position.
+    let w = Worker::start(&m, &[]);
+    for layout in [
+        &["--workers", &addrs(&[&w]), "--tp-schedule", "gather"][..],
+        &["--workers", &addrs(&[&w]), "--parallel", "ring", "--layer-window", "15,15"],
+    ] {
+        let out = generate(&[layout, &["--draft", "ngram"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let v = ok(out);
+        assert_eq!(tokens(&v), want, "{layout:?}: {err}");
+        assert!(spec(&v).1 > 0, "{layout:?}: {}", v["speculative"]);
+    }
+}
+
+#[test]
+fn bad_speculation_flags_are_clear_errors() {
+    assert_clean_error(&generate(&["--draft-max", "4"]), "add --draft ngram or --draft-model");
+    assert_clean_error(&generate(&["--draft", "ngram", "--draft-min", "8", "--draft-max", "4"]), "--draft-min 8 exceeds --draft-max 4");
+    assert_clean_error(&generate(&["--draft-model", "/nonexistent.gguf"]), "draft model");
+    // Gemma 3's vocabulary is not SmolLM2's.
+    assert_clean_error(&generate(&["--draft-model", gemma3().to_str().unwrap()]), "must share the model's vocabulary");
+}
