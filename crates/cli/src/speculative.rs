@@ -41,13 +41,23 @@ impl SpecArgs {
         self.draft.is_some() || self.draft_model.is_some()
     }
 
+    /// The flags' values are consistent: --draft-max/--draft-min only with a drafter, min ≤ max.
+    pub fn check(&self) -> Result<()> {
+        if !self.enabled() && (self.draft_max.is_some() || self.draft_min.is_some()) {
+            bail!("--draft-max and --draft-min set how speculative decoding guesses: add --draft ngram or --draft-model PATH");
+        }
+        let (max, min) = (self.draft_max.unwrap_or(16), self.draft_min.unwrap_or(1));
+        if min > max {
+            bail!("--draft-min {min} exceeds --draft-max {max}: no draft could be long enough");
+        }
+        Ok(())
+    }
+
     /// The drafter these flags ask for (`None`: no speculation), drafting for `target` with
     /// a context of `n_ctx` positions, passes of `n_batch` tokens and `n_threads` threads.
     pub fn speculation(&self, target: &Model, n_ctx: usize, n_batch: usize, n_threads: usize) -> Result<Option<Speculation>> {
+        self.check()?;
         if !self.enabled() {
-            if self.draft_max.is_some() || self.draft_min.is_some() {
-                bail!("--draft-max and --draft-min set how speculative decoding guesses: add --draft ngram or --draft-model PATH");
-            }
             return Ok(None);
         }
         let drafter: Box<dyn Drafter> = match &self.draft_model {
@@ -62,9 +72,6 @@ impl SpecArgs {
         let mut spec = Speculation::new(drafter);
         spec.max = self.draft_max.map_or(spec.max, |n| n as usize);
         spec.min = self.draft_min.map_or(spec.min, |n| n as usize);
-        if spec.min > spec.max {
-            bail!("--draft-min {} exceeds --draft-max {}: no draft could be long enough", spec.min, spec.max);
-        }
         Ok(Some(spec))
     }
 

@@ -73,3 +73,47 @@ fn bad_speculation_flags_are_clear_errors() {
     // Gemma 3's vocabulary is not SmolLM2's.
     assert_clean_error(&generate(&["--draft-model", gemma3().to_str().unwrap()]), "must share the model's vocabulary");
 }
+
+/// `serve --draft ngram`: every request of a batch of 8 (greedy, seeded sampling, streamed)
+/// gets the tokens it gets from a server without speculation, and /metrics counts the
+/// guesses.
+#[test]
+fn serve_with_ngram_drafts_answers_as_without_in_a_batch() {
+    use common::server::Server;
+    use serde_json::json;
+    let bodies: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            let (temperature, seed) = if i % 2 == 0 { (0.0, 0) } else { (0.9, i as u64) };
+            json!({"prompt": PROMPT, "max_tokens": 24 + i, "temperature": temperature, "seed": seed, "logprobs": 1})
+        })
+        .collect();
+    let answers = |s: &Server| {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = bodies.iter().map(|b| sc.spawn(move || s.post("/v1/completions", b))).collect();
+            hs.into_iter()
+                .map(|h| {
+                    let (st, r) = h.join().unwrap();
+                    assert_eq!(st, 200, "{r}");
+                    let c = &r["choices"][0];
+                    (c["text"].as_str().unwrap().to_string(), c["logprobs"]["token_logprobs"].clone())
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let plain = answers(&Server::start(&["--parallel", "4"]));
+    let s = Server::start(&["--parallel", "4", "--draft", "ngram", "--draft-max", "8"]);
+    let spec = answers(&s);
+    for (i, (p, g)) in plain.iter().zip(&spec).enumerate() {
+        assert_eq!(p, g, "request {i}: text or log-probabilities differ with speculation");
+    }
+    let metric = |name: &str| -> u64 {
+        s.get("/metrics").lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().trim().parse().unwrap()
+    };
+    let (drafted, accepted) = (metric("hearth_speculative_drafted_tokens_total"), metric("hearth_speculative_accepted_tokens_total"));
+    assert!(accepted > 0 && accepted <= drafted, "{accepted} of {drafted}");
+    // Streamed: the same text as whole.
+    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": true});
+    let text: String =
+        s.stream("/v1/completions", &body).iter().filter_map(|e| e["choices"][0]["text"].as_str().map(String::from)).collect();
+    assert_eq!(text, plain[0].0);
+}

@@ -24,16 +24,17 @@ pub enum Logits {
 }
 
 /// Part of a batch for [`Context::eval_batch`]: `tokens` of the sequence in KV cache slot
-/// `slot`, appended at that slot's next position; `logits`: whether its last token's
-/// logits are wanted (the prompt's last chunk and every decode token).
+/// `slot`, appended at that slot's next position; `logits`: how many of its last tokens
+/// need logits (0 none; 1 the last: a prompt's last chunk, a decode step; `1 + k`: a
+/// decode step carrying `k` speculative guesses).
 #[derive(Debug, Clone, Copy)]
 pub struct Segment<'a> {
     /// KV cache slot, `0..n_slots`.
     pub slot: usize,
     /// Tokens to append (at least one).
     pub tokens: &'a [u32],
-    /// Whether to return logits for the last of `tokens`.
-    pub logits: bool,
+    /// Return logits for this many of the last `tokens` (at most `tokens.len()`).
+    pub logits: usize,
 }
 
 /// Rows `row..row + len` of a batch: one sequence's tokens at positions `pos0..` of slot `slot`.
@@ -538,10 +539,10 @@ impl Context {
     /// Run several sequences' tokens as one forward pass (continuous batching): each
     /// segment's tokens at its slot's next positions, attending to that slot's cache only,
     /// while the matrix products take all tokens at once. At most [`Self::n_batch`] tokens
-    /// in all and one segment per slot. Returns logits `[k, n_vocab]`: one row per segment
-    /// with `logits` set, in segment order. A sequence's results do not depend on what
-    /// else shares its batch (each token's products, norms and attention are computed the
-    /// same way alone or in a batch).
+    /// in all and one segment per slot. Returns logits `[k, n_vocab]`: each segment's
+    /// `logits` rows (its last tokens, in order), segments in order. A sequence's results
+    /// do not depend on what else shares its batch (each token's products, norms and
+    /// attention are computed the same way alone or in a batch).
     pub fn eval_batch(&mut self, segs: &[Segment<'_>]) -> Result<&[f32]> {
         let n: usize = segs.iter().map(|g| g.tokens.len()).sum();
         if segs.is_empty() {
@@ -560,11 +561,12 @@ impl Context {
                 return Err(ModelError::Input(format!("slot {} appears twice in one batch", g.slot)));
             }
             self.check_tokens(g.slot, g.tokens)?;
+            if g.logits > g.tokens.len() {
+                return Err(ModelError::Input(format!("logits for {} tokens of a segment of {}", g.logits, g.tokens.len())));
+            }
             spans.push(Span { slot: g.slot, pos0: self.n_past[g.slot], row: tokens.len(), len: g.tokens.len() });
             tokens.extend_from_slice(g.tokens);
-            if g.logits {
-                rows.push(tokens.len() - 1);
-            }
+            rows.extend(tokens.len() - g.logits..tokens.len());
         }
         self.s.logits.resize(rows.len() * self.model.config.n_vocab, 0.0);
         self.forward(&tokens, &spans, &rows, 0)?;

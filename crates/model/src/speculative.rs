@@ -49,8 +49,10 @@ impl Default for NgramDraft {
     }
 }
 
-impl Drafter for NgramDraft {
-    fn draft(&mut self, history: &[u32], max: usize) -> Result<Vec<u32>> {
+impl NgramDraft {
+    /// Up to `max` tokens that followed the latest earlier occurrence of `history`'s
+    /// last `n_max..=n_min` tokens (longest first); none when no suffix recurs.
+    pub fn lookup(&self, history: &[u32], max: usize) -> Vec<u32> {
         let len = history.len();
         for n in (self.n_min.max(1)..=self.n_max).rev() {
             if len <= n || max == 0 {
@@ -60,10 +62,16 @@ impl Drafter for NgramDraft {
             // Most recent first: what was said last is the likeliest to be said again.
             if let Some(j) = (0..len - n).rev().find(|&j| &history[j..j + n] == tail) {
                 let from = j + n;
-                return Ok(history[from..len.min(from + max)].to_vec());
+                return history[from..len.min(from + max)].to_vec();
             }
         }
-        Ok(Vec::new())
+        Vec::new()
+    }
+}
+
+impl Drafter for NgramDraft {
+    fn draft(&mut self, history: &[u32], max: usize) -> Result<Vec<u32>> {
+        Ok(self.lookup(history, max))
     }
 }
 

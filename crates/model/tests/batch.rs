@@ -60,7 +60,7 @@ fn batched_sequences_match_each_alone_bit_for_bit() {
         if owned.is_empty() {
             break;
         }
-        let segs: Vec<Segment> = owned.iter().map(|(i, t, l)| Segment { slot: 3 - i, tokens: t, logits: *l }).collect();
+        let segs: Vec<Segment> = owned.iter().map(|(i, t, l)| Segment { slot: 3 - i, tokens: t, logits: *l as usize }).collect();
         let logits = ctx.eval_batch(&segs).unwrap().to_vec();
         let v = model.config.n_vocab;
         let mut row = 0;
@@ -93,14 +93,14 @@ fn batch_errors_are_reported() {
     ctx.set_slots(2).unwrap();
     assert_eq!((ctx.n_slots(), ctx.n_ctx()), (2, 16));
     let t = [1u32, 2, 3];
-    let seg = |slot, tokens| Segment { slot, tokens, logits: true };
+    let seg = |slot, tokens| Segment { slot, tokens, logits: 1 };
     assert!(ctx.eval_batch(&[]).is_err());
     assert!(ctx.eval_batch(&[seg(2, &t)]).is_err(), "slot out of range");
     assert!(ctx.eval_batch(&[seg(0, &t), seg(0, &t)]).is_err(), "slot twice");
     assert!(ctx.eval_batch(&[seg(0, &[1; 5]), seg(1, &[1; 5])]).is_err(), "over the batch size");
     assert!(ctx.eval_batch(&[seg(0, &[u32::MAX])]).is_err(), "bad token id");
     assert_eq!((ctx.slot_n_past(0), ctx.slot_n_past(1)), (0, 0), "failed batches must not advance a slot");
-    let out = ctx.eval_batch(&[seg(0, &t), Segment { slot: 1, tokens: &t, logits: false }]).unwrap();
+    let out = ctx.eval_batch(&[seg(0, &t), Segment { slot: 1, tokens: &t, logits: 0 }]).unwrap();
     assert_eq!(out.len(), model.config.n_vocab);
     assert!(ctx.set_slots(3).is_err(), "slots after the first evaluation");
     for _ in 0..4 {
@@ -121,21 +121,21 @@ fn copied_slots_continue_bit_for_bit() {
     let mut ctx = Context::new(model.clone(), 256, 64, 2).unwrap();
     ctx.set_slots(3).unwrap();
     let n = prompt.len() - 1;
-    ctx.eval_batch(&[Segment { slot: 0, tokens: &prompt[..n], logits: false }]).unwrap();
+    ctx.eval_batch(&[Segment { slot: 0, tokens: &prompt[..n], logits: 0 }]).unwrap();
     for to in [1, 2] {
         assert_eq!(ctx.copy_slot(0, to, n), n);
-        let mut logits = ctx.eval_batch(&[Segment { slot: to, tokens: &prompt[n..], logits: true }]).unwrap().to_vec();
+        let mut logits = ctx.eval_batch(&[Segment { slot: to, tokens: &prompt[n..], logits: 1 }]).unwrap().to_vec();
         for step in 0..STEPS {
             assert_eq!(logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_bits[step], "slot {to}, step {step}");
             let id = argmax(&logits);
             assert_eq!(id, want[step]);
-            logits = ctx.eval_batch(&[Segment { slot: to, tokens: &[id], logits: true }]).unwrap().to_vec();
+            logits = ctx.eval_batch(&[Segment { slot: to, tokens: &[id], logits: 1 }]).unwrap().to_vec();
         }
     }
     assert_eq!(ctx.copy_slot(0, 0, 3), 0, "a slot is not copied onto itself");
     assert_eq!(ctx.copy_slot(0, 9, 3), 0, "a missing slot copies nothing");
     // Control: one position short, then fed from the wrong token.
     assert_eq!(ctx.copy_slot(0, 1, n - 1), n - 1);
-    let wrong = ctx.eval_batch(&[Segment { slot: 1, tokens: &prompt[n..], logits: true }]).unwrap();
+    let wrong = ctx.eval_batch(&[Segment { slot: 1, tokens: &prompt[n..], logits: 1 }]).unwrap();
     assert_ne!(wrong.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_bits[0]);
 }

@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx.set_slots(b)?;
         // A 16-token prompt per slot, then timed decode steps.
         let prompt: Vec<u32> = (0..16).map(|i| 100 + i).collect();
-        let segs: Vec<Segment> = (0..b).map(|s| Segment { slot: s, tokens: &prompt[..], logits: false }).collect();
+        let segs: Vec<Segment> = (0..b).map(|s| Segment { slot: s, tokens: &prompt[..], logits: 0 }).collect();
         for chunk in segs.chunks(32) {
             ctx.eval_batch(chunk)?;
         }
@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tok = [200u32];
         let t0 = Instant::now();
         for _ in 0..steps {
-            let segs: Vec<Segment> = (0..b).map(|s| Segment { slot: s, tokens: &tok, logits: true }).collect();
+            let segs: Vec<Segment> = (0..b).map(|s| Segment { slot: s, tokens: &tok, logits: 1 }).collect();
             ctx.eval_batch(&segs)?;
         }
         let dt = t0.elapsed().as_secs_f64() / steps as f64;

@@ -57,6 +57,20 @@ pub struct ServeOptions {
     pub prompt_cache: bool,
     /// How `/v1/embeddings` pools hidden states (`None`: the file's `pooling_type`, else mean).
     pub pooling: Option<hearth_model::embed::Pooling>,
+    /// Speculative decoding with n-gram guesses (`None`: off).
+    pub draft: Option<Draft>,
+}
+
+/// Speculative decoding in the server: each decoding sequence guesses its next tokens by
+/// n-gram lookup in its own prompt and output ([`hearth_model::speculative::NgramDraft`])
+/// and feeds them with its last token; the tokens it samples are those it would sample
+/// without (the scheduler rolls back its slot over the guesses not taken).
+#[derive(Debug, Clone, Copy)]
+pub struct Draft {
+    /// Most guesses per sequence and step.
+    pub max: usize,
+    /// Fewest guesses worth feeding.
+    pub min: usize,
 }
 
 /// The model's chat template, ready to render (an error message when it has none).
@@ -129,7 +143,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
             *metrics.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster::ClusterState::new(layout, &named, &workers));
             cluster::Replanner::new(model.clone(), o, metrics.cluster.clone())
         });
-        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan)?.0);
+        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan, opts.draft)?.0);
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

@@ -56,6 +56,10 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     /// Generated tokens.
     pub completion_tokens: AtomicU64,
+    /// Speculative decoding: tokens guessed and checked.
+    pub drafted_tokens: AtomicU64,
+    /// Of them, those the model sampled itself (taken).
+    pub accepted_tokens: AtomicU64,
     /// Sequences ended because their client went away.
     pub cancelled: AtomicU64,
     /// Requests waiting for a slot.
@@ -85,6 +89,8 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
+            drafted_tokens: AtomicU64::new(0),
+            accepted_tokens: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
             active: AtomicU64::new(0),
@@ -121,6 +127,8 @@ impl Metrics {
             ("hearth_prompt_tokens_total", "counter", "Prompt tokens of admitted sequences.", get(&self.prompt_tokens)),
             ("hearth_prompt_cached_tokens_total", "counter", "Prompt tokens the prompt cache held (not evaluated again).", get(&self.cached_tokens)),
             ("hearth_completion_tokens_total", "counter", "Generated tokens.", get(&self.completion_tokens)),
+            ("hearth_speculative_drafted_tokens_total", "counter", "Speculative decoding: tokens guessed and checked.", get(&self.drafted_tokens)),
+            ("hearth_speculative_accepted_tokens_total", "counter", "Speculative decoding: guesses the model sampled itself.", get(&self.accepted_tokens)),
             ("hearth_cancelled_total", "counter", "Sequences cancelled because the client disconnected.", get(&self.cancelled)),
             ("hearth_steps_total", "counter", "Forward passes (scheduler steps).", get(&self.steps)),
             ("hearth_queue_depth", "gauge", "Requests waiting for a KV cache slot.", get(&self.queue_depth)),

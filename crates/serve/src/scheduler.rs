@@ -41,6 +41,8 @@ impl Scheduler {
     /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
     /// `prompt_cache`: reuse a freed slot's cached prefix (see the module docs).
     /// `replan`: for a context across devices, how to set it up again when a worker fails.
+    /// `draft`: speculative decoding with n-gram guesses for every decoding sequence.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         mut ctx: Context,
         queue_size: usize,
@@ -49,6 +51,7 @@ impl Scheduler {
         id: usize,
         prompt_cache: bool,
         replan: Option<Replanner>,
+        draft: Option<crate::Draft>,
     ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
         let queue_size = queue_size.max(1);
         let (tx, rx) = sync_channel(queue_size);
@@ -65,7 +68,7 @@ impl Scheduler {
             }
             let _ = ready_tx.send(Ok(()));
             ctx.set_f32_attention_from(1);
-            run(ctx, rx, &m, &l, prompt_cache, replan.map(|r| (r, pin)))
+            run(ctx, rx, &m, &l, prompt_cache, replan.map(|r| (r, pin)), draft)
         })?;
         ready_rx.recv().map_err(std::io::Error::other)?.map_err(std::io::Error::other)?;
         Ok((Self { tx, metrics, load, queue_size, n_ctx, n_slots }, thread))
@@ -162,6 +165,7 @@ fn run(
     load: &AtomicUsize,
     prompt_cache: bool,
     mut replan: Option<(Replanner, Option<Vec<usize>>)>,
+    draft: Option<crate::Draft>,
 ) {
     let model = ctx.model().clone();
     let tok = &model.tokenizer;
@@ -297,15 +301,45 @@ fn run(
             continue;
         }
 
-        // This step's batch (`plan_step`): (sequence, tokens this step).
+        // Speculative decoding: each decoding sequence's guesses at how it goes on.
+        if let Some(d) = &draft {
+            for s in active.iter_mut().filter(|s| s.decoding()) {
+                s.guess(d, n_ctx);
+            }
+        }
+        // This step's batch (`plan_step`): (sequence, tokens this step); guesses ride in
+        // what the step leaves over, after every prompt's chunk.
         let state: Vec<(bool, usize)> = active.iter().map(|s| (s.decoding(), s.tokens.len() - s.fed)).collect();
-        let plan = plan_step(&state, ctx.n_batch(), ctx.n_slots());
-        let budget = ctx.n_batch() - plan.iter().map(|&(_, t)| t).sum::<usize>();
-        let segs: Vec<Segment> = plan
+        let mut plan = plan_step(&state, ctx.n_batch(), ctx.n_slots());
+        let mut budget = ctx.n_batch() - plan.iter().map(|&(_, t)| t).sum::<usize>();
+        let mut in_plan = vec![false; active.len()];
+        for (i, take) in plan.iter_mut() {
+            in_plan[*i] = true;
+            let s = &mut active[*i];
+            if s.decoding() {
+                s.draft.truncate(budget);
+                *take += s.draft.len();
+                budget -= s.draft.len();
+            }
+        }
+        for (s, _) in active.iter_mut().zip(&in_plan).filter(|(_, &p)| !p) {
+            s.draft.clear();
+        }
+        let feeds: Vec<Vec<u32>> = plan
             .iter()
             .map(|&(i, take)| {
                 let s = &active[i];
-                Segment { slot: s.slot, tokens: &s.tokens[s.fed..s.fed + take], logits: s.fed + take == s.tokens.len() }
+                let own = take - s.draft.len();
+                [&s.tokens[s.fed..s.fed + own], &s.draft[..]].concat()
+            })
+            .collect();
+        let segs: Vec<Segment> = plan
+            .iter()
+            .zip(&feeds)
+            .map(|(&(i, take), f)| {
+                let s = &active[i];
+                let logits = if s.decoding() { take } else { (s.fed + take == s.tokens.len()) as usize };
+                Segment { slot: s.slot, tokens: f, logits }
             })
             .collect();
         metrics.steps.fetch_add(1, Ordering::Relaxed);
@@ -333,19 +367,40 @@ fn run(
             }
         };
 
-        // Sample for the sequences that got logits; retire the finished.
+        // Sample for the sequences that got logits (a decoding one row after row while its
+        // guesses are the tokens it samples); retire the finished.
         let mut row = 0;
         let mut done = Vec::new();
-        for &(i, take) in &plan {
+        let mut rewind = Vec::new();
+        for (&(i, take), seg) in plan.iter().zip(&segs) {
             let s = &mut active[i];
-            s.fed += take;
-            if s.fed == s.tokens.len() {
-                let lg = &logits[row * n_vocab..(row + 1) * n_vocab];
-                row += 1;
-                if s.step(lg, tok, n_ctx, metrics).is_some() {
+            let guesses = std::mem::take(&mut s.draft);
+            s.fed += take - guesses.len();
+            let rows = &logits[row * n_vocab..(row + seg.logits) * n_vocab];
+            row += seg.logits;
+            let mut accepted = 0;
+            for (r, lg) in rows.chunks_exact(n_vocab).enumerate() {
+                let before = s.tokens.len();
+                let finish = s.step(lg, tok, n_ctx, metrics);
+                let hit = s.tokens.len() > before && guesses.get(r).is_some_and(|g| s.tokens.last() == Some(g));
+                accepted += hit as u64;
+                if finish.is_some() {
                     done.push(i);
+                    break;
                 }
+                if !hit {
+                    break;
+                }
+                s.fed += 1; // the guess was this token: its K/V are in, its row is next
             }
+            if !guesses.is_empty() {
+                metrics.drafted_tokens.fetch_add(guesses.len() as u64, Ordering::Relaxed);
+                metrics.accepted_tokens.fetch_add(accepted, Ordering::Relaxed);
+                rewind.push((s.slot, s.fed));
+            }
+        }
+        for (slot, n) in rewind {
+            ctx.truncate_slot(slot, n); // forget the guesses not taken
         }
         done.sort_unstable();
         for &i in done.iter().rev() {

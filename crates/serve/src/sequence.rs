@@ -5,6 +5,7 @@ use crate::constraint::Constraint;
 use crate::metrics::Metrics;
 use crate::stop::StopText;
 use hearth_model::sampler::{Sampler, SamplerConfig};
+use hearth_model::speculative::NgramDraft;
 use hearth_tokenizer::{StreamDecoder, Tokenizer};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -130,6 +131,8 @@ pub struct Seq<'t> {
     constraint: Option<Constraint>,
     /// The request's stop strings as sent (to start it over, [`Seq::restart`]).
     stop_strings: Vec<String>,
+    /// Speculative guesses fed after its last token this step ([`Seq::guess`]).
+    pub draft: Vec<u32>,
 }
 
 impl<'t> Seq<'t> {
@@ -152,6 +155,22 @@ impl<'t> Seq<'t> {
             arrived: job.arrived,
             first_token: None,
             constraint: job.constraint,
+            draft: Vec::new(),
+        }
+    }
+
+    /// Guess how a decoding sequence goes on (`d`'s n-gram lookup): at most `d.max`
+    /// tokens, none past its `max_tokens` or a context of `n_ctx`; fewer than `d.min`
+    /// are dropped.
+    pub fn guess(&mut self, d: &crate::Draft, n_ctx: usize) {
+        let room = d.max.min(self.max_tokens.saturating_sub(self.generated() + 1)).min(n_ctx.saturating_sub(self.fed + 1));
+        self.draft = if room >= d.min.max(1) {
+            NgramDraft::default().lookup(&self.tokens, room)
+        } else {
+            Vec::new()
+        };
+        if self.draft.len() < d.min {
+            self.draft.clear();
         }
     }
 

@@ -47,6 +47,9 @@ pub struct Args {
     /// embedding models use) [default: the file's pooling_type, else mean]
     #[arg(long, value_enum)]
     pub pooling: Option<PoolingArg>,
+    /// Speculative decoding for every request (--draft ngram; the tokens are those without it)
+    #[command(flatten)]
+    pub spec: crate::speculative::SpecArgs,
 }
 
 /// `--pooling` values.
@@ -81,6 +84,14 @@ pub fn run(a: Args) -> Result<()> {
     if a.model.ctx_size == Some(1) {
         bail!("--ctx-size 1 leaves no position to generate into: a slot needs at least 2");
     }
+    if let Some(p) = &a.spec.draft_model {
+        bail!("--draft-model {}: the server drafts by n-gram lookup only for now (--draft ngram)", p.display());
+    }
+    let draft = a.spec.enabled().then(|| hearth_serve::Draft {
+        max: a.spec.draft_max.map_or(16, |n| n as usize),
+        min: a.spec.draft_min.map_or(1, |n| n as usize),
+    });
+    a.spec.check()?;
     let path = resolve_model(a.model.model.as_ref())?;
     let model = a.model.load()?;
     let groups = a.groups as usize;
@@ -136,15 +147,16 @@ pub fn run(a: Args) -> Result<()> {
     });
     eprintln!(
         "hearth serve: {model_id}, {groups} engine(s) × {slots} slots × {} positions (KV cache {:.1} MiB each), {} tokens per step, \
-         {} threads each, embeddings pooled by {}{}{}",
+         {} threads each, embeddings pooled by {}{}{}{}",
         ctx.n_ctx(),
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
         ctx.n_batch(),
         ctx.n_threads(),
         pooling.name(),
         if a.model.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() },
-        if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" }
+        if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" },
+        draft.map_or(String::new(), |d| format!(", speculative decoding with n-gram drafts (up to {} guesses)", d.max)),
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling) };
+    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling), draft };
     hearth_serve::serve(engines, opts).context("serving")
 }
