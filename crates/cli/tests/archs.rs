@@ -50,6 +50,13 @@ fn generate(m: &Path, extra: &[&str]) -> serde_json::Value {
 fn every_mode_matches(m: &Path, n_layer: usize, budget: Option<&str>) {
     let single = tokens(&generate(m, &[]));
     assert_eq!(single.len(), 16);
+    // Speculative decoding (issue #22): n-gram guesses and the file as its own draft model,
+    // the KV cache rolled back over refused guesses (Gemma 3: through its window rings).
+    for spec in [&["--draft", "ngram"][..], &["--draft-model", m.to_str().unwrap(), "--draft-max", "3"]] {
+        let v = generate(m, spec);
+        assert_eq!(tokens(&v), single, "{}: {spec:?}", m.display());
+        assert!(v["speculative"]["drafted"].as_u64().is_some(), "{}", v["speculative"]);
+    }
     let ws: Vec<Worker> = (0..2).map(|_| Worker::start(m, &[])).collect();
     for workers in [addrs(&[&ws[0]]), addrs(&[&ws[0], &ws[1]])] {
         let v = generate(m, &["--workers", &workers, "--tp-schedule", "gather"]);

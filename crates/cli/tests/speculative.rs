@@ -117,3 +117,20 @@ fn serve_with_ngram_drafts_answers_as_without_in_a_batch() {
         s.stream("/v1/completions", &body).iter().filter_map(|e| e["choices"][0]["text"].as_str().map(String::from)).collect();
     assert_eq!(text, plain[0].0);
 }
+
+/// `bench --draft ngram --prompt-file F`: the decode test continues the file's text with
+/// speculation and reports the guesses; without the file it is a clear error.
+#[test]
+fn bench_reports_speculation_on_a_prompt_file() {
+    let m = model();
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("spec-bench-prompt.txt");
+    std::fs::write(&file, PROMPT).unwrap();
+    let base = ["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "16", "-r", "1", "-t", "1", "--membw-mib", "16", "--json"];
+    let v = ok(common::hearth(&[&base[..], &["--draft", "ngram", "--prompt-file", file.to_str().unwrap()]].concat()));
+    let s = &v[0]["speculative"];
+    assert!(s["drafted"].as_u64().unwrap() > 0 && s["passes"].as_u64().unwrap() > 0, "{s}");
+    assert!(v[0]["roofline_pct"].is_null(), "a speculative pass reads the weights once for several tokens");
+    assert!(ok(common::hearth(&base))[0]["speculative"].is_null());
+    assert_clean_error(&common::hearth(&[&base[..], &["--draft", "ngram"]].concat()), "give --prompt-file");
+    assert_clean_error(&common::hearth(&[&base[..], &["--prompt-file", file.to_str().unwrap()]].concat()), "add --draft ngram");
+}

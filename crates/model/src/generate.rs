@@ -144,6 +144,7 @@ pub fn generate_speculative(
         let rows = &logits[if drafted > 0 { (batch.len() - 1 - drafted) * n_vocab } else { 0 }..];
         let guesses = &batch[batch.len() - drafted..];
         let mut stop = None;
+        let mut taken = 0;
         for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
             let id = sampler.sample(row, &history);
             if out.is_empty() {
@@ -153,6 +154,7 @@ pub fn generate_speculative(
             history.push(id);
             let guessed = i < drafted && id == guesses[i];
             stats.accepted += guessed as usize;
+            taken += guessed as usize;
             if !on_token(id) {
                 stop = Some(StopReason::Cancelled);
             } else if stop_at_eog && model.tokenizer.is_eog(id) {
@@ -163,6 +165,9 @@ pub fn generate_speculative(
             if stop.is_some() || !guessed {
                 break;
             }
+        }
+        if let (Some(sp), true) = (spec.as_deref_mut(), drafted > 0) {
+            sp.len.record(drafted, taken, sp.max);
         }
         if pass_start != start {
             t.decode_ms += ms(pass_start);
@@ -188,7 +193,7 @@ pub fn generate_speculative(
             // No guess past max_tokens, the context or one pass; and under the f32
             // attention threshold, so a pass of guesses computes attention as a decode
             // step does and the logits are plain decoding's bit for bit.
-            let room = (sp.max)
+            let room = (sp.len.next(sp.max).max(sp.min))
                 .min(max_tokens - out.len() - 1)
                 .min(ctx.n_ctx() - ctx.n_past() - 1)
                 .min(ctx.n_batch() - 1)

@@ -149,12 +149,35 @@ pub struct Speculation {
     /// Fewest guesses worth a pass; a shorter draft is dropped and the step decodes one
     /// token plainly (`--draft-min`).
     pub min: usize,
+    /// How many to guess next ([`DraftLength`]).
+    pub(crate) len: DraftLength,
 }
 
 impl Speculation {
     /// `drafter` with llama.cpp's default of at most 16 guesses per pass, at least 1.
     pub fn new(drafter: Box<dyn Drafter>) -> Self {
-        Speculation { drafter, max: 16, min: 1 }
+        Speculation { drafter, max: 16, min: 1, len: DraftLength::default() }
+    }
+}
+
+/// How many tokens to guess in the next pass, from how the last pass went: after a pass
+/// that took every guess, twice as many (up to the maximum); after one that refused a
+/// guess, one more than it took. A refused guess costs a row of compute (a pass of
+/// `1 + k` tokens reads the weights once but multiplies `1 + k` rows), so a drafter that
+/// is often wrong is asked for little, while a copy task's drafts grow to the maximum.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DraftLength(Option<usize>);
+
+impl DraftLength {
+    /// Guesses for the next pass, at most `max` (the maximum before any pass).
+    pub fn next(&self, max: usize) -> usize {
+        self.0.unwrap_or(max).clamp(1, max.max(1))
+    }
+
+    /// A pass checked `drafted` guesses and took the first `accepted`.
+    pub fn record(&mut self, drafted: usize, accepted: usize, max: usize) {
+        let cur = self.next(max);
+        self.0 = Some(if accepted >= drafted { (cur * 2).min(max) } else { accepted + 1 });
     }
 }
 
@@ -197,5 +220,22 @@ mod tests {
         assert_eq!(d.draft(&[1, 2, 3], 3).unwrap(), Vec::<u32>::new());
         let mut d2 = NgramDraft { n_max: 3, n_min: 2 };
         assert_eq!(d2.draft(&[5, 6, 1, 2, 9, 2], 3).unwrap(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn draft_length_grows_with_taken_guesses_and_shrinks_with_refused_ones() {
+        let mut l = DraftLength::default();
+        assert_eq!(l.next(16), 16);
+        l.record(16, 3, 16);
+        assert_eq!(l.next(16), 4);
+        l.record(4, 4, 16);
+        assert_eq!(l.next(16), 8);
+        l.record(2, 2, 16); // a short draft, all taken: still grows
+        assert_eq!(l.next(16), 16);
+        l.record(16, 16, 16);
+        assert_eq!(l.next(16), 16);
+        l.record(16, 0, 16);
+        assert_eq!(l.next(16), 1);
+        assert_eq!(l.next(0), 1);
     }
 }

@@ -393,7 +393,8 @@ fn run(
                 }
                 s.fed += 1; // the guess was this token: its K/V are in, its row is next
             }
-            if !guesses.is_empty() {
+            if let (Some(d), false) = (&draft, guesses.is_empty()) {
+                s.draft_len.record(guesses.len(), accepted as usize, d.max);
                 metrics.drafted_tokens.fetch_add(guesses.len() as u64, Ordering::Relaxed);
                 metrics.accepted_tokens.fetch_add(accepted, Ordering::Relaxed);
                 rewind.push((s.slot, s.fed));

@@ -5,7 +5,7 @@ use crate::constraint::Constraint;
 use crate::metrics::Metrics;
 use crate::stop::StopText;
 use hearth_model::sampler::{Sampler, SamplerConfig};
-use hearth_model::speculative::NgramDraft;
+use hearth_model::speculative::{DraftLength, NgramDraft};
 use hearth_tokenizer::{StreamDecoder, Tokenizer};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -133,6 +133,8 @@ pub struct Seq<'t> {
     stop_strings: Vec<String>,
     /// Speculative guesses fed after its last token this step ([`Seq::guess`]).
     pub draft: Vec<u32>,
+    /// How many to guess next.
+    pub draft_len: DraftLength,
 }
 
 impl<'t> Seq<'t> {
@@ -156,14 +158,15 @@ impl<'t> Seq<'t> {
             first_token: None,
             constraint: job.constraint,
             draft: Vec::new(),
+            draft_len: DraftLength::default(),
         }
     }
 
-    /// Guess how a decoding sequence goes on (`d`'s n-gram lookup): at most `d.max`
-    /// tokens, none past its `max_tokens` or a context of `n_ctx`; fewer than `d.min`
-    /// are dropped.
+    /// Guess how a decoding sequence goes on (n-gram lookup): as many tokens as its
+    /// [`DraftLength`] says (at most `d.max`), none past its `max_tokens` or a context of
+    /// `n_ctx`; fewer than `d.min` are dropped.
     pub fn guess(&mut self, d: &crate::Draft, n_ctx: usize) {
-        let room = d.max.min(self.max_tokens.saturating_sub(self.generated() + 1)).min(n_ctx.saturating_sub(self.fed + 1));
+        let room = self.draft_len.next(d.max).max(d.min).min(self.max_tokens.saturating_sub(self.generated() + 1)).min(n_ctx.saturating_sub(self.fed + 1));
         self.draft = if room >= d.min.max(1) {
             NgramDraft::default().lookup(&self.tokens, room)
         } else {

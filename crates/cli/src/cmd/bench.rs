@@ -74,6 +74,14 @@ pub struct Args {
     /// (allreduces and waiting for the slowest node) and the bytes this node sent
     #[command(flatten)]
     pub cluster: crate::cluster::ClusterArgs,
+    /// With --draft ngram or --draft-model, the decode test (tgN) generates N greedy tokens
+    /// after --prompt-file's text with speculative decoding (random ids give a drafter nothing
+    /// to guess from) and reports guesses drafted and accepted; the prompt is evaluated untimed
+    #[command(flatten)]
+    pub spec: crate::speculative::SpecArgs,
+    /// Text the speculative decode test continues (needed with --draft / --draft-model)
+    #[arg(long, value_name = "PATH")]
+    pub prompt_file: Option<PathBuf>,
 }
 
 /// One test's result.
@@ -91,6 +99,8 @@ struct TestResult {
     peak_rss: u64,
     /// Tensor parallel: the group's counters over the timed samples.
     comm: Option<hearth_parallel::CommCounters>,
+    /// Speculative decoding over the timed samples.
+    spec: Option<hearth_model::speculative::SpecStats>,
 }
 
 impl TestResult {
@@ -171,7 +181,20 @@ pub fn run(a: Args) -> Result<()> {
     a.budget.before_load(&path)?;
     let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let c = &model.config;
-    let n_ctx = a.n_prompt.max(a.n_gen).max(1);
+    a.spec.check()?;
+    let spec_prompt = match (a.spec.enabled(), &a.prompt_file) {
+        (true, Some(f)) => {
+            let ids = model.tokenizer.encode(&crate::common::read_text(f)?, true, true);
+            if ids.is_empty() {
+                bail!("--prompt-file {} holds no text", f.display());
+            }
+            Some(ids)
+        }
+        (true, None) => bail!("speculative decoding needs text to guess from: give --prompt-file (random ids, what tgN feeds otherwise, give a drafter nothing)"),
+        (false, Some(_)) => bail!("--prompt-file is the text the speculative decode test continues: add --draft ngram or --draft-model"),
+        (false, None) => None,
+    };
+    let n_ctx = a.n_prompt.max(a.n_gen + spec_prompt.as_ref().map_or(0, |p| p.len() + 1)).max(1);
     if n_ctx > c.n_ctx_train {
         bail!("-p/-n of {n_ctx} tokens exceed the model's trained context length of {} tokens", c.n_ctx_train);
     }
@@ -204,11 +227,13 @@ pub fn run(a: Args) -> Result<()> {
         };
         let hearth_engine::Prepared { mut ctx, cluster, .. } = pb.suspend(|| hearth_engine::prepare(&model, &opts))?;
         let windowed = ctx.source_stats().is_some();
+        let mut spec = a.spec.speculation(&model, ctx.n_ctx(), ctx.n_batch(), t)?;
         pb.set_message(format!("t={t} membw"));
         let bw = if windowed { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
             let (mut io0, mut comm0) = (None, None);
+            let mut spec_stats = None;
             for rep in 0..=reps {
                 if rep == 1 {
                     io0 = ctx.source_stats();
@@ -218,16 +243,27 @@ pub fn run(a: Args) -> Result<()> {
                 ctx.truncate(0);
                 let mut tok = |i: usize| if i == 0 { bos.unwrap_or_else(|| rng.gen_range(0..n_vocab)) } else { rng.gen_range(0..n_vocab) };
                 let t0 = Instant::now();
+                let mut ns = None;
                 if n_prompt > 0 {
                     let ids: Vec<u32> = (0..n_prompt).map(&mut tok).collect();
                     ctx.eval(&ids, Logits::Last)?;
+                } else if let (Some(sp), Some(prompt)) = (spec.as_mut(), &spec_prompt) {
+                    // n_gen tokens after the first (which the untimed prompt pass gives).
+                    let greedy = hearth_model::sampler::SamplerConfig { temperature: 0.0, ..Default::default() };
+                    let n = if rep == 0 { 2 } else { n_gen + 1 };
+                    let g = hearth_model::generate_speculative(&mut ctx, prompt, n, &greedy, false, Some(sp), |_| true)?;
+                    ns = Some((g.timings.decode_ms * 1e6) as u64);
+                    if let (Some(s), true) = (g.speculative, rep > 0) {
+                        let acc: &mut hearth_model::speculative::SpecStats = spec_stats.get_or_insert_with(Default::default);
+                        (acc.passes, acc.drafted, acc.accepted) = (acc.passes + s.passes, acc.drafted + s.drafted, acc.accepted + s.accepted);
+                    }
                 } else {
                     // Warmup runs one decode step, as llama-bench's `test_gen(ctx, 1, …)`.
                     for i in 0..if rep == 0 { 1 } else { n_gen } {
                         ctx.eval(&[tok(i)], Logits::Last)?;
                     }
                 }
-                let ns = t0.elapsed().as_nanos() as u64;
+                let ns = ns.unwrap_or(t0.elapsed().as_nanos() as u64);
                 if rep > 0 {
                     samples.push(ns.max(1));
                 }
@@ -246,6 +282,7 @@ pub fn run(a: Args) -> Result<()> {
                 io,
                 peak_rss: memory.proc.peak_rss_bytes,
                 comm: cluster.as_ref().zip(comm0).map(|(c, before)| c.snapshot().since(&before)),
+                spec: spec_stats,
             });
         }
     }
@@ -257,6 +294,11 @@ pub fn run(a: Args) -> Result<()> {
         print_out(&format!("{}\n", serde_json::to_string_pretty(&list)?))
     } else {
         print_out(&info.table(&results))?;
+        for r in results.iter().filter(|r| r.spec.is_some()) {
+            if let Some(s) = &r.spec {
+                eprintln!("t={} tg{}: {}", r.n_threads, r.n_gen, crate::speculative::stats_line(&a.spec, s));
+            }
+        }
         if let Some(m) = last_memory {
             let note = if a.budget.mem_budget.is_some() { String::new() } else {
                 format!("\n(the peak includes the {} MiB buffer of the bandwidth measurement)", a.membw_mib)
@@ -301,8 +343,9 @@ impl ModelInfo {
 
     /// Achieved weight bandwidth (GB/s) and its share of the read bandwidth, for decode.
     fn roofline(&self, r: &TestResult) -> Option<(f64, f64)> {
-        // (Tensor parallel: this node reads only its share, so no roofline either.)
-        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() {
+        // (Tensor parallel: this node reads only its share, so no roofline either; with
+        // speculation a pass reads the weights once for several tokens.)
+        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() || r.spec.is_some() {
             return None;
         }
         let gbps = self.matrix_bytes as f64 * mean(&r.samples_ts()) / 1e9;
@@ -313,7 +356,7 @@ impl ModelInfo {
         let ts = r.samples_ts();
         let ns: Vec<f64> = r.samples_ns.iter().map(|&v| v as f64).collect();
         let (gbps, pct) = self.roofline(r).map_or((None, None), |(g, p)| (Some(g), Some(p)));
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "build_commit": "", "build_number": 0,
             "cpu_info": cpu_info(), "gpu_info": "", "backends": "CPU",
             "model_filename": self.filename,
@@ -353,7 +396,11 @@ impl ModelInfo {
                 v["bytes_per_pass"] = serde_json::json!(io.bytes_read as f64 / passes);
                 v
             }),
-        })
+        });
+        v["speculative"] = serde_json::json!(r.spec.map(|s| {
+            serde_json::json!({"passes": s.passes, "drafted": s.drafted, "accepted": s.accepted, "acceptance": s.acceptance()})
+        }));
+        v
     }
 
     fn table(&self, results: &[TestResult]) -> String {
