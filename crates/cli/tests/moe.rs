@@ -163,3 +163,37 @@ fn ring_and_mem_budget_give_one_machines_tokens_and_tensor_parallel_refuses() {
         assert_clean_error(&o, "does not run mixture-of-experts models (llama) yet: issue #21");
     }
 }
+
+#[test]
+fn plan_bounds_decode_by_the_routed_experts_bytes() {
+    let m = synth("mixtral", 128, 2);
+    let p = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "--json"]));
+    let info = ok(hearth(&["inspect", m.to_str().unwrap(), "--json"]));
+    // From the tensor table: 2-D layer matrices + the head (token_embd: no output.weight
+    // is tied; synth writes one) and the stacked experts (3-D).
+    let (mut dense, mut experts, mut head) = (0u64, 0u64, 0u64);
+    for t in info["tensors"].as_array().unwrap() {
+        let (name, dims, bytes) = (t["name"].as_str().unwrap(), t["shape"].as_array().unwrap().len(), t["bytes"].as_u64().unwrap());
+        match (name.starts_with("blk."), dims) {
+            (true, 2) => dense += bytes,
+            (true, 3) => experts += bytes,
+            _ if name == "output.weight" => head = bytes,
+            _ => {}
+        }
+    }
+    assert!(experts > 0 && head > 0);
+    assert_eq!(p["experts"], json!([8, 2]));
+    assert_eq!(p["expert_bytes"].as_u64().unwrap(), experts);
+    let active = dense + experts * 2 / 8 + head;
+    assert_eq!(p["bytes_per_token"].as_u64().unwrap(), active, "active bytes: 2 of 8 experts");
+    let bound = p["membw_gbps"].as_f64().unwrap() * 1e9 / active as f64;
+    assert!((p["decode_tok_s_bound"].as_f64().unwrap() / bound - 1.0).abs() < 1e-9);
+    let text = hearth(&["plan", "-m", m.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("mixture of experts: 2 of 8 experts per token"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    // A --shape is dense: refused for a MoE architecture rather than planned without experts.
+    assert_clean_error(&hearth(&["plan", "--shape", "7b", "--arch", "qwen3moe"]), "describes a dense model");
+}
