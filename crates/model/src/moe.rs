@@ -28,7 +28,7 @@ use hearth_kernels::{matmul, ops};
 
 /// llama.cpp clamps the sum of the chosen weights to the smallest normal f16 before
 /// dividing (`build_moe_ffn`: `ggml_clamp(weights_sum, 6.103515625e-5, INFINITY)`).
-const MIN_WEIGHT_SUM: f32 = 6.103515625e-5;
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0; // 2⁻¹⁴ = 6.103515625e-5
 
 /// One token's routing: `logits: [n_expert]` (overwritten by the softmax) to the `k`
 /// chosen experts' ids and weights, in rank order (largest probability first).
