@@ -197,3 +197,51 @@ fn plan_bounds_decode_by_the_routed_experts_bytes() {
     // A --shape is dense: refused for a MoE architecture rather than planned without experts.
     assert_clean_error(&hearth(&["plan", "--shape", "7b", "--arch", "qwen3moe"]), "describes a dense model");
 }
+
+/// `m` rewritten with metadata key `key` set to `value` (`None`: removed) and tensor
+/// `shape_of` (if any) given dims `dims`, into `out`.
+fn altered(m: &Path, out: &str, key: &str, value: Option<hearth_gguf::Value>, shape_of: Option<(&str, Vec<u64>)>) -> PathBuf {
+    use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec};
+    let f = GgufFile::open(m).unwrap();
+    let mut meta: Vec<_> = f.metadata().iter().filter(|(k, _)| k != key).cloned().collect();
+    meta.extend(value.map(|v| (key.to_string(), v)));
+    let specs: Vec<TensorSpec> = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            let dims = match &shape_of {
+                Some((n, d)) if *n == t.name => d.clone(),
+                _ => t.dims.clone(),
+            };
+            TensorSpec { name: t.name.clone(), dims, ty: t.ty }
+        })
+        .collect();
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    write_gguf_file(&path, &meta, &specs, |i, w| {
+        let mut b = f.read_tensor(&f.tensors()[i]).unwrap();
+        b.resize(specs[i].size().unwrap() as usize, 0);
+        w.write_all(&b)
+    })
+    .unwrap();
+    path
+}
+
+#[test]
+fn hostile_expert_metadata_and_shapes_are_clean_errors() {
+    use hearth_gguf::Value;
+    let m = synth("qwen3moe", 128, 2);
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (altered(&m, "moe-bad-count.gguf", "qwen3moe.expert_count", Some(Value::U32(5000)), None), "more than 1024"),
+        (altered(&m, "moe-bad-used.gguf", "qwen3moe.expert_used_count", Some(Value::U32(9)), None), "more than the 8 there are"),
+        (altered(&m, "moe-zero-used.gguf", "qwen3moe.expert_used_count", Some(Value::U32(0)), None), "expert_used_count"),
+        (altered(&m, "moe-no-experts.gguf", "qwen3moe.expert_count", None, None), "qwen3moe needs experts"),
+        (altered(&m, "moe-fewer-experts.gguf", "qwen3moe.expert_count", Some(Value::U32(4)), None), "ffn_gate_inp"),
+        (altered(&m, "moe-bad-shape.gguf", "general.name", None, Some(("blk.1.ffn_down_exps.weight", vec![64, 128, 4]))), "ffn_down_exps"),
+    ];
+    for (path, want) in cases {
+        let o = hearth(&["generate", "-m", path.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", path.display());
+        assert!(!err.contains("panicked") && err.contains(want), "{}: expected {want:?} in {err}", path.display());
+    }
+}
