@@ -17,7 +17,8 @@ How it was run (from the repository root):
   /tmp/llamacpp/venv/bin/python bench/reference/archs.py [--synth /tmp/hearth-synth] [--only NAME,...]
 
 --synth (default /tmp/hearth-synth, or $HEARTH_SYNTH) must be the hearth binary (`hearth synth`) built from
-the commit recorded in the JSON ("hearth_commit", `git rev-parse HEAD` of this checkout when the script ran;
+the commit recorded in the JSON ("hearth_commit", `git rev-parse HEAD` of this checkout when the script ran; with
+--only, "_about" is kept and each updated variant records its own "hearth_commit";
 when the data were made that was 8353678 "synth --arch llama|qwen2|qwen3|gemma3|phi3 ..."): the random weights
 come from its generator, so another build of synth may write different files (compare the sha256).
 
@@ -114,6 +115,11 @@ VARIANTS = {
     # Trained (and so original) context 1024 < the prompts' n_ctx 2048: the long LongRoPE factors.
     "phi3_long": ["--arch", "phi3"] + override(BASE, context_length=1024) + ["--tokenizer-from", PHI3_VOCAB],
     "llama_q8_0": ["--arch", "llama"] + override(BASE, type="q8_0", output_type="q8_0"),
+    # Mixtures of experts (issue #21): 8 experts, Qwen3-MoE 4 of them per token (32 wide),
+    # Mixtral 2 (--n-ff wide).
+    "qwen3moe": ["--arch", "qwen3moe"] + BASE + ["--head-dim", "32", "--n-expert", "8", "--n-expert-used", "4",
+                                                 "--n-ff-exp", "32"],
+    "mixtral": ["--arch", "mixtral"] + BASE + ["--n-expert", "8", "--n-expert-used", "2"],
 }
 
 PROMPTS = [
@@ -222,12 +228,15 @@ def main():
     doc = {}
     if args.only and os.path.exists(OUT):
         doc = json.load(open(OUT))
-    doc["_about"] = {
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    # With --only the other variants' data stay as they were, and so does "_about" (whose
+    # hearth_commit is theirs): each updated entry records its own hearth_commit.
+    about = {
         "description": "llama.cpp's outputs on tiny random-weight GGUF files written by hearth's synth "
                        "(data, produced by bench/reference/archs.py; see its header for the exact settings). "
                        "Regenerate a file with `hearth synth <synth_args> --out FILE` and check its sha256.",
-        "hearth_commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
-                                        text=True, check=True).stdout.strip(),
+        "hearth_commit": commit,
         "synth_binary": args.synth,
         "llama_cpp": "llama_cpp_python 0.3.36 vendored llama.cpp (ggml-org/llama.cpp@0c1e570, ggml 0.25.3), "
                      "GGML_NATIVE=ON, 2-core AMD EPYC VM (AVX2, no AVX-512)",
@@ -247,6 +256,8 @@ def main():
                      "vocab/ggml-vocab-phi-3.gguf (its absolute path on the machine that made the data is in "
                      "synth_args; see tokenizer_from)",
     }
+    if not (args.only and "_about" in doc):
+        doc["_about"] = about
 
     for name in names:
         sargs = VARIANTS[name]
@@ -258,6 +269,8 @@ def main():
         os.remove(path + ".again")
         assert digest == again, f"{name}: synth is not deterministic ({digest} vs {again})"
         entry = {"synth_args": sargs, "sha256": digest, "size": os.path.getsize(path)}
+        if args.only:
+            entry["hearth_commit"] = commit
         if "--tokenizer-from" in sargs:
             tok = sargs[sargs.index("--tokenizer-from") + 1]
             entry["tokenizer_from"] = {"reference_dir_path": os.path.relpath(tok, os.path.abspath(REFERENCE)),

@@ -126,6 +126,8 @@ pub struct ModelSummary {
     pub tensors: Vec<TensorSummary>,
     /// Bytes that end up mapped: the file length (or, for a shape, the tensor bytes).
     pub file_bytes: u64,
+    /// A mixture of experts: `(n_expert, n_expert_used)` (`None`: dense).
+    pub experts: Option<(usize, usize)>,
 }
 
 impl ModelSummary {
@@ -146,7 +148,7 @@ impl ModelSummary {
                 bytes: t.size,
             })
             .collect();
-        Ok(Self { shape, windows: Self::windows_of(&c), tensors, file_bytes: f.as_bytes().len() as u64 })
+        Ok(Self { shape, windows: Self::windows_of(&c), tensors, file_bytes: f.as_bytes().len() as u64, experts: Self::experts_of(&c) })
     }
 
     /// The tensors `hearth synth --arch llama` writes for `shape` (norms F32, matrices
@@ -174,7 +176,11 @@ impl ModelSummary {
             .collect::<Option<Vec<_>>>()?;
         // Each tensor is padded to the default 32-byte alignment in the file.
         let file_bytes = tensors.iter().map(|t| t.bytes.div_ceil(32) * 32).sum();
-        Some(Self { shape: ModelShape::of(c, c.n_head_kv), windows: Self::windows_of(c), tensors, file_bytes })
+        Some(Self { shape: ModelShape::of(c, c.n_head_kv), windows: Self::windows_of(c), tensors, file_bytes, experts: Self::experts_of(c) })
+    }
+
+    fn experts_of(c: &ModelConfig) -> Option<(usize, usize)> {
+        c.moe.map(|m| (m.n_expert, m.n_expert_used))
     }
 
     /// Each layer's attention window (`usize::MAX`: full causal).
@@ -214,10 +220,21 @@ impl ModelSummary {
     }
 
     /// Bytes one decode step streams: every layer matrix plus the output head
-    /// (`Weights::matrix_bytes`).
+    /// (`Weights::matrix_bytes`); of a mixture of experts' stacked expert tensors
+    /// (`ffn_*_exps`, 3-D) only the `n_expert_used` of `n_expert` experts a token is routed
+    /// to (the active bytes; [`Self::expert_bytes`] has them all).
     pub fn bytes_per_token(&self) -> u64 {
         let layers: u64 = self.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.n_dims == 2).map(|t| t.bytes).sum();
-        layers + self.output().map_or(0, |t| t.bytes)
+        let experts = match self.experts {
+            Some((n, used)) if n > 0 => (self.expert_bytes() as u128 * used as u128 / n as u128) as u64,
+            _ => 0,
+        };
+        layers + experts + self.output().map_or(0, |t| t.bytes)
+    }
+
+    /// Bytes of every layer's stacked expert tensors (0 for a dense model).
+    pub fn expert_bytes(&self) -> u64 {
+        self.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.n_dims == 3).map(|t| t.bytes).sum()
     }
 
     /// File bytes resident after a run over `n_ctx` positions: the whole file, less the
@@ -302,7 +319,10 @@ pub fn scratch_bytes(m: &ModelSummary, p: PlanParams) -> u64 {
     let act = 4 * (nb * per_row) as u64;
     let logits = 4 * s.n_vocab as u64 * if p.logits_all { p.n_ctx.max(1) as u64 } else { 1 };
     let acc = (p.n_threads.max(1) * AttnScratch::bytes(s.head_dim, p.cache_type == CacheType::F16)) as u64;
-    act + logits + m.quant_scratch_bytes(nb) + acc
+    // A mixture of experts' pass (`Block::moe_ffn`): router probabilities and sums
+    // `[n_batch, n_expert + n_embd]`, an expert's input and output rows `2·[n_batch, n_embd]`.
+    let moe = m.experts.map_or(0, |(n_expert, _)| 4 * (nb * (n_expert + 3 * s.n_embd)) as u64);
+    act + logits + m.quant_scratch_bytes(nb) + acc + moe
 }
 
 /// Runtime overhead fit: `OVERHEAD_BASE + OVERHEAD_PER_VOCAB · n_vocab`.
@@ -348,8 +368,14 @@ pub struct Plan {
     pub headroom_bytes: i64,
     /// Largest layer + KV cache + scratch: the least a future sliding window needs.
     pub min_window_bytes: u64,
-    /// Bytes streamed per decoded token.
+    /// Bytes streamed per decoded token (a mixture of experts: the active bytes, the
+    /// routed experts' only).
     pub bytes_per_token: u64,
+    /// A mixture of experts: `(n_expert, n_expert_used)`.
+    pub experts: Option<(usize, usize)>,
+    /// Bytes of all experts (0 for a dense model): a token reads
+    /// `n_expert_used / n_expert` of them.
+    pub expert_bytes: u64,
     /// Memory read bandwidth used (GB/s).
     pub membw_gbps: f64,
     /// `membw_gbps · 1e9 / bytes_per_token`.
@@ -385,6 +411,8 @@ pub fn plan(m: &ModelSummary, p: PlanParams, available: u64, membw_gbps: f64) ->
         headroom_bytes: available as i64 - peak as i64,
         min_window_bytes: m.largest_layer_bytes() + kv + scratch,
         bytes_per_token: bpt,
+        experts: m.experts,
+        expert_bytes: m.expert_bytes(),
         membw_gbps,
         decode_tok_s_bound: if bpt == 0 { 0.0 } else { membw_gbps * 1e9 / bpt as f64 },
     }

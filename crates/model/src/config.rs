@@ -13,7 +13,24 @@ use hearth_kernels::ops::{Rope, RopeLayout};
 pub const MAX_LAYERS: usize = 4096;
 
 /// Architectures whose forward pass hearth implements (`general.architecture`).
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "phi3"];
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"];
+
+/// Most experts a mixture-of-experts layer may have (llama.cpp's `LLAMA_MAX_EXPERTS`).
+pub const MAX_EXPERTS: usize = 1024;
+
+/// A mixture-of-experts FFN (`{arch}.expert_count`, `{arch}.expert_used_count`): each
+/// token's FFN is the weighted sum of `n_expert_used` of `n_expert` SwiGLU experts, each
+/// [`ModelConfig::n_ff`] wide, chosen by a router (see `crate::moe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moe {
+    /// Experts per layer (`1..=MAX_EXPERTS`).
+    pub n_expert: usize,
+    /// Experts each token uses (`1..=n_expert`).
+    pub n_expert_used: usize,
+    /// Whether the chosen experts' weights are renormalised to sum to 1 (llama.cpp's
+    /// `norm_w`: true for qwen3moe and llama; `false` only as a test's control).
+    pub norm_weights: bool,
+}
 
 /// How positions are scaled before RoPE (`{arch}.rope.scaling.type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +98,7 @@ pub struct ModelConfig {
     pub n_head_kv: usize,
     /// Width of one attention head (`attention.key_length`, default `n_embd / n_head`).
     pub head_dim: usize,
-    /// FFN hidden width.
+    /// FFN hidden width (a mixture of experts: one expert's, `expert_feed_forward_length`).
     pub n_ff: usize,
     /// Vocabulary size (rows of the embedding matrix).
     pub n_vocab: usize,
@@ -110,6 +127,8 @@ pub struct ModelConfig {
     pub embd_scale: Option<f32>,
     /// `final_logit_softcapping`: logits become `c·tanh(logits / c)`.
     pub logit_softcap: Option<f32>,
+    /// The mixture of experts of every layer's FFN (`None`: a dense FFN).
+    pub moe: Option<Moe>,
 }
 
 impl ModelConfig {
@@ -118,6 +137,8 @@ impl ModelConfig {
         let name = f.get_str("general.architecture")?.to_string();
         let arch = Arch::from_name(&name).ok_or_else(|| ModelError::UnsupportedArchitecture(name.clone()))?;
         let k = Keys { f, arch: name };
+        // A llama file with experts is Mixtral-style (llama.cpp: `n_expert > 0`).
+        let arch = if arch == Arch::Llama && k.moe()?.is_some() { Arch::Mixtral } else { arch };
         let n_embd = k.int("embedding_length")?;
         let n_head = k.int("attention.head_count")?;
         let n_head_kv = k.int_or("attention.head_count_kv", n_head)?;
@@ -157,6 +178,7 @@ impl ModelConfig {
             q_scale: None,
             embd_scale: None,
             logit_softcap: None,
+            moe: None,
         };
         arch.hparams(f, &mut cfg)?;
         cfg.check(&k)?;
@@ -194,6 +216,7 @@ impl ModelConfig {
             q_scale,
             embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
             logit_softcap: None,
+            moe: None,
         }
     }
 
@@ -233,6 +256,13 @@ impl ModelConfig {
             m.push((k("rope.scaling.type"), Value::String(t.into())));
             m.push((k("rope.scaling.factor"), Value::F32(1.0 / self.rope.freq_scale)));
             m.push((k("rope.scaling.original_context_length"), u(self.rope.n_ctx_orig)));
+        }
+        if let Some(moe) = self.moe {
+            m.push((k("expert_count"), u(moe.n_expert)));
+            m.push((k("expert_used_count"), u(moe.n_expert_used)));
+            if self.arch != Arch::Mixtral {
+                m.push((k("expert_feed_forward_length"), u(self.n_ff)));
+            }
         }
         m
     }
@@ -324,6 +354,30 @@ impl Keys<'_> {
             key: self.key(k),
             reason: format!("{v} is out of range"),
         })
+    }
+
+    /// The mixture of experts `expert_count` and `expert_used_count` describe, checked
+    /// as llama.cpp's `load_hparams` asserts (`1 ≤ used ≤ count ≤ LLAMA_MAX_EXPERTS`);
+    /// `None` when the file has no `expert_count` (or 0: a dense model).
+    pub fn moe(&self) -> Result<Option<Moe>> {
+        let n_expert = if self.has("expert_count") { self.f.get_u64(&self.key("expert_count"))? } else { 0 };
+        if n_expert == 0 {
+            return Ok(None);
+        }
+        if n_expert > MAX_EXPERTS as u64 {
+            return self.bad("expert_count", format!("{n_expert} experts is more than {MAX_EXPERTS}"));
+        }
+        let n_expert = n_expert as usize;
+        let n_expert_used = self.int("expert_used_count")?;
+        if n_expert_used > n_expert {
+            return self.bad("expert_used_count", format!("{n_expert_used} experts per token is more than the {n_expert} there are"));
+        }
+        for key in ["expert_group_count", "expert_shared_count", "expert_weights_scale", "expert_gating_func"] {
+            if self.has(key) {
+                return self.bad(key, "this mixture-of-experts variant is not supported (issue #21)".into());
+            }
+        }
+        Ok(Some(Moe { n_expert, n_expert_used, norm_weights: true }))
     }
 
     pub fn int_or(&self, k: &str, default: usize) -> Result<usize> {

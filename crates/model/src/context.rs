@@ -314,6 +314,9 @@ impl Context {
                 "tensor parallelism serves one sequence: it cannot be combined with several KV cache slots".into(),
             ));
         }
+        if self.model.config.moe.is_some() {
+            return Err(ModelError::Context("tensor parallelism does not split a mixture-of-experts model yet (issue #21)".into()));
+        }
         if self.source.is_some() && self.model.shard.is_none() {
             return Err(ModelError::Context(
                 "tensor parallelism with a sliding window (--mem-budget) needs a shard file: a window over the model file would read whole blocks".into(),

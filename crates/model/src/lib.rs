@@ -1,6 +1,6 @@
 //! Model architectures and the forward pass.
 //!
-//! - [`Arch`]: the architectures (llama, qwen2, qwen3, gemma3, phi3), each one file under
+//! - [`Arch`]: the architectures (llama, qwen2, qwen3, gemma3, phi3, qwen3moe, mixtral), each one file under
 //!   `arch/` with its hyperparameters, tensor table and block.
 //!
 //! - [`Model`]: a GGUF file opened for inference (config, tokenizer, weight views).
@@ -30,6 +30,7 @@ pub mod embed;
 mod error;
 mod kv_cache;
 mod model;
+mod moe;
 mod ring;
 mod source;
 mod split;
@@ -38,7 +39,7 @@ mod weights;
 pub mod quantize;
 
 pub use arch::{Arch, Holds, LayerTensor, Mat, Vector, ARCHS};
-pub use config::{ModelConfig, RopeConfig, RopeScaling, MAX_LAYERS, SUPPORTED_ARCHS};
+pub use config::{ModelConfig, Moe, RopeConfig, RopeScaling, MAX_EXPERTS, MAX_LAYERS, SUPPORTED_ARCHS};
 pub use context::{Context, ContextBuffers, Logits, Segment};
 pub use error::{ModelError, Result};
 pub use kv_cache::{CacheType, KvCache, KvLayout};

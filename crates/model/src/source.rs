@@ -100,7 +100,8 @@ pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usiz
     (0..rows).step_by(per).map(|r| r..(r + per).min(rows)).collect()
 }
 
-/// The file byte range of each unit: block `i` spans its matrices, then the output head
+/// The file byte range of each unit: block `i` spans its matrices (and a mixture of
+/// experts' router), then the output head
 /// (`output.weight`, or the tied `token_embd.weight`) in row chunks no larger than a block ([`split_rows`]). Norm vectors are copied at
 /// load, so only the matrices need to be in range; a block whose matrices are spread
 /// over much more than their own size (an unusual tensor order) is rejected, since a
@@ -108,7 +109,7 @@ pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usiz
 pub fn unit_ranges(w: &Weights) -> Result<Vec<Range<usize>>> {
     let mut out = Vec::with_capacity(w.layers.len() + 1);
     for (i, l) in w.layers.iter().enumerate() {
-        let ts = l.matrices();
+        let ts: Vec<&TensorRef> = l.matrices().into_iter().chain(l.router.as_ref()).collect();
         let lo = ts.iter().map(|t| t.offset).min().unwrap_or(0);
         let hi = ts.iter().map(|t| t.offset + t.size).max().unwrap_or(0);
         let sum: usize = ts.iter().map(|t| t.size).sum();

@@ -62,12 +62,15 @@ pub struct LayerWeights {
     pub wv: TensorRef,
     /// `wo: [n_embd, n_head*head_dim]`.
     pub wo: TensorRef,
-    /// `w_gate: [n_ff, n_embd]`.
+    /// `w_gate: [n_ff, n_embd]` (a mixture of experts: every expert's, stacked,
+    /// `[n_expert·n_ff, n_embd]`).
     pub w_gate: TensorRef,
-    /// `w_up: [n_ff, n_embd]`.
+    /// `w_up: [n_ff, n_embd]` (experts: `[n_expert·n_ff, n_embd]`).
     pub w_up: TensorRef,
-    /// `w_down: [n_embd, n_ff]`.
+    /// `w_down: [n_embd, n_ff]` (experts: `[n_expert·n_embd, n_ff]`).
     pub w_down: TensorRef,
+    /// A mixture of experts' router `ffn_gate_inp: [n_expert, n_embd]`.
+    pub router: Option<TensorRef>,
     /// Norm weights and biases the file has, by [`Vector`] kind (f32, copied at load).
     vectors: [Option<Vec<f32>>; N_VECTORS],
 }
@@ -81,6 +84,15 @@ impl LayerWeights {
     /// The matrix playing role `m`.
     pub fn matrix(&self, m: Mat) -> &TensorRef {
         self.matrices()[m as usize]
+    }
+
+    /// Expert `e`'s matrix of role `m` (gate, up or down): rows `e·rows..(e+1)·rows` of
+    /// the stacked tensor, `rows` = the tensor's rows / `n_expert` (a view of the same
+    /// file bytes, nothing copied).
+    pub fn expert(&self, m: Mat, e: usize, n_expert: usize) -> TensorRef {
+        let t = self.matrix(m);
+        let rows = t.rows / n_expert.max(1);
+        t.rows(e * rows..(e + 1) * rows)
     }
 
     /// A vector the file has (`None`: an optional one it left out).
@@ -170,6 +182,10 @@ impl Weights {
         if f.tensors().is_empty() {
             return Err(ModelError::VocabOnly);
         }
+        if shard.is_some() && c.moe.is_some() {
+            return Err(ModelError::Weights("a mixture-of-experts model has no shard files: tensor parallelism does not run it yet (issue #21)".into()));
+        }
+        let n_expert = c.moe.map_or(0, |m| m.n_expert);
         let (e, v) = (c.n_embd, c.n_vocab);
         let whole = crate::TensorSplit::whole(c);
         let shapes = shard.unwrap_or(&whole).matrix_shapes(c).map(|(r, c)| (r.len(), c.len()));
@@ -190,6 +206,7 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let mut mats: [Option<TensorRef>; 7] = Default::default();
+            let mut router = None;
             let mut vectors: [Option<Vec<f32>>; N_VECTORS] = Default::default();
             for t in &table {
                 let name = format!("blk.{i}.{}", t.name);
@@ -206,6 +223,8 @@ impl Weights {
                 }
                 match t.holds {
                     Holds::Vector(k) => vectors[k as usize] = Some(vector(f, &name, k.len(c))?),
+                    Holds::Router => router = Some(matrix(f, &name, n_expert, e)?),
+                    Holds::Experts(m) => mats[m as usize] = Some(experts(f, &name, shapes[m as usize], n_expert)?),
                     Holds::Matrix(m) => mats[m as usize] = Some(matrix(f, &name, shapes[m as usize].0, shapes[m as usize].1)?),
                     Holds::Fused(ms) => {
                         let rows: usize = ms.iter().map(|&m| shapes[m as usize].0).sum();
@@ -221,7 +240,7 @@ impl Weights {
                 used.insert(name);
             }
             let [wq, wk, wv, wo, w_gate, w_up, w_down] = mats.map(|m| m.expect("the table names all seven matrices"));
-            layers.push(LayerWeights { wq, wk, wv, wo, w_gate, w_up, w_down, vectors });
+            layers.push(LayerWeights { wq, wk, wv, wo, w_gate, w_up, w_down, router, vectors });
         }
         let rope_dims = c.rope.dims / 2;
         let mut opt_vector = |name: &str| -> Result<Option<Vec<f32>>> {
@@ -268,6 +287,25 @@ fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<TensorRe
     if t.dims != expected {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
     }
+    Ok(TensorRef { rows, cols, ..flat(f, name, t)? })
+}
+
+/// `n_expert` matrices of `[rows, cols]` stacked in one tensor (ggml dims `[cols, rows,
+/// n_expert]`), as one `[n_expert·rows, cols]` matrix ([`LayerWeights::expert`] cuts it).
+fn experts(f: &GgufFile, name: &str, (rows, cols): (usize, usize), n_expert: usize) -> Result<TensorRef> {
+    let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+    let expected = vec![cols as u64, rows as u64, n_expert as u64];
+    if t.dims != expected {
+        return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
+    }
+    let mut m = flat(f, name, t)?;
+    // rows < 2^32 and n_expert ≤ MAX_EXPERTS: no overflow.
+    (m.rows, m.cols) = (rows * n_expert, cols);
+    Ok(m)
+}
+
+/// A tensor of a type the kernels compute with, located in the file (shape set by the caller).
+fn flat(f: &GgufFile, name: &str, t: &hearth_gguf::TensorInfo) -> Result<TensorRef> {
     if !MATMUL_TYPES.contains(&t.ty) {
         return Err(ModelError::UnsupportedType {
             name: name.into(),
@@ -275,14 +313,7 @@ fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<TensorRe
             supported: MATMUL_TYPES.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "),
         });
     }
-    Ok(TensorRef {
-        name: name.into(),
-        ty: t.ty,
-        offset: (f.data_offset() + t.offset) as usize,
-        size: t.size as usize,
-        rows,
-        cols,
-    })
+    Ok(TensorRef { name: name.into(), ty: t.ty, offset: (f.data_offset() + t.offset) as usize, size: t.size as usize, rows: 0, cols: 0 })
 }
 
 /// Norm weights and biases are tiny vectors: converted to f32 once at load.

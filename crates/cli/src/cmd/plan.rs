@@ -98,6 +98,9 @@ pub fn run(a: Args) -> Result<()> {
             let out_name = a.output_type.as_deref().unwrap_or(ty_name);
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
             let c = ModelSummary::config_for(a.arch.arch(), shape);
+            if c.arch.layer_tensors().iter().any(|t| matches!(t.holds, hearth_model::Holds::Router)) {
+                bail!("--shape describes a dense model: plan a mixture-of-experts file with -m (hearth synth --arch qwen3moe|mixtral writes one)");
+            }
             let m = ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, c.n_ctx_train, format!("shape {s} {} {ty}", c.arch.name()))
         }
@@ -235,9 +238,20 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     o += &format!(
-        "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices + output head; KV reads add up to {} at a full context)\n",
+        "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices (the routed experts') + output head; KV reads add up to {} at a full context)\n",
         p.decode_tok_s_bound, membw, gb(p.bytes_per_token), gb(p.kv_cache_bytes)
     );
+    if let Some((n, used)) = p.experts {
+        // bytes_per_token counts the routed experts' share (ModelSummary::bytes_per_token).
+        let active = (p.expert_bytes as u128 * used as u128 / n.max(1) as u128) as u64;
+        o += &format!(
+            "mixture of experts: {used} of {n} experts per token read {} of the {} of expert weights: {} per token active, {} in all\n",
+            gb(active),
+            gb(p.expert_bytes),
+            gb(p.bytes_per_token),
+            gb(p.bytes_per_token - active + p.expert_bytes)
+        );
+    }
     match window {
         None if !p.fits => {
             let min = plan_window(&p, &slot_sizes(&summary), 0, DEFAULT_DISK_GBPS).unwrap_or_else(|w| *w);

@@ -1,5 +1,5 @@
 //! `hearth synth`: write a random-weight GGUF of any architecture hearth runs
-//! (`--arch llama|qwen2|qwen3|gemma3|phi3`) and a standard shape, to benchmark shapes
+//! (`--arch llama|qwen2|qwen3|gemma3|phi3|qwen3moe|mixtral`) and a standard shape, to benchmark shapes
 //! whose real weights we do not have (speed does not depend on values) and to test each
 //! architecture against llama.cpp on the same file.
 //!
@@ -41,6 +41,10 @@ pub enum Shape {
     /// Llama 2 70B: n_embd 8192, 80 layers, 64 heads, 8 KV heads, n_ff 28672
     #[value(name = "70b")]
     B70,
+    /// Qwen3-30B-A3B: n_embd 2048, 48 layers, 32 heads of 128, 4 KV heads, 128 experts of
+    /// 768 (8 per token); for --arch qwen3moe (--n-layer cuts it to fit)
+    #[value(name = "30b-a3b")]
+    A3b,
 }
 
 /// Hyperparameters of the file to write.
@@ -56,6 +60,9 @@ pub struct Dims {
 impl Shape {
     /// The preset's hyperparameters (one table, shared with `hearth plan`).
     fn dims(self) -> Dims {
+        if self == Shape::A3b {
+            return Dims { n_embd: 2048, n_layer: 48, n_head: 32, n_head_kv: 4, n_ff: 768 };
+        }
         let name = self.to_possible_value().expect("no skipped variants").get_name().to_string();
         let p = hearth_memory::preset(&name).expect("every --shape value has a preset");
         let n = |v: usize| v as u64;
@@ -76,6 +83,10 @@ pub enum ArchArg {
     Gemma3,
     /// Phi-3: fused QKV and gate/up, LongRoPE factors
     Phi3,
+    /// Qwen3-MoE: Qwen3's attention, a mixture of --n-expert experts of --n-ff-exp
+    Qwen3moe,
+    /// Mixtral: a llama file with --n-expert experts of --n-ff
+    Mixtral,
 }
 
 impl ArchArg {
@@ -87,6 +98,8 @@ impl ArchArg {
             ArchArg::Qwen3 => Arch::Qwen3,
             ArchArg::Gemma3 => Arch::Gemma3,
             ArchArg::Phi3 => Arch::Phi3,
+            ArchArg::Qwen3moe => Arch::Qwen3Moe,
+            ArchArg::Mixtral => Arch::Mixtral,
         }
     }
 }
@@ -148,6 +161,16 @@ pub struct Args {
     /// FFN hidden width [default: from --shape]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_ff: Option<u64>,
+    /// Experts per layer (qwen3moe, mixtral) [default: 8; 30b-a3b: 128]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=hearth_model::MAX_EXPERTS as u64))]
+    pub n_expert: Option<u64>,
+    /// Experts each token uses (at most --n-expert) [default: 2; 30b-a3b: 8]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_expert_used: Option<u64>,
+    /// Width of one expert, qwen3moe's expert_feed_forward_length [default: --n-ff]
+    /// (Mixtral's experts are --n-ff wide)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_ff_exp: Option<u64>,
     /// Type of the embedding and the layer matrices (any type hearth can quantize to)
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_0", value_parser = parse_type)]
     pub ty: GgmlType,
@@ -280,7 +303,8 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
         pb.inc(bytes.len() as u64);
         return w.write_all(&bytes);
     }
-    let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+    // A matrix, or stacked experts ([cols, rows, n_expert]: n_expert·rows rows).
+    let (cols, rows) = (t.dims[0] as usize, t.dims[1..].iter().product::<u64>() as usize);
     let row_bytes = t.ty.row_bytes(cols as u64).expect("checked by TensorSpec::size") as usize;
     let chunk_rows = ((64usize << 20) / row_bytes).clamp(threads, rows.max(1));
     let mut buf = vec![0u8; chunk_rows * row_bytes];
@@ -332,12 +356,34 @@ pub fn run(a: Args) -> Result<()> {
     if !d.n_head.is_multiple_of(d.n_head_kv) {
         bail!("--n-head {} is not a multiple of --n-head-kv {}", d.n_head, d.n_head_kv);
     }
-    let head_dim = a.head_dim.unwrap_or(d.n_embd / d.n_head);
+    let head_dim = a.head_dim.unwrap_or(if a.shape == Shape::A3b { 128 } else { d.n_embd / d.n_head });
     if !head_dim.is_multiple_of(2) {
         bail!("head size {head_dim} (--head-dim, or --n-embd / --n-head) must be even for RoPE");
     }
     let arch = a.arch.arch();
-    if a.rope_freqs && arch != Arch::Llama {
+    let moe = match arch {
+        Arch::Qwen3Moe | Arch::Mixtral => {
+            let a3b = a.shape == Shape::A3b;
+            let n_expert = a.n_expert.unwrap_or(if a3b { 128 } else { 8 });
+            let n_expert_used = a.n_expert_used.unwrap_or(if a3b { 8 } else { 2 });
+            if n_expert_used > n_expert {
+                bail!("--n-expert-used {n_expert_used} is more than --n-expert {n_expert}");
+            }
+            if arch == Arch::Mixtral && a.n_ff_exp.is_some() {
+                bail!("--n-ff-exp is qwen3moe's; Mixtral's experts are --n-ff wide");
+            }
+            Some(hearth_model::Moe { n_expert: n_expert as usize, n_expert_used: n_expert_used as usize, norm_weights: true })
+        }
+        _ => {
+            if a.n_expert.is_some() || a.n_expert_used.is_some() || a.n_ff_exp.is_some() {
+                bail!("--n-expert, --n-expert-used and --n-ff-exp are for --arch qwen3moe or mixtral");
+            }
+            None
+        }
+    };
+    // A mixture of experts' n_ff is one expert's width.
+    let d = Dims { n_ff: a.n_ff_exp.unwrap_or(d.n_ff), ..d };
+    if a.rope_freqs && !matches!(arch, Arch::Llama | Arch::Mixtral) {
         bail!("--rope-freqs is a llama-architecture tensor (Llama 3.1); --arch {arch} has none");
     }
     if !(a.rope_scale.is_finite() && a.rope_scale >= 1.0) {
@@ -360,6 +406,7 @@ pub fn run(a: Args) -> Result<()> {
     let us = |v: u64| v as usize;
     let mut cfg = ModelConfig::for_shape(arch, us(d.n_embd), us(d.n_layer), us(d.n_head), us(d.n_head_kv), us(head_dim), us(d.n_ff), us(n_vocab));
     cfg.n_ctx_train = us(a.context_length);
+    cfg.moe = moe;
     match a.rope_scaling {
         ScalingArg::None => {}
         ScalingArg::Linear => (cfg.rope.scaling, cfg.rope.freq_scale) = (RopeScaling::Linear, 1.0 / a.rope_scale),
@@ -421,6 +468,7 @@ fn shape_label(a: &Args, d: &Dims) -> String {
         (true, Shape::B7) => "7B".into(),
         (true, Shape::B13) => "13B".into(),
         (true, Shape::B70) => "70B".into(),
+        (true, Shape::A3b) => "30B-A3B".into(),
         (false, _) => format!("{}x{}", d.n_layer, d.n_embd),
     }
 }

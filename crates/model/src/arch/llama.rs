@@ -27,6 +27,23 @@ pub(crate) fn hparams(f: &GgufFile, c: &mut ModelConfig) -> Result<()> {
 /// in their tensor tables and hyperparameters (a bias, a Q/K norm or a Q scale is applied
 /// when the file has it), not in the order of the steps.
 pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Result<()> {
+    attention(b, a, l)?;
+
+    // FFN (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb), xb = rmsnorm(x)·ffn_norm.
+    b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
+    b.matmul(Mat::Gate, a.xb, a.gate)?;
+    b.matmul(Mat::Up, a.xb, a.up)?;
+    b.glu(ops::swiglu, a.gate, a.up, a.up.len() / b.n);
+    b.trace("ffn_swiglu", a.gate);
+    b.matmul(Mat::Down, a.gate, a.xb)?;
+    b.add(a.x, a.xb, b.c.n_embd);
+    b.trace("l_out", a.x);
+    Ok(())
+}
+
+/// The llama-family attention half of a block: `x += attention(rmsnorm(x)·attn_norm)·Woᵀ`
+/// (the mixture-of-experts blocks share it).
+pub(crate) fn attention(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Result<()> {
     // Attention: xb = rmsnorm(x)·attn_norm; q, k, v = xb·Wᵀ (+ bias); q, k normed per
     // head (Qwen3); RoPE; q scaled (Phi-3).
     b.norm(a.x, l.v(Vector::AttnNorm), a.xb, "attn_norm");
@@ -49,15 +66,5 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
     b.matmul(Mat::O, a.attn, a.xb)?;
     b.add(a.x, a.xb, b.c.n_embd);
     b.trace("ffn_inp", a.x);
-
-    // FFN (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb), xb = rmsnorm(x)·ffn_norm.
-    b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
-    b.matmul(Mat::Gate, a.xb, a.gate)?;
-    b.matmul(Mat::Up, a.xb, a.up)?;
-    b.glu(ops::swiglu, a.gate, a.up, a.up.len() / b.n);
-    b.trace("ffn_swiglu", a.gate);
-    b.matmul(Mat::Down, a.gate, a.xb)?;
-    b.add(a.x, a.xb, b.c.n_embd);
-    b.trace("l_out", a.x);
     Ok(())
 }

@@ -19,9 +19,11 @@ use hearth_gguf::GgufFile;
 
 mod gemma3;
 mod llama;
+mod mixtral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 
 /// An architecture (`general.architecture`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,10 +40,16 @@ pub enum Arch {
     Gemma3,
     /// Phi-3: fused QKV and gate/up matrices, LongRoPE factors, sliding window.
     Phi3,
+    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention, a mixture-of-experts FFN.
+    Qwen3Moe,
+    /// Mixtral: a `llama` file with `llama.expert_count` > 0 (llama's attention, a
+    /// mixture-of-experts FFN). Its `general.architecture` is `llama`.
+    Mixtral,
 }
 
-/// Every architecture, in the order `hearth synth --arch` lists them.
-pub const ARCHS: &[Arch] = &[Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3];
+/// Every architecture, in the order `hearth synth --arch` lists them (the first one of
+/// a `general.architecture` name is the one [`Arch::from_name`] gives).
+pub const ARCHS: &[Arch] = &[Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3, Arch::Qwen3Moe, Arch::Mixtral];
 
 /// The seven matrices of a block, by the role they play (the order of
 /// [`crate::TensorSplit::matrix_shapes`]).
@@ -135,6 +143,13 @@ pub enum Holds {
     Fused(&'static [Mat]),
     /// A vector.
     Vector(Vector),
+    /// The router of a mixture of experts, `ffn_gate_inp: [n_expert, n_embd]` (ggml
+    /// `[n_embd, n_expert]`).
+    Router,
+    /// One matrix per expert (gate, up or down, each of an `n_ff`-wide expert), stacked:
+    /// ggml `[cols, rows, n_expert]`, so expert `e` is rows `e·rows..(e+1)·rows` of the
+    /// tensor read as a `[n_expert·rows, cols]` matrix (`ffn_gate_exps`, …).
+    Experts(Mat),
 }
 
 /// One per-layer tensor of an architecture: `blk.{i}.{name}`.
@@ -171,9 +186,28 @@ impl LayerTensor {
                 vec![ms[0].shape(c).1 as u64, rows as u64]
             }
             Holds::Vector(v) => vec![v.len(c) as u64],
+            Holds::Router => vec![c.n_embd as u64, n_expert(c)],
+            Holds::Experts(m) => {
+                let (r, k) = m.shape(c);
+                vec![k as u64, r as u64, n_expert(c)]
+            }
         }
     }
 }
+
+/// Experts per layer (0 for a dense model).
+fn n_expert(c: &ModelConfig) -> u64 {
+    c.moe.map_or(0, |m| m.n_expert as u64)
+}
+
+/// The mixture-of-experts FFN, after `ffn_norm`: the router and the stacked experts, in
+/// the order llama.cpp's converter writes them (Qwen3-MoE, Mixtral).
+pub(crate) const MOE_FFN: [LayerTensor; 4] = [
+    LayerTensor::required("ffn_gate_inp.weight", Holds::Router),
+    LayerTensor::required("ffn_gate_exps.weight", Holds::Experts(Mat::Gate)),
+    LayerTensor::required("ffn_down_exps.weight", Holds::Experts(Mat::Down)),
+    LayerTensor::required("ffn_up_exps.weight", Holds::Experts(Mat::Up)),
+];
 
 /// The seven matrices as separate tensors and the two norms: llama's block.
 pub(crate) const LLAMA_BLOCK: [LayerTensor; 9] = [
@@ -206,6 +240,8 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Mixtral => "llama",
         }
     }
 
@@ -217,6 +253,8 @@ impl Arch {
             Arch::Qwen3 => &qwen3::TENSORS,
             Arch::Gemma3 => &gemma3::TENSORS,
             Arch::Phi3 => &phi3::TENSORS,
+            Arch::Qwen3Moe => &qwen3moe::TENSORS,
+            Arch::Mixtral => &mixtral::TENSORS,
         }
     }
 
@@ -229,12 +267,14 @@ impl Arch {
             Arch::Qwen3 => qwen3::hparams(f, c),
             Arch::Gemma3 => gemma3::hparams(f, c),
             Arch::Phi3 => phi3::hparams(f, c),
+            Arch::Qwen3Moe => qwen3moe::hparams(f, c),
+            Arch::Mixtral => mixtral::hparams(f, c),
         }
     }
 
     /// How its RoPE pairs dimensions: llama's adjacent pairs, everyone else's NeoX halves.
     pub fn rope_layout(self) -> hearth_kernels::ops::RopeLayout {
-        if self == Arch::Llama { hearth_kernels::ops::RopeLayout::Norm } else { hearth_kernels::ops::RopeLayout::Neox }
+        if matches!(self, Arch::Llama | Arch::Mixtral) { hearth_kernels::ops::RopeLayout::Norm } else { hearth_kernels::ops::RopeLayout::Neox }
     }
 
     /// The chat template to use when a file has none (`None`: no default).
@@ -250,6 +290,8 @@ impl Arch {
             Arch::Qwen3 => qwen3::block,
             Arch::Gemma3 => gemma3::block,
             Arch::Phi3 => phi3::block,
+            Arch::Qwen3Moe => qwen3moe::block,
+            Arch::Mixtral => mixtral::block,
         }
     }
 }

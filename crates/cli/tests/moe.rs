@@ -1,0 +1,247 @@
+//! Mixture-of-experts files (`hearth synth --arch qwen3moe|mixtral`, Q8_0, tiny) in the
+//! modes around the forward pass: batch invariance (eight sequences in one pass, prefills
+//! grouped by expert, give each sequence's logits bit for bit as when it runs alone),
+//! `hearth serve` batching eight requests, the pipelined ring and a `--mem-budget` window
+//! (whole layers streamed) giving one machine's tokens, and tensor parallelism refused
+//! with an error naming issue #21. (Agreement with llama.cpp: `arch_reference.rs`.)
+
+mod common;
+
+use common::server::Server;
+use common::{addrs, assert_clean_error, cache_dir, hearth, model, ok, tokens, Worker};
+use hearth_model::{sampler::argmax, Arch, Context, Logits, Model, Segment};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+/// A Q8_0 file of `arch` (`qwen3moe` or `mixtral`): 8 experts, 2 per token, `n_layer`
+/// layers of width `n_embd`.
+fn synth(arch: &str, n_embd: u32, n_layer: u32) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-{arch}-{n_embd}x{n_layer}.gguf"));
+    let (e, l) = (n_embd.to_string(), n_layer.to_string());
+    let mut args = vec!["synth", "--arch", arch, "--n-embd", &e, "--n-layer", &l, "--n-head", "4", "--n-head-kv", "2", "--n-ff", "256"];
+    args.extend(["--n-expert", "8", "--n-expert-used", "2", "--type", "q8_0", "--seed", "5", "-t", "2"]);
+    if arch == "qwen3moe" {
+        args.extend(["--head-dim", "32", "--n-ff-exp", "64"]);
+    }
+    let m = model();
+    args.extend(["--tokenizer-from", m.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let o = hearth(&args);
+    assert!(o.status.success(), "{arch}: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "1, 2, 3, 4,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "My favourite food is",
+    "In 1492, Columbus",
+    "Water boils at",
+];
+const STEPS: usize = 6;
+
+/// Greedy tokens and each step's logit bits, the sequence alone.
+fn alone(m: &Arc<Model>, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let mut ctx = Context::new(m.clone(), 256, 64, 2).unwrap();
+    let mut logits = ctx.eval(prompt, Logits::Last).unwrap().to_vec();
+    let (mut toks, mut bits) = (Vec::new(), Vec::new());
+    for _ in 0..STEPS {
+        bits.push(logits.iter().map(|x| x.to_bits()).collect());
+        toks.push(argmax(&logits));
+        logits = ctx.eval(&[*toks.last().unwrap()], Logits::Last).unwrap().to_vec();
+    }
+    (toks, bits)
+}
+
+#[test]
+fn eight_batched_sequences_match_each_alone_bit_for_bit() {
+    for (arch, want_arch) in [("qwen3moe", Arch::Qwen3Moe), ("mixtral", Arch::Mixtral)] {
+        let m = Arc::new(Model::load(synth(arch, 128, 2)).unwrap());
+        assert_eq!(m.config.arch, want_arch);
+        let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| m.tokenizer.encode(p, true, true)).collect();
+        let want: Vec<_> = prompts.iter().map(|p| alone(&m, p)).collect();
+        // Every prompt in one pass (slots in reverse order), then every decode step in one pass.
+        let mut ctx = Context::new(m.clone(), 256, 64, 2).unwrap();
+        ctx.set_slots(8).unwrap();
+        let n = prompts.len();
+        let mut got: Vec<(Vec<u32>, Vec<Vec<u32>>)> = vec![Default::default(); n];
+        let mut feed: Vec<Vec<u32>> = prompts.clone();
+        for _ in 0..STEPS {
+            let segs: Vec<Segment> = feed.iter().enumerate().map(|(i, t)| Segment { slot: n - 1 - i, tokens: t, logits: true }).collect();
+            let logits = ctx.eval_batch(&segs).unwrap().to_vec();
+            let v = m.config.n_vocab;
+            for (i, g) in got.iter_mut().enumerate() {
+                let lg = &logits[i * v..(i + 1) * v];
+                g.1.push(lg.iter().map(|x| x.to_bits()).collect());
+                g.0.push(argmax(lg));
+                feed[i] = vec![argmax(lg)];
+            }
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.0, w.0, "{arch} prompt {i}: greedy tokens differ in a batch");
+            assert!(g.1 == w.1, "{arch} prompt {i}: logits are not bit-identical in a batch");
+        }
+        // The prompts chose different experts (else grouping was never exercised).
+        assert!(got.iter().any(|g| g.0 != got[0].0), "{arch}: every prompt gave the same tokens");
+    }
+}
+
+#[test]
+fn serve_batches_eight_moe_requests_with_the_tokens_each_gets_alone() {
+    let m = synth("qwen3moe", 128, 2);
+    let s = Server::start_model(&m, &["--parallel", "8", "-c", "256"]);
+    let greedy = |p: &str| {
+        let (st, r) = s.post("/v1/completions", &json!({"prompt": p, "max_tokens": 12, "temperature": 0, "logprobs": 0}));
+        assert_eq!(st, 200, "{r}");
+        r["choices"][0]["logprobs"].clone()
+    };
+    let alone: Vec<_> = PROMPTS.iter().map(|p| greedy(p)).collect();
+    let together: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = PROMPTS.iter().map(|p| sc.spawn(|| greedy(p))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "prompt {i} ({:?}) differs when batched with the others", PROMPTS[i]);
+    }
+    let metrics = s.get("/metrics");
+    let bucket = |le: &str| -> u64 {
+        let line = metrics.lines().find_map(|l| l.strip_prefix(&format!("hearth_batch_sequences_bucket{{le=\"{le}\"}} ")));
+        line.unwrap().trim().parse().unwrap()
+    };
+    assert!(bucket("+Inf") > bucket("1"), "no step ran more than one sequence:\n{metrics}");
+}
+
+/// `hearth generate --json`, 16 greedy tokens of `m` with `extra` flags.
+fn generate(m: &Path, extra: &[&str]) -> std::process::Output {
+    let p = "The three primary colors are red, blue and";
+    let mut args = vec![
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        p,
+        "-n",
+        "16",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "-t",
+        "1",
+        "-c",
+        "256",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(&args)
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_MODEL")
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn ring_and_mem_budget_give_one_machines_tokens_and_tensor_parallel_refuses() {
+    // 8 layers of 256: 57 MB, so a 50 MiB budget streams its layers.
+    let m = synth("mixtral", 256, 8);
+    let single = tokens(&ok(generate(&m, &[])));
+    assert_eq!(single.len(), 16);
+    let v = ok(generate(&m, &["--mem-budget", "50MiB"]));
+    assert_eq!(tokens(&v), single, "--mem-budget");
+    assert!(v["window"]["decode_io"]["bytes_read"].as_u64().unwrap() > 0, "the budget run read no layers: {}", v["window"]);
+    let ws: Vec<Worker> = (0..2).map(|_| Worker::start(&m, &[])).collect();
+    let workers = addrs(&[&ws[0], &ws[1]]);
+    let v = ok(generate(&m, &["--workers", &workers, "--parallel", "ring", "--layer-window", "2,4,2"]));
+    assert_eq!(tokens(&v), single, "ring");
+    for schedule in ["gather", "sum"] {
+        let o = generate(&m, &["--workers", &workers, "--tp-schedule", schedule]);
+        assert_clean_error(&o, "does not run mixture-of-experts models (llama) yet: issue #21");
+    }
+}
+
+#[test]
+fn plan_bounds_decode_by_the_routed_experts_bytes() {
+    let m = synth("mixtral", 128, 2);
+    let p = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "--json"]));
+    let info = ok(hearth(&["inspect", m.to_str().unwrap(), "--json"]));
+    // From the tensor table: 2-D layer matrices + the head (token_embd: no output.weight
+    // is tied; synth writes one) and the stacked experts (3-D).
+    let (mut dense, mut experts, mut head) = (0u64, 0u64, 0u64);
+    for t in info["tensors"].as_array().unwrap() {
+        let (name, dims, bytes) = (t["name"].as_str().unwrap(), t["shape"].as_array().unwrap().len(), t["bytes"].as_u64().unwrap());
+        match (name.starts_with("blk."), dims) {
+            (true, 2) => dense += bytes,
+            (true, 3) => experts += bytes,
+            _ if name == "output.weight" => head = bytes,
+            _ => {}
+        }
+    }
+    assert!(experts > 0 && head > 0);
+    assert_eq!(p["experts"], json!([8, 2]));
+    assert_eq!(p["expert_bytes"].as_u64().unwrap(), experts);
+    let active = dense + experts * 2 / 8 + head;
+    assert_eq!(p["bytes_per_token"].as_u64().unwrap(), active, "active bytes: 2 of 8 experts");
+    let bound = p["membw_gbps"].as_f64().unwrap() * 1e9 / active as f64;
+    assert!((p["decode_tok_s_bound"].as_f64().unwrap() / bound - 1.0).abs() < 1e-9);
+    let text = hearth(&["plan", "-m", m.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("mixture of experts: 2 of 8 experts per token"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    // A --shape is dense: refused for a MoE architecture rather than planned without experts.
+    assert_clean_error(&hearth(&["plan", "--shape", "7b", "--arch", "qwen3moe"]), "describes a dense model");
+}
+
+/// `m` rewritten with metadata key `key` set to `value` (`None`: removed) and tensor
+/// `shape_of` (if any) given dims `dims`, into `out`.
+fn altered(m: &Path, out: &str, key: &str, value: Option<hearth_gguf::Value>, shape_of: Option<(&str, Vec<u64>)>) -> PathBuf {
+    use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec};
+    let f = GgufFile::open(m).unwrap();
+    let mut meta: Vec<_> = f.metadata().iter().filter(|(k, _)| k != key).cloned().collect();
+    meta.extend(value.map(|v| (key.to_string(), v)));
+    let specs: Vec<TensorSpec> = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            let dims = match &shape_of {
+                Some((n, d)) if *n == t.name => d.clone(),
+                _ => t.dims.clone(),
+            };
+            TensorSpec { name: t.name.clone(), dims, ty: t.ty }
+        })
+        .collect();
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    write_gguf_file(&path, &meta, &specs, |i, w| {
+        let mut b = f.read_tensor(&f.tensors()[i]).unwrap();
+        b.resize(specs[i].size().unwrap() as usize, 0);
+        w.write_all(&b)
+    })
+    .unwrap();
+    path
+}
+
+#[test]
+fn hostile_expert_metadata_and_shapes_are_clean_errors() {
+    use hearth_gguf::Value;
+    let m = synth("qwen3moe", 128, 2);
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (altered(&m, "moe-bad-count.gguf", "qwen3moe.expert_count", Some(Value::U32(5000)), None), "more than 1024"),
+        (altered(&m, "moe-bad-used.gguf", "qwen3moe.expert_used_count", Some(Value::U32(9)), None), "more than the 8 there are"),
+        (altered(&m, "moe-zero-used.gguf", "qwen3moe.expert_used_count", Some(Value::U32(0)), None), "expert_used_count"),
+        (altered(&m, "moe-no-experts.gguf", "qwen3moe.expert_count", None, None), "qwen3moe needs experts"),
+        (altered(&m, "moe-fewer-experts.gguf", "qwen3moe.expert_count", Some(Value::U32(4)), None), "ffn_gate_inp"),
+        (altered(&m, "moe-bad-shape.gguf", "general.name", None, Some(("blk.1.ffn_down_exps.weight", vec![64, 128, 4]))), "ffn_down_exps"),
+    ];
+    for (path, want) in cases {
+        let o = hearth(&["generate", "-m", path.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", path.display());
+        assert!(!err.contains("panicked") && err.contains(want), "{}: expected {want:?} in {err}", path.display());
+    }
+}

@@ -1,0 +1,157 @@
+//! The mixture-of-experts FFN ([`Block::moe_ffn`]): a router picks `n_expert_used` of a
+//! layer's `n_expert` SwiGLU experts for each token, and the token's FFN output is the
+//! weighted sum of those experts' outputs (Shazeer et al., arXiv 1701.06538; Mixtral,
+//! arXiv 2401.04088; Qwen3-MoE, arXiv 2505.09388).
+//!
+//! The router, as llama.cpp's `llm_graph_context::build_moe_ffn` computes it for
+//! `qwen3moe` and `llama` with experts (gating `SOFTMAX`, `norm_w = true`, no scale):
+//! `p = softmax(W_router · x)` over all experts (`[n_expert]`), the `k` experts of largest
+//! `p` (ties: the lower id), and their weights `w_j = p_j / max(Σ_top-k p, 2⁻¹⁴)`.
+//! That equals Mixtral's "softmax over the top-k logits" up to rounding.
+//!
+//! Weights stay where they are: expert `e`'s gate, up and down matrices are row ranges of
+//! the stacked `ffn_*_exps` tensors ([`crate::LayerWeights::expert`]), views of the
+//! mapped file run through the ordinary quantized matmul, never dequantized or copied.
+//! A pass with many tokens groups them by expert: each chosen expert multiplies all of
+//! its tokens at once, so its weights are read once per pass, and only chosen experts
+//! are read at all (a decode step reads `k` of them).
+//!
+//! Batch invariance: a token's rows go through the same kernels whatever other tokens
+//! share the pass (the matmul's result for a row does not depend on the other rows), and
+//! its output sums its experts in increasing expert id, an order fixed by its own
+//! routing. (llama.cpp sums in rank order; the two differ in the last bits only.)
+
+use crate::arch::Mat;
+use crate::block::Block;
+use crate::error::{ModelError, Result};
+use hearth_kernels::{matmul, ops};
+
+/// llama.cpp clamps the sum of the chosen weights to the smallest normal f16 before
+/// dividing (`build_moe_ffn`: `ggml_clamp(weights_sum, 6.103515625e-5, INFINITY)`).
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0; // 2⁻¹⁴ = 6.103515625e-5
+
+/// One token's routing: `logits: [n_expert]` (overwritten by the softmax) to the `k`
+/// chosen experts' ids and weights, in rank order (largest probability first).
+pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize], weights: &mut [f32]) {
+    // Softmax as ggml's `soft_max_f32`: max, exp(x − max) in f32 summed in f64, times 1/sum.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in logits.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    logits.iter_mut().for_each(|v| *v *= inv);
+    // Top k by probability, the lower id first among equals (k ≤ n_expert, checked at load).
+    for j in 0..k {
+        let mut best = usize::MAX;
+        for (e, &p) in logits.iter().enumerate() {
+            if !ids[..j].contains(&e) && (best == usize::MAX || p > logits[best]) {
+                best = e;
+            }
+        }
+        ids[j] = best;
+        weights[j] = logits[best];
+    }
+    if !norm {
+        return;
+    }
+    // Renormalised to sum to 1 (ggml_sum_rows sums in f64, then f32 division).
+    let total = (weights[..k].iter().map(|&w| w as f64).sum::<f64>() as f32).max(MIN_WEIGHT_SUM);
+    weights[..k].iter_mut().for_each(|w| *w /= total);
+}
+
+impl Block<'_> {
+    /// `xb = moe(xb)` for the pass's `n` tokens, `xb: [n, n_embd]`: each token's
+    /// `Σ_j w_j · W_down,e_j · (silu(W_gate,e_j · x) ⊙ W_up,e_j · x)` over its routed experts
+    /// (see the module docs). `gate`, `up: [n, n_ff]` are scratch (`n_ff` = one expert's
+    /// width). One machine only: tensor parallelism and the ring refuse a MoE model before
+    /// a pass runs.
+    pub fn moe_ffn(&mut self, xb: &mut [f32], gate: &mut [f32], up: &mut [f32]) -> Result<()> {
+        let moe = self.c.moe.ok_or_else(|| ModelError::Weights("moe_ffn on a model without experts".into()))?;
+        if self.own.is_some() || self.comm.is_some() {
+            return Err(ModelError::Weights("a mixture-of-experts layer runs on one machine only (issue #21)".into()));
+        }
+        // Scratch: `part` the router's probabilities [n, n_expert] and the sums [n, n_embd];
+        // `gathered` an expert's input rows and output rows, [n, n_embd] each.
+        let (mut part, mut gathered) = (std::mem::take(self.part), std::mem::take(self.gathered));
+        let r = self.moe_ffn_in(moe, xb, gate, up, &mut part, &mut gathered);
+        (*self.part, *self.gathered) = (part, gathered);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn moe_ffn_in(
+        &mut self,
+        moe: crate::config::Moe,
+        xb: &mut [f32],
+        gate: &mut [f32],
+        up: &mut [f32],
+        part: &mut Vec<f32>,
+        gathered: &mut Vec<f32>,
+    ) -> Result<()> {
+        let (n, e, ff) = (self.n, self.c.n_embd, self.c.n_ff);
+        let (n_expert, k) = (moe.n_expert, moe.n_expert_used);
+        let l = self.l;
+        let router = l.router.as_ref().ok_or_else(|| ModelError::MissingTensor(format!("blk.{}.ffn_gate_inp.weight", self.il)))?;
+        part.resize(n * (n_expert + e), 0.0);
+        let (probs, acc) = part.split_at_mut(n * n_expert);
+        matmul(self.pool, &self.unit.view(router)?, xb, n, probs, self.quant)?;
+        self.trace("ffn_moe_logits", probs);
+
+        // Every (expert, token, weight) of the pass, by expert then token.
+        let mut chosen: Vec<(usize, usize, f32)> = Vec::with_capacity(n * k);
+        let (mut ids, mut w) = (vec![0usize; k], vec![0f32; k]);
+        for (t, row) in probs.chunks_exact_mut(n_expert).enumerate() {
+            route(row, k, moe.norm_weights, &mut ids, &mut w);
+            chosen.extend(ids.iter().zip(&w).map(|(&ex, &wt)| (ex, t, wt)));
+        }
+        self.trace("ffn_moe_probs", probs);
+        chosen.sort_unstable_by_key(|&(ex, t, _)| (ex, t));
+
+        acc.fill(0.0);
+        gathered.resize(2 * n * e, 0.0);
+        let (x_in, x_out) = gathered.split_at_mut(n * e);
+        for group in chosen.chunk_by(|a, b| a.0 == b.0) {
+            let (ex, m) = (group[0].0, group.len());
+            for (i, &(_, t, _)) in group.iter().enumerate() {
+                x_in[i * e..(i + 1) * e].copy_from_slice(&xb[t * e..(t + 1) * e]);
+            }
+            let (g, u, y) = (&mut gate[..m * ff], &mut up[..m * ff], &mut x_out[..m * e]);
+            matmul(self.pool, &self.unit.view(&l.expert(Mat::Gate, ex, n_expert))?, &x_in[..m * e], m, g, self.quant)?;
+            matmul(self.pool, &self.unit.view(&l.expert(Mat::Up, ex, n_expert))?, &x_in[..m * e], m, u, self.quant)?;
+            self.glu(ops::swiglu, g, u, ff);
+            matmul(self.pool, &self.unit.view(&l.expert(Mat::Down, ex, n_expert))?, g, m, y, self.quant)?;
+            // ggml_mul by the weight, then the add into the token's sum.
+            for (i, &(_, t, wt)) in group.iter().enumerate() {
+                for (a, &v) in acc[t * e..(t + 1) * e].iter_mut().zip(&y[i * e..(i + 1) * e]) {
+                    *a += v * wt;
+                }
+            }
+        }
+        xb.copy_from_slice(acc);
+        self.trace("ffn_moe_out", xb);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn route_takes_the_top_k_and_renormalises() {
+        // softmax([0, ln 2, ln 4, ln 3]) = [1, 2, 4, 3] / 10; top 2: experts 2 and 3.
+        let mut l = [0.0, 2f32.ln(), 4f32.ln(), 3f32.ln()];
+        let (mut ids, mut w) = ([0; 2], [0.0; 2]);
+        route(&mut l, 2, true, &mut ids, &mut w);
+        assert_eq!(ids, [2, 3]);
+        assert!((w[0] - 4.0 / 7.0).abs() < 1e-6 && (w[1] - 3.0 / 7.0).abs() < 1e-6, "{w:?}");
+        // Equal probabilities: the lower id first; k = n_expert keeps every expert.
+        let mut l = [1.0f32; 3];
+        let (mut ids, mut w) = ([0; 3], [0.0; 3]);
+        route(&mut l, 3, true, &mut ids, &mut w);
+        assert_eq!(ids, [0, 1, 2]);
+        assert!(w.iter().all(|&v| (v - 1.0 / 3.0).abs() < 1e-6));
+    }
+}
