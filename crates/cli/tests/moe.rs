@@ -71,7 +71,7 @@ fn eight_batched_sequences_match_each_alone_bit_for_bit() {
         let mut got: Vec<(Vec<u32>, Vec<Vec<u32>>)> = vec![Default::default(); n];
         let mut feed: Vec<Vec<u32>> = prompts.clone();
         for _ in 0..STEPS {
-            let segs: Vec<Segment> = feed.iter().enumerate().map(|(i, t)| Segment { slot: n - 1 - i, tokens: t, logits: true }).collect();
+            let segs: Vec<Segment> = feed.iter().enumerate().map(|(i, t)| Segment { slot: n - 1 - i, tokens: t, logits: 1 }).collect();
             let logits = ctx.eval_batch(&segs).unwrap().to_vec();
             let v = m.config.n_vocab;
             for (i, g) in got.iter_mut().enumerate() {

@@ -77,7 +77,8 @@ fn greedy_tokens_equal_plain_decoding_whatever_the_drafter() {
     let g = run(&model, &prompt, &greedy(), Some(&mut random));
     assert_eq!(g.tokens, plain.tokens, "random drafts");
     let s = g.speculative.unwrap();
-    assert!(s.drafted >= 4 * (N - 2) / 2 && s.accepted * 20 <= s.drafted, "random guesses are rarely right: {s:?}");
+    // (After the first refused pass the draft length drops to one guess a pass.)
+    assert!(s.passes >= N - 2 && s.accepted * 20 <= s.drafted, "random guesses are rarely right: {s:?}");
 }
 
 #[test]
