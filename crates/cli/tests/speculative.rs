@@ -116,6 +116,13 @@ fn serve_with_ngram_drafts_answers_as_without_in_a_batch() {
     let text: String =
         s.stream("/v1/completions", &body).iter().filter_map(|e| e["choices"][0]["text"].as_str().map(String::from)).collect();
     assert_eq!(text, plain[0].0);
+    // Across devices (the ring: one slot, its worker forgetting refused guesses): the same.
+    let w = Worker::start(&model(), &[]);
+    let ring = Server::start(&["--workers", &addrs(&[&w]), "--parallel", "ring", "--layer-window", "15,15", "--draft", "ngram"]);
+    let (st, r) = ring.post("/v1/completions", &bodies[0]);
+    assert_eq!(st, 200, "{r}");
+    let c = &r["choices"][0];
+    assert_eq!((c["text"].as_str().unwrap().to_string(), c["logprobs"]["token_logprobs"].clone()), plain[0]);
 }
 
 /// `bench --draft ngram --prompt-file F`: the decode test continues the file's text with
