@@ -24,7 +24,8 @@ pub struct SpecArgs {
     #[arg(long, value_enum, value_name = "KIND", conflicts_with = "draft_model")]
     pub draft: Option<DraftKind>,
     /// Speculative decoding with a draft model: a smaller GGUF with the same vocabulary (e.g. a
-    /// 0.5B of the model's family) guesses greedily on this machine; the output is the same as without
+    /// 0.5B of the model's family) guesses greedily on this machine (serve: one draft KV slot per
+    /// slot, drafting for all sequences in one batch); the output is the same as without
     #[arg(long, value_name = "PATH")]
     pub draft_model: Option<PathBuf>,
     /// Most tokens guessed per pass [default: 16]

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{addrs, cache_dir, gemma3, hearth, model, ok, tokens, Worker};
+use common::{addrs, gemma3, hearth, model, ok, tokens, Worker};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -32,16 +32,8 @@ fn synth(arch: &str) -> PathBuf {
 
 /// `hearth generate --json` of 16 greedy tokens of `m` with `extra` flags.
 fn generate(m: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "16", "--temperature", "0", "--ignore-eos", "-t", "1", "-c", "256", "--json"];
-    args.extend_from_slice(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(&args)
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .env_remove("HEARTH_MODEL")
-        .env_remove("HEARTH_CLUSTER_KEY")
-        .output()
-        .unwrap();
-    ok(out)
+    let args = ["-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "16", "--temperature", "0", "--ignore-eos", "-t", "1", "-c", "256", "--json"];
+    ok(common::generate_cmd(&[&args[..], extra].concat()))
 }
 
 /// Tensor parallel (gather) with 2 and 3 nodes, the ring over 3 devices and a memory

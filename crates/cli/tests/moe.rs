@@ -8,11 +8,10 @@
 mod common;
 
 use common::server::Server;
-use common::{addrs, assert_clean_error, cache_dir, hearth, model, ok, tokens, Worker};
+use common::{addrs, assert_clean_error, hearth, model, ok, tokens, Worker};
 use hearth_model::{sampler::argmax, Arch, Context, Logits, Model, Segment};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 /// A Q8_0 file of `arch` (`qwen3moe` or `mixtral`): 8 experts, 2 per token, `n_layer`
@@ -118,31 +117,8 @@ fn serve_batches_eight_moe_requests_with_the_tokens_each_gets_alone() {
 /// `hearth generate --json`, 16 greedy tokens of `m` with `extra` flags.
 fn generate(m: &Path, extra: &[&str]) -> std::process::Output {
     let p = "The three primary colors are red, blue and";
-    let mut args = vec![
-        "generate",
-        "-m",
-        m.to_str().unwrap(),
-        "-p",
-        p,
-        "-n",
-        "16",
-        "--temperature",
-        "0",
-        "--ignore-eos",
-        "-t",
-        "1",
-        "-c",
-        "256",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(&args)
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .env_remove("HEARTH_MODEL")
-        .env_remove("HEARTH_CLUSTER_KEY")
-        .output()
-        .unwrap()
+    let args = ["-m", m.to_str().unwrap(), "-p", p, "-n", "16", "--temperature", "0", "--ignore-eos", "-t", "1", "-c", "256", "--json"];
+    common::generate_cmd(&[&args[..], extra].concat())
 }
 
 #[test]

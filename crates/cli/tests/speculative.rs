@@ -74,11 +74,11 @@ fn bad_speculation_flags_are_clear_errors() {
     assert_clean_error(&generate(&["--draft-model", gemma3().to_str().unwrap()]), "must share the model's vocabulary");
 }
 
-/// `serve --draft ngram`: every request of a batch of 8 (greedy, seeded sampling, streamed)
-/// gets the tokens it gets from a server without speculation, and /metrics counts the
-/// guesses.
+/// `serve --draft ngram` and `--draft-model`: every request of a batch of 8 (greedy, seeded
+/// sampling, streamed) gets the tokens it gets from a server without speculation, and
+/// /metrics counts the guesses; across devices too.
 #[test]
-fn serve_with_ngram_drafts_answers_as_without_in_a_batch() {
+fn serve_with_drafts_answers_as_without_in_a_batch() {
     use common::server::Server;
     use serde_json::json;
     let bodies: Vec<serde_json::Value> = (0..8)
@@ -116,6 +116,23 @@ fn serve_with_ngram_drafts_answers_as_without_in_a_batch() {
     let text: String =
         s.stream("/v1/completions", &body).iter().filter_map(|e| e["choices"][0]["text"].as_str().map(String::from)).collect();
     assert_eq!(text, plain[0].0);
+    // A draft model (the same file: its greedy guesses are right whenever the request is
+    // greedy), drafting for all slots in one batch: the same answers.
+    let m = model();
+    let d = Server::start(&["--parallel", "4", "--draft-model", m.to_str().unwrap(), "--draft-max", "4"]);
+    for (i, (p, g)) in plain.iter().zip(&answers(&d)).enumerate() {
+        assert_eq!(p, g, "request {i}: text or log-probabilities differ with a draft model");
+    }
+    let metric = |name: &str| -> u64 {
+        d.get("/metrics").lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().trim().parse().unwrap()
+    };
+    let (drafted, accepted) = (metric("hearth_speculative_drafted_tokens_total"), metric("hearth_speculative_accepted_tokens_total"));
+    assert!(accepted * 2 > drafted && accepted <= drafted, "{accepted} of {drafted}");
+    let gemma = gemma3();
+    assert_clean_error(
+        &common::hearth(&["serve", "--port", "0", "-m", m.to_str().unwrap(), "--draft-model", gemma.to_str().unwrap()]),
+        "must share the model's vocabulary",
+    );
     // Across devices (the ring: one slot, its worker forgetting refused guesses): the same.
     let w = Worker::start(&model(), &[]);
     let ring = Server::start(&["--workers", &addrs(&[&w]), "--parallel", "ring", "--layer-window", "15,15", "--draft", "ngram"]);

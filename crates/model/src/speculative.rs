@@ -89,21 +89,7 @@ impl ModelDraft {
     /// both have the same vocabulary (size and every token's text), since draft tokens
     /// are fed to the target by id.
     pub fn new(mut ctx: Context, target: &Model) -> Result<Self> {
-        let (d, t) = (&ctx.model().tokenizer, &target.tokenizer);
-        if d.n_vocab() != t.n_vocab() || ctx.model().config.n_vocab != target.config.n_vocab {
-            return Err(ModelError::Input(format!(
-                "the draft model's vocabulary has {} tokens, the model's {}: a draft model must share the model's vocabulary",
-                d.n_vocab(),
-                t.n_vocab()
-            )));
-        }
-        if let Some(id) = (0..t.n_vocab() as u32).find(|&id| d.token_text(id) != t.token_text(id)) {
-            return Err(ModelError::Input(format!(
-                "the draft model's token {id} is {:?} where the model's is {:?}: a draft model must share the model's vocabulary",
-                d.token_text(id),
-                t.token_text(id)
-            )));
-        }
+        same_vocabulary(ctx.model(), target)?;
         ctx.truncate(0);
         Ok(ModelDraft { ctx, cached: Vec::new() })
     }
@@ -138,6 +124,27 @@ impl Drafter for ModelDraft {
         }
         Ok(out)
     }
+}
+
+/// Whether `draft` can draft for `target`: the same vocabulary (size and every token's
+/// text), since draft tokens are fed to the target by id.
+pub fn same_vocabulary(draft: &Model, target: &Model) -> Result<()> {
+    let (d, t) = (&draft.tokenizer, &target.tokenizer);
+    if d.n_vocab() != t.n_vocab() || draft.config.n_vocab != target.config.n_vocab {
+        return Err(ModelError::Input(format!(
+            "the draft model's vocabulary has {} tokens, the model's {}: a draft model must share the model's vocabulary",
+            d.n_vocab(),
+            t.n_vocab()
+        )));
+    }
+    if let Some(id) = (0..t.n_vocab() as u32).find(|&id| d.token_text(id) != t.token_text(id)) {
+        return Err(ModelError::Input(format!(
+            "the draft model's token {id} is {:?} where the model's is {:?}: a draft model must share the model's vocabulary",
+            d.token_text(id),
+            t.token_text(id)
+        )));
+    }
+    Ok(())
 }
 
 /// Speculative decoding settings for [`crate::generate_speculative`].

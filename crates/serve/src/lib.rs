@@ -17,6 +17,7 @@
 
 pub mod cluster;
 pub mod constraint;
+pub mod draft;
 pub mod embeddings;
 pub mod engines;
 pub mod error;
@@ -61,10 +62,11 @@ pub struct ServeOptions {
     pub draft: Option<Draft>,
 }
 
-/// Speculative decoding in the server: each decoding sequence guesses its next tokens by
-/// n-gram lookup in its own prompt and output ([`hearth_model::speculative::NgramDraft`])
-/// and feeds them with its last token; the tokens it samples are those it would sample
-/// without (the scheduler rolls back its slot over the guesses not taken).
+/// Speculative decoding in the server: each decoding sequence guesses its next tokens — by
+/// n-gram lookup in its own prompt and output ([`hearth_model::speculative::NgramDraft`]),
+/// or with the engine's draft model ([`Engine::draft`], [`draft::DraftModel`]) — and feeds
+/// them with its last token; the tokens it samples are those it would sample without (the
+/// scheduler rolls back its slot over the guesses not taken).
 #[derive(Debug, Clone, Copy)]
 pub struct Draft {
     /// Most guesses per sequence and step.
@@ -124,6 +126,8 @@ pub struct Engine {
     /// its layout (`tensor`, `ring`) and the workers in its group (a ring's solver may
     /// leave some out), so that it can be set up again without a worker that fails.
     pub across: Option<(hearth_engine::EngineOptions, &'static str, Vec<String>)>,
+    /// A context of the draft model with as many slots (`--draft-model`), or `None`.
+    pub draft: Option<Context>,
 }
 
 /// Serve `engines` (one, or a worker group each; requests go to the least loaded) until
@@ -143,7 +147,8 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
             *metrics.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster::ClusterState::new(layout, &named, &workers));
             cluster::Replanner::new(model.clone(), o, metrics.cluster.clone())
         });
-        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan, opts.draft)?.0);
+        let drafting = opts.draft.map(|limits| scheduler::Drafting { limits, model: e.draft.map(draft::DraftModel::new) });
+        schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan, drafting)?.0);
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

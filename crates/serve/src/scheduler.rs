@@ -41,7 +41,8 @@ impl Scheduler {
     /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
     /// `prompt_cache`: reuse a freed slot's cached prefix (see the module docs).
     /// `replan`: for a context across devices, how to set it up again when a worker fails.
-    /// `draft`: speculative decoding with n-gram guesses for every decoding sequence.
+    /// `draft`: speculative decoding for every decoding sequence (n-gram guesses, or the
+    /// draft model's).
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         mut ctx: Context,
@@ -51,7 +52,7 @@ impl Scheduler {
         id: usize,
         prompt_cache: bool,
         replan: Option<Replanner>,
-        draft: Option<crate::Draft>,
+        draft: Option<Drafting>,
     ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
         let queue_size = queue_size.max(1);
         let (tx, rx) = sync_channel(queue_size);
@@ -112,6 +113,15 @@ impl Scheduler {
     }
 }
 
+/// Speculative decoding in a scheduler: how many guesses, and where they come from (the
+/// draft model, else n-gram lookup).
+pub struct Drafting {
+    /// Most and fewest guesses per sequence and step.
+    pub limits: crate::Draft,
+    /// The engine's draft model, or `None` for n-gram lookup.
+    pub model: Option<crate::draft::DraftModel>,
+}
+
 /// What each slot's KV cache holds once its sequence has ended: its tokens and when it
 /// was last used (for least-recently-used eviction).
 struct SlotCache {
@@ -165,7 +175,7 @@ fn run(
     load: &AtomicUsize,
     prompt_cache: bool,
     mut replan: Option<(Replanner, Option<Vec<usize>>)>,
-    draft: Option<crate::Draft>,
+    mut draft: Option<Drafting>,
 ) {
     let model = ctx.model().clone();
     let tok = &model.tokenizer;
@@ -302,10 +312,24 @@ fn run(
         }
 
         // Speculative decoding: each decoding sequence's guesses at how it goes on.
-        if let Some(d) = &draft {
-            for s in active.iter_mut().filter(|s| s.decoding()) {
-                s.guess(d, n_ctx);
+        match draft.as_mut() {
+            Some(Drafting { limits, model: None }) => {
+                for s in active.iter_mut().filter(|s| s.decoding()) {
+                    s.guess(limits, n_ctx);
+                }
             }
+            Some(Drafting { limits, model: Some(m) }) => {
+                let want: Vec<crate::draft::Want> = active
+                    .iter()
+                    .filter(|s| s.decoding())
+                    .map(|s| crate::draft::Want { slot: s.slot, tokens: &s.tokens, max: s.draft_room(limits, n_ctx) })
+                    .collect();
+                let guesses = m.guess(&want);
+                for (s, g) in active.iter_mut().filter(|s| s.decoding()).zip(guesses) {
+                    s.draft = if g.len() >= limits.min { g } else { Vec::new() };
+                }
+            }
+            None => {}
         }
         // This step's batch (`plan_step`): (sequence, tokens this step); guesses ride in
         // what the step leaves over, after every prompt's chunk.
@@ -394,7 +418,7 @@ fn run(
                 s.fed += 1; // the guess was this token: its K/V are in, its row is next
             }
             if let (Some(d), false) = (&draft, guesses.is_empty()) {
-                s.draft_len.record(guesses.len(), accepted as usize, d.max);
+                s.draft_len.record(guesses.len(), accepted as usize, d.limits.max);
                 metrics.drafted_tokens.fetch_add(guesses.len() as u64, Ordering::Relaxed);
                 metrics.accepted_tokens.fetch_add(accepted, Ordering::Relaxed);
                 rewind.push((s.slot, s.fed));

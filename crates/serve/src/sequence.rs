@@ -162,16 +162,19 @@ impl<'t> Seq<'t> {
         }
     }
 
-    /// Guess how a decoding sequence goes on (n-gram lookup): as many tokens as its
-    /// [`DraftLength`] says (at most `d.max`), none past its `max_tokens` or a context of
-    /// `n_ctx`; fewer than `d.min` are dropped.
+    /// How many tokens a decoding sequence may guess this step: as many as its
+    /// [`DraftLength`] says (at most `d.max`, at least `d.min`), none past its `max_tokens`
+    /// or a context of `n_ctx`.
+    pub fn draft_room(&self, d: &crate::Draft, n_ctx: usize) -> usize {
+        let room = self.draft_len.next(d.max).max(d.min);
+        room.min(self.max_tokens.saturating_sub(self.generated() + 1)).min(n_ctx.saturating_sub(self.fed + 1))
+    }
+
+    /// Guess how a decoding sequence goes on by n-gram lookup ([`Self::draft_room`]
+    /// tokens at most; fewer than `d.min` are dropped).
     pub fn guess(&mut self, d: &crate::Draft, n_ctx: usize) {
-        let room = self.draft_len.next(d.max).max(d.min).min(self.max_tokens.saturating_sub(self.generated() + 1)).min(n_ctx.saturating_sub(self.fed + 1));
-        self.draft = if room >= d.min.max(1) {
-            NgramDraft::default().lookup(&self.tokens, room)
-        } else {
-            Vec::new()
-        };
+        let room = self.draft_room(d, n_ctx);
+        self.draft = if room >= d.min.max(1) { NgramDraft::default().lookup(&self.tokens, room) } else { Vec::new() };
         if self.draft.len() < d.min {
             self.draft.clear();
         }

@@ -47,7 +47,7 @@ pub struct Args {
     /// embedding models use) [default: the file's pooling_type, else mean]
     #[arg(long, value_enum)]
     pub pooling: Option<PoolingArg>,
-    /// Speculative decoding for every request (--draft ngram; the tokens are those without it)
+    /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
     #[command(flatten)]
     pub spec: crate::speculative::SpecArgs,
 }
@@ -84,9 +84,6 @@ pub fn run(a: Args) -> Result<()> {
     if a.model.ctx_size == Some(1) {
         bail!("--ctx-size 1 leaves no position to generate into: a slot needs at least 2");
     }
-    if let Some(p) = &a.spec.draft_model {
-        bail!("--draft-model {}: the server drafts by n-gram lookup only for now (--draft ngram)", p.display());
-    }
     let draft = a.spec.enabled().then(|| hearth_serve::Draft {
         max: a.spec.draft_max.map_or(16, |n| n as usize),
         min: a.spec.draft_min.map_or(1, |n| n as usize),
@@ -94,6 +91,14 @@ pub fn run(a: Args) -> Result<()> {
     a.spec.check()?;
     let path = resolve_model(a.model.model.as_ref())?;
     let model = a.model.load()?;
+    let draft_model = match &a.spec.draft_model {
+        Some(p) => {
+            let d = hearth_model::Model::load(p).with_context(|| format!("loading the draft model {}", p.display()))?;
+            hearth_model::speculative::same_vocabulary(&d, &model).with_context(|| format!("--draft-model {}", p.display()))?;
+            Some(std::sync::Arc::new(d))
+        }
+        None => None,
+    };
     let groups = a.groups as usize;
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         anyhow::bail!("--api-key is empty: give a key, or leave the flag out to serve without one");
@@ -136,7 +141,17 @@ pub fn run(a: Args) -> Result<()> {
             p = hearth_engine::prepare(&model, &opts)?;
         }
         let setup = p.cluster.as_ref().map(|c| (opts.clone(), c.layout(), c.workers.clone()));
-        engines.push(hearth_serve::Engine { ctx: p.ctx, pin: cpus.get(g).cloned(), across: setup });
+        // The draft model's context: one slot per engine slot, on the engine's threads.
+        let draft_ctx = match &draft_model {
+            Some(d) => {
+                let mut dc = hearth_model::Context::new(d.clone(), p.ctx.n_ctx(), p.ctx.n_batch(), p.ctx.n_threads())
+                    .context("a context for the draft model")?;
+                dc.set_slots(p.ctx.n_slots()).context("the draft model's slots")?;
+                Some(dc)
+            }
+            None => None,
+        };
+        engines.push(hearth_serve::Engine { ctx: p.ctx, pin: cpus.get(g).cloned(), across: setup, draft: draft_ctx });
     }
     let across = engines[0].across.is_some();
     let ctx = &engines[0].ctx;
@@ -155,7 +170,7 @@ pub fn run(a: Args) -> Result<()> {
         pooling.name(),
         if a.model.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() },
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" },
-        draft.map_or(String::new(), |d| format!(", speculative decoding with n-gram drafts (up to {} guesses)", d.max)),
+        draft.map_or(String::new(), |d| format!(", speculative decoding with {} (up to {} guesses)", a.spec.describe(), d.max)),
     );
     let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling), draft };
     hearth_serve::serve(engines, opts).context("serving")

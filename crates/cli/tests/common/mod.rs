@@ -152,10 +152,16 @@ pub fn interrupt_mid_generation(args: &[&str], act: impl FnOnce()) -> (Option<i3
 /// flags (workers, layouts), with the tests' cache directory and no cluster key.
 pub fn generate_json(prompt: &str, extra: &[&str]) -> Output {
     let m = model();
-    let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", prompt, "-n", "20", "--temperature", "0", "-t", "1", "--json"];
-    args.extend_from_slice(extra);
+    let args = ["-m", m.to_str().unwrap(), "-p", prompt, "-n", "20", "--temperature", "0", "-t", "1", "--json"];
+    generate_cmd(&[&args[..], extra].concat())
+}
+
+/// `hearth generate ARGS` with the tests' cache directory, no `$HEARTH_MODEL` and no
+/// cluster key.
+pub fn generate_cmd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(&args)
+        .arg("generate")
+        .args(args)
         .env("HEARTH_CACHE_DIR", cache_dir())
         .env_remove("HEARTH_MODEL")
         .env_remove("HEARTH_CLUSTER_KEY")
