@@ -214,6 +214,14 @@ fn hostile_expert_metadata_and_shapes_are_clean_errors() {
         (altered(&m, "moe-fewer-experts.gguf", "qwen3moe.expert_count", Some(Value::U32(4)), None), "ffn_gate_inp"),
         (altered(&m, "moe-bad-shape.gguf", "general.name", None, Some(("blk.1.ffn_down_exps.weight", vec![64, 128, 4]))), "ffn_down_exps"),
     ];
+    // One expert: its router has one row, fewer than synth's threads (this panicked once).
+    let one = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-one-expert.gguf");
+    let m1 = model();
+    let o = hearth(&["synth", "--arch", "mixtral", "--n-embd", "64", "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2",
+        "--n-ff", "64", "--n-expert", "1", "--n-expert-used", "1", "-t", "2", "--tokenizer-from", m1.to_str().unwrap(),
+        "--out", one.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(hearth(&["generate", "-m", one.to_str().unwrap(), "-p", "hi", "-n", "2"]).status.success());
     for (path, want) in cases {
         let o = hearth(&["generate", "-m", path.to_str().unwrap(), "-p", "hi", "-n", "1"]);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -150,6 +150,9 @@ pub fn run(a: Args) -> Result<()> {
     let tok = &model.tokenizer;
     let sampler = a.sampling.config()?;
     let mut spec = a.spec.speculation(&model, ctx.n_ctx(), ctx.n_batch(), ctx.n_threads())?;
+    if let (Some(p), Some(_)) = (&a.spec.draft_model, &a.model.budget.mem_budget) {
+        eprintln!("warning: the draft model {} is mapped whole, outside --mem-budget's plan (its pages count in the RSS)", p.display());
+    }
     let mut write_err = None;
     let out = generate_speculative(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, spec.as_mut(), |id| {
         // The first token comes right after prefill: split the group's counters there.

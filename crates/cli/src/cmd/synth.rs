@@ -306,7 +306,8 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
     // A matrix, or stacked experts ([cols, rows, n_expert]: n_expert·rows rows).
     let (cols, rows) = (t.dims[0] as usize, t.dims[1..].iter().product::<u64>() as usize);
     let row_bytes = t.ty.row_bytes(cols as u64).expect("checked by TensorSpec::size") as usize;
-    let chunk_rows = ((64usize << 20) / row_bytes).clamp(threads, rows.max(1));
+    // (A tensor of fewer rows than threads, e.g. the router of a 1-expert file, is one chunk.)
+    let chunk_rows = ((64usize << 20) / row_bytes).clamp(threads.min(rows.max(1)), rows.max(1));
     let mut buf = vec![0u8; chunk_rows * row_bytes];
     let tseed = splitmix(seed ^ splitmix(ti as u64));
     let mut r0 = 0;
