@@ -46,7 +46,7 @@ mod view;
 
 pub use dispatch::{has_vnni, simd_level, SimdLevel};
 pub use error::{KernelError, KernelErrorKind};
-pub use matmul::{dequantize_row, matmul, matmul_with, quantize_activations, supports};
+pub use matmul::{dequantize_row, matmul, matmul_many, matmul_with, quantize_activations, supports, MatJob};
 pub use pool::{physical_cores, ThreadPool};
 pub use view::WeightView;
 

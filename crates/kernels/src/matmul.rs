@@ -15,7 +15,7 @@
 //! panel, thread count or batch, so results are bit-identical across thread
 //! counts and for a token alone vs. inside a batch (per SIMD level).
 
-use crate::dispatch::{Kernels, Panel, SimdLevel, PANEL_ROWS, PANEL_TOKENS};
+use crate::dispatch::{Kernels, Panel, PanelFn, QuantFn, SimdLevel, PANEL_ROWS, PANEL_TOKENS};
 use crate::pool::SendPtr;
 use crate::{KernelError, ThreadPool, WeightView};
 use hearth_quant::{vec_dot_type, GgmlType};
@@ -106,6 +106,48 @@ pub fn matmul_with(
     matmul_impl(k, pool, w, x, n_tokens, out, scratch)
 }
 
+/// One product of a [`matmul_many`] call: `out[t][r] = dot(w row r, x[t])`,
+/// `x: [n_tokens, w.cols]`, `out: [n_tokens, w.rows]`, as in [`matmul`].
+pub struct MatJob<'a, 'w> {
+    /// The weights, `[rows, cols]`.
+    pub w: &'a WeightView<'w>,
+    /// Activations, `[n_tokens, cols]` row-major f32.
+    pub x: &'a [f32],
+    /// Tokens (rows of `x`).
+    pub n_tokens: usize,
+    /// Result, `[n_tokens, rows]` row-major f32 (overwritten).
+    pub out: &'a mut [f32],
+}
+
+/// Several matmuls in one pass of the pool: every job's activations are
+/// quantized first (once per distinct `x` slice and activation type, so jobs
+/// that share an input, such as a SwiGLU's gate and up or Q, K and V, quantize
+/// it once), then the threads take panels of rows from all jobs in turn from
+/// one queue.
+///
+/// Why: a mixture-of-experts decode step multiplies `n_expert_used` small
+/// expert matrices (0.9 MB each for a 30B-A3B shape) three times over; one
+/// pool dispatch each costs the wake-up and, worse, a tail where one thread
+/// finishes the last panel alone. One queue over all of them streams the
+/// bytes as one long matvec would.
+///
+/// Each output element is computed exactly as [`matmul`] computes it, so
+/// results are bit-identical to one [`matmul`] per job.
+pub fn matmul_many(pool: &ThreadPool, jobs: &mut [MatJob<'_, '_>], scratch: &mut Vec<u8>) -> Result<(), KernelError> {
+    matmul_many_impl(Kernels::active(), pool, jobs, scratch)
+}
+
+/// [`matmul_many`] on an explicit SIMD `level` (tests).
+#[cfg(test)]
+pub(crate) fn matmul_many_with(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    jobs: &mut [MatJob<'_, '_>],
+    scratch: &mut Vec<u8>,
+) -> Result<(), KernelError> {
+    matmul_many_impl(Kernels::for_level(level).unwrap(), pool, jobs, scratch)
+}
+
 /// Whether [`matmul`] has a kernel for weights of type `ty`.
 pub fn supports(ty: GgmlType) -> bool {
     Kernels::active().panel(ty).is_some()
@@ -120,82 +162,153 @@ fn matmul_impl(
     out: &mut [f32],
     scratch: &mut Vec<u8>,
 ) -> Result<(), KernelError> {
-    let panel = k.panel(w.ty).ok_or(KernelError::unsupported("matmul", w.ty))?;
-    w.validate()?;
-    let (rows, cols) = (w.rows, w.cols);
-    if x.len() != n_tokens * cols {
-        return Err(KernelError::shape("x length (n_tokens * cols)", n_tokens * cols, x.len()));
+    matmul_many_impl(k, pool, &mut [MatJob { w, x, n_tokens, out }], scratch)
+}
+
+/// One distinct activation input of a [`matmul_many`] call and where its
+/// quantized form lies in the scratch (byte offsets).
+struct Input<'a> {
+    x: &'a [f32],
+    cols: usize,
+    arb: usize,
+    quantize: QuantFn,
+    sum_offset: Option<i32>,
+    act: usize,
+    sums: Option<usize>,
+}
+
+/// A job checked and laid out: where its quantized activations (and their
+/// block sums) lie in the scratch.
+struct Prepared<'a, 'w> {
+    w: &'a WeightView<'w>,
+    panel: PanelFn,
+    n_tokens: usize,
+    arb: usize,
+    /// Byte offsets of the activations and of their block sums (`None`: the
+    /// kernel takes none) in the scratch.
+    act: usize,
+    sums: Option<usize>,
+    out: SendPtr<f32>,
+}
+
+fn matmul_many_impl(k: &Kernels, pool: &ThreadPool, jobs: &mut [MatJob<'_, '_>], scratch: &mut Vec<u8>) -> Result<(), KernelError> {
+    // 1. Check every job and lay out its activations; a job whose `x` slice and
+    // activation form match an earlier one's shares that one's bytes.
+    let mut prepared: Vec<Prepared<'_, '_>> = Vec::with_capacity(jobs.len());
+    let mut inputs: Vec<Input<'_>> = Vec::new();
+    let mut size = 0usize;
+    for job in jobs.iter_mut() {
+        let w = job.w;
+        let panel = k.panel(w.ty).ok_or(KernelError::unsupported("matmul", w.ty))?;
+        w.validate()?;
+        let (rows, cols, n_tokens) = (w.rows, w.cols, job.n_tokens);
+        if job.x.len() != n_tokens * cols {
+            return Err(KernelError::shape("x length (n_tokens * cols)", n_tokens * cols, job.x.len()));
+        }
+        if job.out.len() != n_tokens * rows {
+            return Err(KernelError::shape("out length (n_tokens * rows)", n_tokens * rows, job.out.len()));
+        }
+        if n_tokens == 0 || rows == 0 {
+            continue;
+        }
+        if cols == 0 {
+            job.out.fill(0.0);
+            continue;
+        }
+        // Activations → vec_dot_type blocks (or the level's form of them, `Kernels::act_type`).
+        let aty = k.act_type(w.ty);
+        let quantize = k.act_quantize(w.ty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
+        let arb = aty.row_bytes(cols as u64).expect("cols validated as whole blocks") as usize;
+        let sum_offset = k.act_sum_offset(w.ty);
+        let same = |i: &&Input<'_>| {
+            std::ptr::eq(i.x, job.x) && i.quantize as usize == quantize as usize && i.arb == arb && i.sum_offset == sum_offset
+        };
+        let (act, sums) = match inputs.iter().find(same) {
+            Some(i) => (i.act, i.sums),
+            None => {
+                let act = size;
+                size += n_tokens * arb;
+                let sums = sum_offset.map(|_| size);
+                size += if sum_offset.is_some() { 4 * n_tokens * (cols / 32) } else { 0 };
+                inputs.push(Input { x: job.x, cols, arb, quantize, sum_offset, act, sums });
+                (act, sums)
+            }
+        };
+        prepared.push(Prepared { w, panel, n_tokens, arb, act, sums, out: SendPtr(job.out.as_mut_ptr()) });
     }
-    if out.len() != n_tokens * rows {
-        return Err(KernelError::shape("out length (n_tokens * rows)", n_tokens * rows, out.len()));
-    }
-    if n_tokens == 0 || rows == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        out.fill(0.0);
+    if prepared.is_empty() {
         return Ok(());
     }
 
-    // 1. Activations → vec_dot_type blocks (or the level's form of them,
-    // `Kernels::act_type`), once per call.
-    let aty = k.act_type(w.ty);
-    let quantize = k.act_quantize(w.ty).ok_or(KernelError::unsupported("quantize_activations", aty))?;
-    let arb = aty.row_bytes(cols as u64).expect("cols validated as whole blocks") as usize;
-    let sum_offset = k.act_sum_offset(w.ty);
-    let sums_len = if sum_offset.is_some() { 4 * n_tokens * (cols / 32) } else { 0 };
-    if scratch.len() < n_tokens * arb + sums_len {
-        scratch.resize(n_tokens * arb + sums_len, 0);
+    // 2. Quantize each distinct input once (a long one on all threads).
+    if scratch.len() < size {
+        scratch.resize(size, 0);
     }
-    let (act, sums) = scratch[..n_tokens * arb + sums_len].split_at_mut(n_tokens * arb);
-    if n_tokens * cols >= PAR_QUANTIZE_MIN && pool.n_threads() > 1 && n_tokens > 1 {
-        let ap = SendPtr(act.as_mut_ptr());
-        pool.run(|i, n| {
-            let (t0, t1) = (n_tokens * i / n, n_tokens * (i + 1) / n);
-            for t in t0..t1 {
-                // SAFETY: token rows are disjoint and split without overlap.
-                let dst = unsafe { std::slice::from_raw_parts_mut(ap.get().add(t * arb), arb) };
-                quantize(&x[t * cols..(t + 1) * cols], dst);
+    let scratch = &mut scratch[..size];
+    for i in &inputs {
+        let (x, cols, arb, quantize) = (i.x, i.cols, i.arb, i.quantize);
+        let n_tokens = x.len() / cols;
+        let dst = &mut scratch[i.act..i.act + n_tokens * arb];
+        if n_tokens * cols >= PAR_QUANTIZE_MIN && pool.n_threads() > 1 && n_tokens > 1 {
+            let ap = SendPtr(dst.as_mut_ptr());
+            pool.run(|i, n| {
+                let (t0, t1) = (n_tokens * i / n, n_tokens * (i + 1) / n);
+                for t in t0..t1 {
+                    // SAFETY: token rows are disjoint and split without overlap.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(ap.get().add(t * arb), arb) };
+                    quantize(&x[t * cols..(t + 1) * cols], dst);
+                }
+            });
+        } else {
+            for (xt, at) in x.chunks_exact(cols).zip(dst.chunks_exact_mut(arb)) {
+                quantize(xt, at);
             }
-        });
-    } else {
-        for (xt, at) in x.chunks_exact(cols).zip(act.chunks_exact_mut(arb)) {
-            quantize(xt, at);
+        }
+        if let (Some(s), Some(k_off)) = (i.sums, i.sum_offset) {
+            let (act, sums) = scratch.split_at_mut(s);
+            act_block_sums(k_off, &act[i.act..i.act + n_tokens * arb], arb, cols, &mut sums[..4 * n_tokens * (cols / 32)]);
         }
     }
-    if let Some(k_off) = sum_offset {
-        act_block_sums(k_off, act, arb, cols, sums);
-    }
-    let (act, sums) = (&*act, &*sums);
+    let scratch = &*scratch;
 
-    // 2. Panels of rows, handed out dynamically (`PanelQueue`).
-    let most = if n_tokens <= SMALL_BATCH { (PANEL_OUT / n_tokens) / PANEL_ROWS * PANEL_ROWS } else { PANEL_ROWS };
-    // Where `out` starts within a cache line, in f32s (see `PanelQueue`).
-    let skew = (out.as_ptr() as usize / 4) % LINE_F32;
-    let queue = PanelQueue::new(rows, pool.n_threads(), most, skew);
-    let op = SendPtr(out.as_mut_ptr());
+    // 3. Panels of rows of every job, handed out dynamically (`PanelQueue`).
+    let segs = prepared
+        .iter()
+        .map(|p| Segment {
+            rows: p.w.rows,
+            most: if p.n_tokens <= SMALL_BATCH { (PANEL_OUT / p.n_tokens) / PANEL_ROWS * PANEL_ROWS } else { PANEL_ROWS },
+            // Where `out` starts within a cache line, in f32s (see `PanelQueue`).
+            skew: (p.out.0 as usize / 4) % LINE_F32,
+        })
+        .collect();
+    let queue = PanelQueue::new(segs, pool.n_threads());
     pool.run(|_, _| {
         let mut buf = [0f32; PANEL_OUT];
-        while let Some((r0, nr)) = queue.take() {
+        while let Some((j, r0, nr)) = queue.take() {
+            let p = &prepared[j];
+            let (w, rows, cols, n_tokens) = (p.w, p.w.rows, p.w.cols, p.n_tokens);
             let wdata = &w.data[r0 * w.row_stride..];
+            let act = &scratch[p.act..p.act + n_tokens * p.arb];
+            let sums = p.sums.map_or(&[][..], |s| &scratch[s..s + 4 * n_tokens * (cols / 32)]);
             for t0 in (0..n_tokens).step_by(PANEL_TOKENS) {
                 let nt = PANEL_TOKENS.min(n_tokens - t0);
-                let p = Panel {
+                let panel = Panel {
                     wty: w.ty,
                     w: wdata,
                     row_stride: w.row_stride,
                     n_rows: nr,
                     cols,
-                    act: &act[t0 * arb..],
-                    act_stride: arb,
+                    act: &act[t0 * p.arb..],
+                    act_stride: p.arb,
                     n_tokens: nt,
                     act_sums: if sums.is_empty() { sums } else { &sums[4 * t0 * (cols / 32)..] },
                 };
-                panel(&p, &mut buf[..nr * nt]);
+                (p.panel)(&panel, &mut buf[..nr * nt]);
                 for t in 0..nt {
-                    // SAFETY: the panel (rows r0..r0+nr) belongs to this
-                    // thread alone; `out` has n_tokens * rows elements.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add((t0 + t) * rows + r0), nr) };
+                    // SAFETY: the panel (rows r0..r0+nr of job j) belongs to this
+                    // thread alone; job j's `out` has n_tokens * rows elements and
+                    // no two jobs' outputs overlap (each was a `&mut`).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(p.out.get().add((t0 + t) * rows + r0), nr) };
                     dst.copy_from_slice(&buf[t * nr..(t + 1) * nr]);
                 }
             }
@@ -204,9 +317,20 @@ fn matmul_impl(
     Ok(())
 }
 
+/// One job's rows in a [`PanelQueue`]: how many, the longest panel, and where
+/// its output starts within a cache line (in f32s).
+struct Segment {
+    rows: usize,
+    most: usize,
+    skew: usize,
+}
+
 /// Hands out panels of rows to the pool's threads: guided self-scheduling
 /// (Polychronopoulos & Kuck, 1987, with half its panel size), each panel a
-/// `1 / (2 · n_threads)` share of the rows left, in whole [`PANEL_ROWS`], between `PANEL_ROWS` and `most`.
+/// `1 / (2 · n_threads)` share of the rows left (in all jobs), in whole
+/// [`PANEL_ROWS`], between `PANEL_ROWS` and its job's `most`, never across
+/// the end of a job. The queue walks one row index over the jobs' rows laid
+/// end to end, so one job's schedule is what it always was.
 ///
 /// Why: a matvec (decode, or a batch of up to `SMALL_BATCH` tokens, one pass
 /// of the tiles over the weights) streams its weights from memory once. Long
@@ -228,44 +352,57 @@ fn matmul_impl(
 /// The split never changes a result: each output element is computed by one
 /// thread from start to finish the same way whatever its panel.
 struct PanelQueue {
+    /// The next row to hand out, counting over all jobs' rows in order.
     next: AtomicUsize,
-    rows: usize,
+    segs: Vec<Segment>,
+    /// `starts[j]`: the first row of job `j` in that count; `starts[len]` the total.
+    starts: Vec<usize>,
     share: usize,
-    most: usize,
-    skew: usize,
 }
 
 /// f32s per 64-byte cache line.
 const LINE_F32: usize = 16;
 
 impl PanelQueue {
-    fn new(rows: usize, n_threads: usize, most: usize, skew: usize) -> Self {
-        PanelQueue { next: AtomicUsize::new(0), rows, share: 2 * n_threads.max(1), most: most.max(PANEL_ROWS), skew: skew % LINE_F32 }
+    fn new(segs: Vec<Segment>, n_threads: usize) -> Self {
+        let mut starts = Vec::with_capacity(segs.len() + 1);
+        let mut at = 0;
+        for s in &segs {
+            starts.push(at);
+            at += s.rows;
+        }
+        starts.push(at);
+        let segs = segs.into_iter().map(|s| Segment { most: s.most.max(PANEL_ROWS), skew: s.skew % LINE_F32, ..s }).collect();
+        PanelQueue { next: AtomicUsize::new(0), segs, starts, share: 2 * n_threads.max(1) }
     }
 
-    /// Rows of the panel that starts at row `r0`: its share of the rows left,
-    /// ending on a line boundary (moved back, or forward when that would
-    /// leave it empty) unless it ends the matrix.
-    fn len_at(&self, r0: usize) -> usize {
-        let left = self.rows - r0;
-        let n = (left / self.share).next_multiple_of(PANEL_ROWS).clamp(PANEL_ROWS, self.most).min(left);
+    /// Job `j`'s panel that starts at its row `r0`, with `left` rows left in
+    /// all: its share of those, ending on a line boundary (moved back, or
+    /// forward when that would leave it empty) unless it ends the job.
+    fn len_at(&self, j: usize, r0: usize, left: usize) -> usize {
+        let s = &self.segs[j];
+        let n = (left / self.share).next_multiple_of(PANEL_ROWS).clamp(PANEL_ROWS, s.most).min(s.rows - r0);
         let end = r0 + n;
-        if end == self.rows {
+        if end == s.rows {
             return n;
         }
-        let past = (self.skew + end) % LINE_F32;
+        let past = (s.skew + end) % LINE_F32;
         let end = if end - past > r0 { end - past } else { end + LINE_F32 - past };
-        end.min(self.rows) - r0
+        end.min(s.rows) - r0
     }
 
-    /// The next panel `(first row, rows)`, or `None` when all are taken.
-    fn take(&self) -> Option<(usize, usize)> {
-        let mut r0 = self.next.load(Ordering::Relaxed);
-        while r0 < self.rows {
-            let n = self.len_at(r0);
-            match self.next.compare_exchange_weak(r0, r0 + n, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Some((r0, n)),
-                Err(now) => r0 = now,
+    /// The next panel `(job, first row, rows)`, or `None` when all are taken.
+    fn take(&self) -> Option<(usize, usize, usize)> {
+        let total = self.starts[self.segs.len()];
+        let mut at = self.next.load(Ordering::Relaxed);
+        while at < total {
+            // The job holding row `at`.
+            let j = self.starts.partition_point(|&s| s <= at) - 1;
+            let r0 = at - self.starts[j];
+            let n = self.len_at(j, r0, total - at);
+            match self.next.compare_exchange_weak(at, at + n, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some((j, r0, n)),
+                Err(now) => at = now,
             }
         }
         None
@@ -299,7 +436,11 @@ pub(crate) fn quantize_with(level: SimdLevel, wty: GgmlType, x: &[f32], out: &mu
 
 #[cfg(test)]
 mod queue_tests {
-    use super::{PanelQueue, PANEL_ROWS};
+    use super::{PanelQueue, Segment, PANEL_ROWS};
+
+    fn one(rows: usize, threads: usize, most: usize, skew: usize) -> PanelQueue {
+        PanelQueue::new(vec![Segment { rows, most, skew }], threads)
+    }
 
     /// Panels tile the rows exactly once, in order, shrinking, whole
     /// `PANEL_ROWS` but the last, within `most`; with the output at `skew`
@@ -318,15 +459,16 @@ mod queue_tests {
         }
         // Control: decode of 4096 rows on 2 threads starts with a quarter of them,
         // and a 4-float skew moves its end back by 4 rows.
-        assert_eq!(PanelQueue::new(4096, 2, 4096, 0).take(), Some((0, 1024)));
-        assert_eq!(PanelQueue::new(4096, 2, 4096, 4).take(), Some((0, 1020)));
+        assert_eq!(one(4096, 2, 4096, 0).take(), Some((0, 0, 1024)));
+        assert_eq!(one(4096, 2, 4096, 4).take(), Some((0, 0, 1020)));
     }
 
     fn check(rows: usize, threads: usize, most: usize, skew: usize) {
-        let q = PanelQueue::new(rows, threads, most, skew);
+        let q = one(rows, threads, most, skew);
         let mut panels = Vec::new();
-        while let Some(p) = q.take() {
-            panels.push(p);
+        while let Some((j, r0, n)) = q.take() {
+            assert_eq!(j, 0);
+            panels.push((r0, n));
         }
         let mut at = 0;
         let line = super::LINE_F32;
@@ -344,5 +486,28 @@ mod queue_tests {
         }
         assert_eq!(at, rows);
         assert_eq!(q.take(), None);
+    }
+
+    /// Several jobs: each job's rows are covered once, in order, by panels
+    /// that never cross a job's end; jobs come one after another; the first
+    /// panel is a share of all the jobs' rows.
+    #[test]
+    fn jobs_are_covered_in_turn() {
+        let segs = |v: &[usize]| v.iter().map(|&rows| Segment { rows, most: 4096, skew: 0 }).collect::<Vec<_>>();
+        for rows in [vec![768; 16], vec![1, 17, 2048, 3], vec![2048; 8]] {
+            let q = PanelQueue::new(segs(&rows), 2);
+            let mut at = vec![0; rows.len()];
+            let mut last = 0;
+            while let Some((j, r0, n)) = q.take() {
+                assert!(j >= last, "jobs in order");
+                last = j;
+                assert_eq!(r0, at[j]);
+                assert!(n > 0 && r0 + n <= rows[j]);
+                at[j] += n;
+            }
+            assert_eq!(at, rows);
+        }
+        // 16 × 768 rows on 2 threads: the first panel is a quarter of all rows, cut at the job's end.
+        assert_eq!(PanelQueue::new(segs(&[768; 16]), 2).take(), Some((0, 0, 768)));
     }
 }

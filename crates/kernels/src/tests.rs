@@ -479,6 +479,56 @@ fn matmul_is_thread_and_batch_invariant() {
     }
 }
 
+/// `matmul_many` gives each job exactly what `matmul` alone gives it: jobs of
+/// several types and token counts, two of them sharing one input (quantized
+/// once), one of them empty, over 1–3 threads and every level.
+#[test]
+fn matmul_many_equals_one_matmul_per_job() {
+    let specs = [
+        (GgmlType::Q4_0, 70, 256, 1),
+        (GgmlType::Q4_0, 33, 256, 1),
+        (GgmlType::Q8_0, 48, 256, 1),
+        (GgmlType::Q4_K, 17, 256, 3),
+        (GgmlType::F16, 9, 64, 40),
+        (GgmlType::Q4_1, 0, 64, 2),
+    ];
+    let problems: Vec<_> = specs.iter().enumerate().map(|(i, &(ty, r, c, t))| problem(ty, r, c, t, 10 + i as u64)).collect();
+    let views: Vec<WeightView<'_>> =
+        specs.iter().zip(&problems).map(|(&(ty, r, c, _), (w, _))| WeightView::new(ty, w, r, c).unwrap()).collect();
+    // Jobs 0–2 share job 0's input (one token of 256).
+    let x_of = |j: usize| if j < 3 { &problems[0].1[..] } else { &problems[j].1[..] };
+    for level in levels() {
+        let mut want: Vec<Vec<f32>> = Vec::new();
+        for (j, v) in views.iter().enumerate() {
+            let mut out = vec![0f32; v.rows * specs[j].3];
+            matmul_with(level, &pools()[0], v, x_of(j), specs[j].3, &mut out, &mut Vec::new()).unwrap();
+            want.push(out);
+        }
+        for pool in pools() {
+            let mut outs: Vec<Vec<f32>> = want.iter().map(|w| vec![f32::NAN; w.len()]).collect();
+            let mut jobs: Vec<crate::MatJob<'_, '_>> = views
+                .iter()
+                .zip(outs.iter_mut())
+                .enumerate()
+                .map(|(j, (w, out))| crate::MatJob { w, x: x_of(j), n_tokens: specs[j].3, out })
+                .collect();
+            crate::matmul::matmul_many_with(level, pool, &mut jobs, &mut Vec::new()).unwrap();
+            for j in 0..views.len() {
+                assert!(bits(&outs[j]) == bits(&want[j]), "{level:?} job {j} ({}) on {} threads", specs[j].0, pool.n_threads());
+            }
+        }
+        // A bad job is an error naming the shape.
+        let mut out = vec![0f32; 5];
+        let e = crate::matmul::matmul_many_with(
+            level,
+            &pools()[1],
+            &mut [crate::MatJob { w: &views[0], x: x_of(0), n_tokens: 1, out: &mut out }],
+            &mut Vec::new(),
+        );
+        assert!(e.is_err());
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }

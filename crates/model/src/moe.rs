@@ -24,7 +24,7 @@
 use crate::arch::Mat;
 use crate::block::Block;
 use crate::error::{ModelError, Result};
-use hearth_kernels::{matmul, ops};
+use hearth_kernels::{matmul, matmul_many, ops, MatJob};
 
 /// llama.cpp clamps the sum of the chosen weights to the smallest normal f16 before
 /// dividing (`build_moe_ffn`: `ggml_clamp(weights_sum, 6.103515625e-5, INFINITY)`).
@@ -64,32 +64,23 @@ pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize],
 impl Block<'_> {
     /// `xb = moe(xb)` for the pass's `n` tokens, `xb: [n, n_embd]`: each token's
     /// `Σ_j w_j · W_down,e_j · (silu(W_gate,e_j · x) ⊙ W_up,e_j · x)` over its routed experts
-    /// (see the module docs). `gate`, `up: [n, n_ff]` are scratch (`n_ff` = one expert's
-    /// width). One machine only: tensor parallelism and the ring refuse a MoE model before
+    /// (see the module docs). One machine only: tensor parallelism and the ring refuse a MoE model before
     /// a pass runs.
-    pub fn moe_ffn(&mut self, xb: &mut [f32], gate: &mut [f32], up: &mut [f32]) -> Result<()> {
+    pub fn moe_ffn(&mut self, xb: &mut [f32]) -> Result<()> {
         let moe = self.c.moe.ok_or_else(|| ModelError::Weights("moe_ffn on a model without experts".into()))?;
         if self.own.is_some() || self.comm.is_some() {
             return Err(ModelError::Weights("a mixture-of-experts layer runs on one machine only (issue #21)".into()));
         }
         // Scratch: `part` the router's probabilities [n, n_expert] and the sums [n, n_embd];
-        // `gathered` an expert's input rows and output rows, [n, n_embd] each.
+        // `gathered` a run of experts' gathered inputs and outputs, [pairs, n_embd] each,
+        // and their gate and up, [pairs, n_ff] each (see `moe_ffn_in`).
         let (mut part, mut gathered) = (std::mem::take(self.part), std::mem::take(self.gathered));
-        let r = self.moe_ffn_in(moe, xb, gate, up, &mut part, &mut gathered);
+        let r = self.moe_ffn_in(moe, xb, &mut part, &mut gathered);
         (*self.part, *self.gathered) = (part, gathered);
         r
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn moe_ffn_in(
-        &mut self,
-        moe: crate::config::Moe,
-        xb: &mut [f32],
-        gate: &mut [f32],
-        up: &mut [f32],
-        part: &mut Vec<f32>,
-        gathered: &mut Vec<f32>,
-    ) -> Result<()> {
+    fn moe_ffn_in(&mut self, moe: crate::config::Moe, xb: &mut [f32], part: &mut Vec<f32>, gathered: &mut Vec<f32>) -> Result<()> {
         let (n, e, ff) = (self.n, self.c.n_embd, self.c.n_ff);
         let (n_expert, k) = (moe.n_expert, moe.n_expert_used);
         let l = self.l;
@@ -110,20 +101,25 @@ impl Block<'_> {
         chosen.sort_unstable_by_key(|&(ex, t, _)| (ex, t));
 
         acc.fill(0.0);
-        gathered.resize(2 * n * e, 0.0);
-        let (x_in, x_out) = gathered.split_at_mut(n * e);
-        for group in chosen.chunk_by(|a, b| a.0 == b.0) {
-            let (ex, m) = (group[0].0, group.len());
-            for (i, &(_, t, _)) in group.iter().enumerate() {
-                x_in[i * e..(i + 1) * e].copy_from_slice(&xb[t * e..(t + 1) * e]);
+        // Experts in runs of at most `cap` (expert, token) pairs, each run two pool
+        // dispatches (every gate and up, then every down) rather than three per expert:
+        // a decode step's `k` small experts stream as one matvec would.
+        let cap = n.max(k);
+        gathered.resize(2 * cap * (e + ff), 0.0);
+        let (x_in, rest) = gathered.split_at_mut(cap * e);
+        let (y, rest) = rest.split_at_mut(cap * e);
+        let (g, u) = rest.split_at_mut(cap * ff);
+        let mut groups = chosen.chunk_by(|a, b| a.0 == b.0).peekable();
+        while groups.peek().is_some() {
+            let mut run: Vec<&[(usize, usize, f32)]> = Vec::new();
+            let mut pairs = 0;
+            while let Some(grp) = groups.next_if(|grp| run.is_empty() || pairs + grp.len() <= cap) {
+                pairs += grp.len();
+                run.push(grp);
             }
-            let (g, u, y) = (&mut gate[..m * ff], &mut up[..m * ff], &mut x_out[..m * e]);
-            matmul(self.pool, &self.unit.view(&l.expert(Mat::Gate, ex, n_expert))?, &x_in[..m * e], m, g, self.quant)?;
-            matmul(self.pool, &self.unit.view(&l.expert(Mat::Up, ex, n_expert))?, &x_in[..m * e], m, u, self.quant)?;
-            self.glu(ops::swiglu, g, u, ff);
-            matmul(self.pool, &self.unit.view(&l.expert(Mat::Down, ex, n_expert))?, g, m, y, self.quant)?;
+            self.experts(moe.n_expert, &run, xb, x_in, g, u, y)?;
             // ggml_mul by the weight, then the add into the token's sum.
-            for (i, &(_, t, wt)) in group.iter().enumerate() {
+            for (i, &(_, t, wt)) in run.iter().flat_map(|grp| grp.iter()).enumerate() {
                 for (a, &v) in acc[t * e..(t + 1) * e].iter_mut().zip(&y[i * e..(i + 1) * e]) {
                     *a += v * wt;
                 }
@@ -131,6 +127,73 @@ impl Block<'_> {
         }
         xb.copy_from_slice(acc);
         self.trace("ffn_moe_out", xb);
+        Ok(())
+    }
+}
+
+impl Block<'_> {
+    /// The expert FFNs of one run of groups (each group one expert's (expert, token,
+    /// weight) triples, in token order): `y[i] = W_down · (silu(W_gate · x) ⊙ W_up · x)` for
+    /// the run's `i`-th pair, `y: [pairs, n_embd]`. A group whose tokens are consecutive
+    /// reads them from `xb` in place (a decode step's one token: every expert's gate and up
+    /// then share one quantized input); others are gathered into `x_in` first.
+    #[allow(clippy::too_many_arguments)]
+    fn experts(
+        &mut self,
+        n_expert: usize,
+        run: &[&[(usize, usize, f32)]],
+        xb: &[f32],
+        x_in: &mut [f32],
+        g: &mut [f32],
+        u: &mut [f32],
+        y: &mut [f32],
+    ) -> Result<()> {
+        let (e, ff, l) = (self.c.n_embd, self.c.n_ff, self.l);
+        let mut views = Vec::with_capacity(3 * run.len());
+        for grp in run {
+            for m in [Mat::Gate, Mat::Up, Mat::Down] {
+                views.push(self.unit.view(&l.expert(m, grp[0].0, n_expert))?);
+            }
+        }
+        // Inputs: a slice of `xb`, or the gathered rows.
+        let in_place: Vec<bool> = run.iter().map(|grp| grp.iter().enumerate().all(|(i, p)| p.1 == grp[0].1 + i)).collect();
+        let mut at = 0;
+        for (grp, &in_place) in run.iter().zip(&in_place) {
+            let m = grp.len();
+            if !in_place {
+                for (i, &(_, t, _)) in grp.iter().enumerate() {
+                    x_in[(at + i) * e..(at + i + 1) * e].copy_from_slice(&xb[t * e..(t + 1) * e]);
+                }
+            }
+            at += m;
+        }
+        let mut at = 0;
+        let (mut g_rest, mut u_rest) = (&mut g[..], &mut u[..]);
+        let mut jobs = Vec::with_capacity(2 * run.len());
+        for (i, grp) in run.iter().enumerate() {
+            let (t0, m) = (grp[0].1, grp.len());
+            let x = if in_place[i] { &xb[t0 * e..(t0 + m) * e] } else { &x_in[at * e..(at + m) * e] };
+            let (gh, gr) = std::mem::take(&mut g_rest).split_at_mut(m * ff);
+            let (uh, ur) = std::mem::take(&mut u_rest).split_at_mut(m * ff);
+            (g_rest, u_rest) = (gr, ur);
+            jobs.push(MatJob { w: &views[3 * i], x, n_tokens: m, out: gh });
+            jobs.push(MatJob { w: &views[3 * i + 1], x, n_tokens: m, out: uh });
+            at += m;
+        }
+        matmul_many(self.pool, &mut jobs, self.quant)?;
+        drop(jobs);
+        let pairs = at;
+        self.glu(ops::swiglu, &mut g[..pairs * ff], &u[..pairs * ff], ff);
+        let (mut at, mut y_rest) = (0, &mut y[..]);
+        let mut jobs = Vec::with_capacity(run.len());
+        for (i, grp) in run.iter().enumerate() {
+            let m = grp.len();
+            let (yh, yr) = std::mem::take(&mut y_rest).split_at_mut(m * e);
+            y_rest = yr;
+            jobs.push(MatJob { w: &views[3 * i + 2], x: &g[at * ff..(at + m) * ff], n_tokens: m, out: yh });
+            at += m;
+        }
+        matmul_many(self.pool, &mut jobs, self.quant)?;
         Ok(())
     }
 }

@@ -37,7 +37,7 @@ pub(crate) fn hparams(f: &GgufFile, c: &mut ModelConfig) -> Result<()> {
 pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Result<()> {
     super::llama::attention(b, a, l)?;
     b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
-    b.moe_ffn(a.xb, a.gate, a.up)?;
+    b.moe_ffn(a.xb)?;
     b.add(a.x, a.xb, b.c.n_embd);
     b.trace("l_out", a.x);
     Ok(())
