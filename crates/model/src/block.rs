@@ -24,7 +24,7 @@ use crate::source::Unit;
 use crate::split::Collective;
 use crate::weights::LayerWeights;
 use hearth_kernels::ops::{self, AttnScratch, AttnShape, F16DotOrder};
-use hearth_kernels::{matmul, ThreadPool, WeightView};
+use hearth_kernels::{matmul, matmul_many, MatJob, ThreadPool, WeightView};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -195,6 +195,36 @@ impl<'a> Block<'a> {
             Some(comm) => comm.allreduce(buf).map_err(ModelError::Collective),
             None => Ok(()),
         }
+    }
+
+    /// `out = x · mᵀ` for several matrices that read the same input (Q, K and V; gate
+    /// and up), this node's output rows of each (`x: [n, n_embd]`), in one pool dispatch:
+    /// the input is quantized once and the threads stream every matrix's rows from one
+    /// queue, so no thread waits at the end of each (`hearth_kernels::matmul_many`; the
+    /// results are those of one [`Self::matmul`] each, bit for bit).
+    pub fn project<const N: usize>(&mut self, x: &[f32], outs: [(Mat, &mut [f32]); N]) -> Result<()> {
+        let n = self.n;
+        let mut views = Vec::with_capacity(N);
+        for (m, _) in &outs {
+            debug_assert!(!matches!(m, Mat::O | Mat::Down), "project: {m:?} reduces across nodes");
+            let (rows, cols) = self.share.shapes[*m as usize].clone();
+            views.push(if rows.is_empty() { None } else { Some(self.view(*m, rows, cols)?) });
+        }
+        let mut names = [Mat::Q; N];
+        let mut jobs = Vec::with_capacity(N);
+        for (i, ((m, out), w)) in outs.into_iter().zip(&views).enumerate() {
+            names[i] = m;
+            if let Some(w) = w {
+                jobs.push(MatJob { w, x, n_tokens: n, out });
+            }
+        }
+        matmul_many(self.pool, &mut jobs, self.quant)?;
+        if self.trace {
+            for (m, job) in names.iter().zip(&jobs) {
+                self.trace(["Qcur", "Kcur", "Vcur", "", "ffn_gate", "ffn_up", ""][*m as usize], job.out);
+            }
+        }
+        Ok(())
     }
 
     /// `out = x · mᵀ` for the pass's `n` tokens. Q, K, V, gate and up: this node's

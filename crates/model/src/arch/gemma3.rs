@@ -74,9 +74,7 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
     // Attention: q, k, v = rmsnorm(x)·W; q, k normed per head; RoPE (the layer's base);
     // q scaled; x += post_norm(attn·Woᵀ).
     b.norm(a.x, l.v(Vector::AttnNorm), a.xb, "attn_norm");
-    b.matmul(Mat::Q, a.xb, a.q)?;
-    b.matmul(Mat::K, a.xb, a.k)?;
-    b.matmul(Mat::V, a.xb, a.v)?;
+    b.project(a.xb, [(Mat::Q, &mut *a.q), (Mat::K, &mut *a.k), (Mat::V, &mut *a.v)])?;
     b.norm_inplace(a.q, l.v(Vector::QNorm), "Qcur_normed");
     b.norm_inplace(a.k, l.v(Vector::KNorm), "Kcur_normed");
     b.rope(a.q, a.k);
@@ -89,8 +87,7 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
 
     // FFN (GEGLU): x += post_norm(W_down · (gelu(W_gate·xb) ⊙ W_up·xb)).
     b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
-    b.matmul(Mat::Gate, a.xb, a.gate)?;
-    b.matmul(Mat::Up, a.xb, a.up)?;
+    b.project(a.xb, [(Mat::Gate, &mut *a.gate), (Mat::Up, &mut *a.up)])?;
     b.glu(ops::geglu, a.gate, a.up, a.up.len() / b.n);
     b.trace("ffn_geglu", a.gate);
     b.matmul(Mat::Down, a.gate, a.xb)?;

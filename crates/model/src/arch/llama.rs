@@ -31,8 +31,7 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
 
     // FFN (SwiGLU): x += W_down · (silu(W_gate·xb) ⊙ W_up·xb), xb = rmsnorm(x)·ffn_norm.
     b.norm(a.x, l.v(Vector::FfnNorm), a.xb, "ffn_norm");
-    b.matmul(Mat::Gate, a.xb, a.gate)?;
-    b.matmul(Mat::Up, a.xb, a.up)?;
+    b.project(a.xb, [(Mat::Gate, &mut *a.gate), (Mat::Up, &mut *a.up)])?;
     b.glu(ops::swiglu, a.gate, a.up, a.up.len() / b.n);
     b.trace("ffn_swiglu", a.gate);
     b.matmul(Mat::Down, a.gate, a.xb)?;
@@ -47,11 +46,9 @@ pub(crate) fn attention(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -
     // Attention: xb = rmsnorm(x)·attn_norm; q, k, v = xb·Wᵀ (+ bias); q, k normed per
     // head (Qwen3); RoPE; q scaled (Phi-3).
     b.norm(a.x, l.v(Vector::AttnNorm), a.xb, "attn_norm");
-    b.matmul(Mat::Q, a.xb, a.q)?;
+    b.project(a.xb, [(Mat::Q, &mut *a.q), (Mat::K, &mut *a.k), (Mat::V, &mut *a.v)])?;
     b.bias(Mat::Q, l.opt(Vector::BiasQ), a.q);
-    b.matmul(Mat::K, a.xb, a.k)?;
     b.bias(Mat::K, l.opt(Vector::BiasK), a.k);
-    b.matmul(Mat::V, a.xb, a.v)?;
     b.bias(Mat::V, l.opt(Vector::BiasV), a.v);
     if let (Some(qn), Some(kn)) = (l.opt(Vector::QNorm), l.opt(Vector::KNorm)) {
         b.norm_inplace(a.q, qn, "Qcur_normed");
