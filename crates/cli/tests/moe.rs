@@ -164,6 +164,9 @@ fn plan_bounds_decode_by_the_routed_experts_bytes() {
     assert_eq!(p["bytes_per_token"].as_u64().unwrap(), active, "active bytes: 2 of 8 experts");
     let bound = p["membw_gbps"].as_f64().unwrap() * 1e9 / active as f64;
     assert!((p["decode_tok_s_bound"].as_f64().unwrap() / bound - 1.0).abs() < 1e-9);
+    // bench's roofline counts the same active bytes (it once counted every expert).
+    let b = ok(hearth(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "--membw-mib", "16", "--json"]));
+    assert_eq!(b[0]["matrix_bytes"].as_u64().unwrap(), active, "{b}");
     let text = hearth(&["plan", "-m", m.to_str().unwrap()]);
     assert!(
         String::from_utf8_lossy(&text.stdout).contains("mixture of experts: 2 of 8 experts per token"),

@@ -270,12 +270,19 @@ impl Weights {
         Ok(w)
     }
 
-    /// Total bytes of all matrices (what one decode step streams from memory).
-    pub fn matrix_bytes(&self) -> usize {
+    /// Bytes of the matrices one decode step streams from memory: every block's
+    /// matrices and the output head; with experts (`moe`), the router and the
+    /// `n_expert_used / n_expert` share of the stacked expert tensors a token routes to.
+    pub fn matrix_bytes(&self, moe: Option<crate::config::Moe>) -> usize {
         let per_layer: usize = self
             .layers
             .iter()
-            .map(|l| l.matrices().iter().map(|t| t.size).sum::<usize>())
+            .map(|l| {
+                let [q, k, v, o, gate, up, down] = l.matrices();
+                let ffn = gate.size + up.size + down.size;
+                let ffn = moe.map_or(ffn, |m| ffn / m.n_expert.max(1) * m.n_expert_used);
+                q.size + k.size + v.size + o.size + ffn + l.router.as_ref().map_or(0, |r| r.size)
+            })
             .sum();
         per_layer + self.output.size
     }

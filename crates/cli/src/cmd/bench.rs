@@ -330,7 +330,7 @@ impl ModelInfo {
             ftype,
             size_bytes: f.tensors().iter().map(|t| t.size).sum(),
             n_params: model.n_params(),
-            matrix_bytes: model.weights.matrix_bytes() as u64,
+            matrix_bytes: model.weights.matrix_bytes(model.config.moe) as u64,
         }
     }
 
