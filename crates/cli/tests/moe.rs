@@ -2,8 +2,8 @@
 //! modes around the forward pass: batch invariance (eight sequences in one pass, prefills
 //! grouped by expert, give each sequence's logits bit for bit as when it runs alone),
 //! `hearth serve` batching eight requests, the pipelined ring and a `--mem-budget` window
-//! (whole layers streamed) giving one machine's tokens, and tensor parallelism refused
-//! with an error naming issue #21. (Agreement with llama.cpp: `arch_reference.rs`.)
+//! (whole layers streamed) and tensor parallelism (each expert split by rows) giving one
+//! machine's tokens. (Agreement with llama.cpp: `arch_reference.rs`.)
 
 mod common;
 
@@ -122,7 +122,7 @@ fn generate(m: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn ring_and_mem_budget_give_one_machines_tokens_and_tensor_parallel_refuses() {
+fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     // 8 layers of 256: 57 MB, so a 50 MiB budget streams its layers.
     let m = synth("mixtral", 256, 8);
     let single = tokens(&ok(generate(&m, &[])));
@@ -134,10 +134,18 @@ fn ring_and_mem_budget_give_one_machines_tokens_and_tensor_parallel_refuses() {
     let workers = addrs(&[&ws[0], &ws[1]]);
     let v = ok(generate(&m, &["--workers", &workers, "--parallel", "ring", "--layer-window", "2,4,2"]));
     assert_eq!(tokens(&v), single, "ring");
-    for schedule in ["gather", "sum"] {
-        let o = generate(&m, &["--workers", &workers, "--tp-schedule", schedule]);
-        assert_clean_error(&o, "does not run mixture-of-experts models (llama) yet: issue #21");
-    }
+    // Tensor parallel: each expert split by rows over the three nodes. The gather
+    // schedule is exact: one machine's tokens. Per layer: attention's two exchanges, the
+    // router logits, and per run of experts their SwiGLU rows, then the sums.
+    let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "gather"]));
+    assert_eq!(tokens(&v), single, "tensor parallel, gather schedule");
+    let (passes, exchanges) = (v["tensor_parallel"]["passes"].as_u64().unwrap(), v["tensor_parallel"]["allreduces"].as_u64().unwrap());
+    assert!(exchanges >= 8 * 5 * passes, "{} exchanges in {passes} passes", exchanges);
+    // The sum schedule reassociates the down products (rounding): the run completes,
+    // with three exchanges per layer (attention, router logits, the experts' sums).
+    let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "sum"]));
+    assert_eq!(tokens(&v).len(), 16);
+    assert_eq!(v["tensor_parallel"]["allreduces"], 8 * 3 * v["tensor_parallel"]["passes"].as_u64().unwrap());
 }
 
 #[test]

@@ -131,12 +131,6 @@ pub fn prepare(model: &Arc<Model>, o: &EngineOptions) -> Result<Prepared> {
             o.slots
         );
     }
-    if o.cluster.is_some() && !ring && model.config.moe.is_some() {
-        bail!(
-            "tensor parallelism (--workers without --parallel ring) does not run mixture-of-experts models ({}) yet: issue #21",
-            model.config.arch
-        );
-    }
     if o.cluster.is_some() && !ring && o.budget.is_some() {
         bail!("--mem-budget on the coordinator with tensor parallelism is not supported yet (workers split the weights instead; a --parallel ring takes it)");
     }

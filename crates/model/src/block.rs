@@ -190,7 +190,7 @@ impl<'a> Block<'a> {
         })
     }
 
-    fn allreduce(&mut self, buf: &mut [f32]) -> Result<()> {
+    pub(crate) fn allreduce(&mut self, buf: &mut [f32]) -> Result<()> {
         match self.comm.as_mut() {
             Some(comm) => comm.allreduce(buf).map_err(ModelError::Collective),
             None => Ok(()),

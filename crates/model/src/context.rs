@@ -314,9 +314,6 @@ impl Context {
                 "tensor parallelism serves one sequence: it cannot be combined with several KV cache slots".into(),
             ));
         }
-        if self.model.config.moe.is_some() {
-            return Err(ModelError::Context("tensor parallelism does not split a mixture-of-experts model yet (issue #21)".into()));
-        }
         if self.source.is_some() && self.model.shard.is_none() {
             return Err(ModelError::Context(
                 "tensor parallelism with a sliding window (--mem-budget) needs a shard file: a window over the model file would read whole blocks".into(),
@@ -331,6 +328,12 @@ impl Context {
         split.validate(c, &self.model.weights)?;
         // Every exchange of a pass must fit one message: cap the batch to it.
         let widest = if split.gather_rows.is_some() { c.n_embd.max(c.q_dim()).max(c.n_ff) } else { c.n_embd };
+        // A MoE layer's gather exchanges a run of up to max(n, n_expert_used) (expert,
+        // token) pairs' SwiGLU rows (`Block::moe_ffn`), and its router logits.
+        let widest = match c.moe {
+            Some(m) => widest.max(m.n_expert).max(if split.gather_rows.is_some() { m.n_expert_used * c.n_ff } else { 0 }),
+            None => widest,
+        };
         self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
         let layout = KvLayout { kv_dim: split.kv_rows(c).len(), n_batch: self.n_batch, ..self.kv.layout().clone() };
         self.kv.replace(layout);
@@ -343,8 +346,19 @@ impl Context {
             let file = &self.model.file;
             for l in &self.model.weights.layers {
                 let mut m: [Vec<u8>; 7] = Default::default();
-                for ((t, (rows, cols)), out) in l.matrices().into_iter().zip(split.matrix_shapes(c)).zip(&mut m) {
-                    crate::split::slice_matrix(file, t, rows, cols, out)?;
+                for (i, ((t, (rows, cols)), out)) in l.matrices().into_iter().zip(split.matrix_shapes(c)).zip(&mut m).enumerate() {
+                    match c.moe {
+                        // Stacked experts: each expert's part, laid end to end (`Block::expert_view`).
+                        Some(moe) if i >= crate::arch::Mat::Gate as usize => {
+                            let mut one = Vec::new();
+                            for e in 0..moe.n_expert {
+                                let mat = [crate::arch::Mat::Gate, crate::arch::Mat::Up, crate::arch::Mat::Down][i - 4];
+                                crate::split::slice_matrix(file, &l.expert(mat, e, moe.n_expert), rows.clone(), cols.clone(), &mut one)?;
+                                out.extend_from_slice(&one);
+                            }
+                        }
+                        _ => crate::split::slice_matrix(file, t, rows, cols, out)?,
+                    }
                 }
                 shard.push(ShardBlock { m });
             }

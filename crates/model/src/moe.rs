@@ -24,7 +24,7 @@
 use crate::arch::Mat;
 use crate::block::Block;
 use crate::error::{ModelError, Result};
-use hearth_kernels::{matmul, matmul_many, ops, MatJob};
+use hearth_kernels::{matmul, matmul_many, ops, MatJob, WeightView};
 
 /// llama.cpp clamps the sum of the chosen weights to the smallest normal f16 before
 /// dividing (`build_moe_ffn`: `ggml_clamp(weights_sum, 6.103515625e-5, INFINITY)`).
@@ -61,23 +61,27 @@ pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize],
     weights[..k].iter_mut().for_each(|w| *w /= total);
 }
 
-impl Block<'_> {
+impl<'a> Block<'a> {
     /// `xb = moe(xb)` for the pass's `n` tokens, `xb: [n, n_embd]`: each token's
     /// `Σ_j w_j · W_down,e_j · (silu(W_gate,e_j · x) ⊙ W_up,e_j · x)` over its routed experts
-    /// (see the module docs). One machine only: tensor parallelism and the ring refuse a MoE model before
-    /// a pass runs.
+    /// (see the module docs; tensor parallelism: [`Self::router_rows`] and `experts`).
     pub fn moe_ffn(&mut self, xb: &mut [f32]) -> Result<()> {
         let moe = self.c.moe.ok_or_else(|| ModelError::Weights("moe_ffn on a model without experts".into()))?;
-        if self.own.is_some() || self.comm.is_some() {
-            return Err(ModelError::Weights("a mixture-of-experts layer runs on one machine only (issue #21)".into()));
-        }
         // Scratch: `part` the router's probabilities [n, n_expert] and the sums [n, n_embd];
         // `gathered` a run of experts' gathered inputs and outputs, [pairs, n_embd] each,
-        // and their gate and up, [pairs, n_ff] each (see `moe_ffn_in`).
+        // and their gate, up (and, gather schedule, all nodes' SwiGLU), [pairs, n_ff] each.
         let (mut part, mut gathered) = (std::mem::take(self.part), std::mem::take(self.gathered));
         let r = self.moe_ffn_in(moe, xb, &mut part, &mut gathered);
         (*self.part, *self.gathered) = (part, gathered);
         r
+    }
+
+    /// The experts whose router rows this node computes under tensor parallelism: the
+    /// share of `0..n_expert` matching its share of each expert's FFN rows. The nodes'
+    /// FFN rows partition `0..n_ff`, so these partition `0..n_expert` (`⌊s·E/F⌋` telescopes).
+    fn router_rows(&self, n_expert: usize) -> std::ops::Range<usize> {
+        let (f, ff) = (self.share.shapes[Mat::Gate as usize].0.clone(), self.c.n_ff.max(1));
+        f.start * n_expert / ff..f.end * n_expert / ff
     }
 
     fn moe_ffn_in(&mut self, moe: crate::config::Moe, xb: &mut [f32], part: &mut Vec<f32>, gathered: &mut Vec<f32>) -> Result<()> {
@@ -87,7 +91,21 @@ impl Block<'_> {
         let router = l.router.as_ref().ok_or_else(|| ModelError::MissingTensor(format!("blk.{}.ffn_gate_inp.weight", self.il)))?;
         part.resize(n * (n_expert + e), 0.0);
         let (probs, acc) = part.split_at_mut(n * n_expert);
-        matmul(self.pool, &self.unit.view(router)?, xb, n, probs, self.quant)?;
+        if self.comm.is_some() {
+            // Tensor parallel: each node computes its experts' router logits and one
+            // exchange gives every node all of them, each from one node, so every node
+            // routes every token alike (a replicated router could pick differently on
+            // a near tie across SIMD levels, and the nodes would then disagree).
+            let rows = self.router_rows(n_expert);
+            let mut mine = vec![0f32; n * rows.len()];
+            if !rows.is_empty() {
+                matmul(self.pool, &self.unit.view(router)?.rows(rows.clone()), xb, n, &mut mine, self.quant)?;
+            }
+            crate::block::place(&mine, probs, n, &rows, n_expert);
+            self.allreduce(probs)?;
+        } else {
+            matmul(self.pool, &self.unit.view(router)?, xb, n, probs, self.quant)?;
+        }
         self.trace("ffn_moe_logits", probs);
 
         // Every (expert, token, weight) of the pass, by expert then token.
@@ -105,10 +123,15 @@ impl Block<'_> {
         // dispatches (every gate and up, then every down) rather than three per expert:
         // a decode step's `k` small experts stream as one matvec would.
         let cap = n.max(k);
-        gathered.resize(2 * cap * (e + ff), 0.0);
+        gathered.resize(2 * cap * e + 3 * cap * ff, 0.0);
         let (x_in, rest) = gathered.split_at_mut(cap * e);
         let (y, rest) = rest.split_at_mut(cap * e);
-        let (g, u) = rest.split_at_mut(cap * ff);
+        let (g, rest) = rest.split_at_mut(cap * ff);
+        let (u, g_all) = rest.split_at_mut(cap * ff);
+        // The rows of each token's sum this node computes: all of them, or the gather
+        // schedule's rows (the other nodes add the rest).
+        let out_rows = self.share.shapes[Mat::Down as usize].0.clone();
+        let w_out = out_rows.len();
         let mut groups = chosen.chunk_by(|a, b| a.0 == b.0).peekable();
         while groups.peek().is_some() {
             let mut run: Vec<&[(usize, usize, f32)]> = Vec::new();
@@ -117,26 +140,49 @@ impl Block<'_> {
                 pairs += grp.len();
                 run.push(grp);
             }
-            self.experts(moe.n_expert, &run, xb, x_in, g, u, y)?;
+            self.experts(moe.n_expert, &run, xb, x_in, g, u, g_all, y)?;
             // ggml_mul by the weight, then the add into the token's sum.
             for (i, &(_, t, wt)) in run.iter().flat_map(|grp| grp.iter()).enumerate() {
-                for (a, &v) in acc[t * e..(t + 1) * e].iter_mut().zip(&y[i * e..(i + 1) * e]) {
+                let sum = &mut acc[t * e + out_rows.start..t * e + out_rows.end];
+                for (a, &v) in sum.iter_mut().zip(&y[i * w_out..(i + 1) * w_out]) {
                     *a += v * wt;
                 }
             }
         }
+        // Tensor parallel: partial sums (sum schedule) or disjoint rows (gather) summed.
+        self.allreduce(acc)?;
         xb.copy_from_slice(acc);
         self.trace("ffn_moe_out", xb);
         Ok(())
     }
-}
 
-impl Block<'_> {
+    /// Expert `e`'s matrix `m` as this node computes with it: its part in this node's
+    /// compact copy under tensor parallelism (the experts' parts laid end to end), else
+    /// the expert's rows of the stacked tensor.
+    fn expert_view(&self, m: Mat, e: usize, n_expert: usize) -> Result<WeightView<'a>> {
+        let Some(b) = self.own else { return self.unit.view(&self.l.expert(m, e, n_expert)) };
+        let (rows, cols) = self.share.shapes[m as usize].clone();
+        let t = self.l.matrix(m);
+        let size = rows.len() * t.ty.row_bytes(cols.len() as u64).unwrap_or(0) as usize;
+        let bytes = b.m[m as usize].get(e * size..(e + 1) * size).ok_or_else(|| {
+            ModelError::Weights(format!("expert {e} of {} is past this node's copy ({} bytes)", t.name, b.m[m as usize].len()))
+        })?;
+        Ok(WeightView::new(t.ty, bytes, rows.len(), cols.len())?)
+    }
+
     /// The expert FFNs of one run of groups (each group one expert's (expert, token,
     /// weight) triples, in token order): `y[i] = W_down · (silu(W_gate · x) ⊙ W_up · x)` for
-    /// the run's `i`-th pair, `y: [pairs, n_embd]`. A group whose tokens are consecutive
-    /// reads them from `xb` in place (a decode step's one token: every expert's gate and up
-    /// then share one quantized input); others are gathered into `x_in` first.
+    /// the run's `i`-th pair, `y: [pairs, rows]` with this node's rows of the output (all
+    /// `n_embd`, or the gather schedule's). A group whose tokens are consecutive reads them
+    /// from `xb` in place (a decode step's one token: every expert's gate and up then share
+    /// one quantized input); others are gathered into `x_in` first.
+    ///
+    /// Tensor parallelism splits each expert as a dense FFN is split (its gate and up by
+    /// rows, its down by the matching columns: `share.shapes`), not the experts among the
+    /// nodes: every node then reads its share of every routed expert, so the work stays
+    /// balanced whatever the router picks, and a layer costs the exchanges a dense one does
+    /// (docs/PARALLEL.md). The gather schedule first gathers every node's SwiGLU rows
+    /// (`g_all`) and computes whole dot products for its output rows.
     #[allow(clippy::too_many_arguments)]
     fn experts(
         &mut self,
@@ -146,13 +192,16 @@ impl Block<'_> {
         x_in: &mut [f32],
         g: &mut [f32],
         u: &mut [f32],
+        g_all: &mut [f32],
         y: &mut [f32],
     ) -> Result<()> {
-        let (e, ff, l) = (self.c.n_embd, self.c.n_ff, self.l);
+        let e = self.c.n_embd;
+        let ffl = self.share.shapes[Mat::Gate as usize].0.clone();
+        let (fl, w_out) = (ffl.len(), self.share.shapes[Mat::Down as usize].0.len());
         let mut views = Vec::with_capacity(3 * run.len());
         for grp in run {
             for m in [Mat::Gate, Mat::Up, Mat::Down] {
-                views.push(self.unit.view(&l.expert(m, grp[0].0, n_expert))?);
+                views.push(self.expert_view(m, grp[0].0, n_expert)?);
             }
         }
         // Inputs: a slice of `xb`, or the gathered rows.
@@ -173,8 +222,8 @@ impl Block<'_> {
         for (i, grp) in run.iter().enumerate() {
             let (t0, m) = (grp[0].1, grp.len());
             let x = if in_place[i] { &xb[t0 * e..(t0 + m) * e] } else { &x_in[at * e..(at + m) * e] };
-            let (gh, gr) = std::mem::take(&mut g_rest).split_at_mut(m * ff);
-            let (uh, ur) = std::mem::take(&mut u_rest).split_at_mut(m * ff);
+            let (gh, gr) = std::mem::take(&mut g_rest).split_at_mut(m * fl);
+            let (uh, ur) = std::mem::take(&mut u_rest).split_at_mut(m * fl);
             (g_rest, u_rest) = (gr, ur);
             jobs.push(MatJob { w: &views[3 * i], x, n_tokens: m, out: gh });
             jobs.push(MatJob { w: &views[3 * i + 1], x, n_tokens: m, out: uh });
@@ -183,14 +232,24 @@ impl Block<'_> {
         matmul_many(self.pool, &mut jobs, self.quant)?;
         drop(jobs);
         let pairs = at;
-        self.glu(ops::swiglu, &mut g[..pairs * ff], &u[..pairs * ff], ff);
+        self.glu(ops::swiglu, &mut g[..pairs * fl], &u[..pairs * fl], fl);
+        // The down projections' input: this node's SwiGLU rows, or every node's.
+        let (h, hw): (&[f32], usize) = if self.share.gather.is_some() {
+            let ff = self.c.n_ff;
+            let all = &mut g_all[..pairs * ff];
+            crate::block::place(&g[..pairs * fl], all, pairs, &ffl, ff);
+            self.allreduce(all)?;
+            (all, ff)
+        } else {
+            (g, fl)
+        };
         let (mut at, mut y_rest) = (0, &mut y[..]);
         let mut jobs = Vec::with_capacity(run.len());
         for (i, grp) in run.iter().enumerate() {
             let m = grp.len();
-            let (yh, yr) = std::mem::take(&mut y_rest).split_at_mut(m * e);
+            let (yh, yr) = std::mem::take(&mut y_rest).split_at_mut(m * w_out);
             y_rest = yr;
-            jobs.push(MatJob { w: &views[3 * i + 2], x: &g[at * ff..(at + m) * ff], n_tokens: m, out: yh });
+            jobs.push(MatJob { w: &views[3 * i + 2], x: &h[at * hw..(at + m) * hw], n_tokens: m, out: yh });
             at += m;
         }
         matmul_many(self.pool, &mut jobs, self.quant)?;

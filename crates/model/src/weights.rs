@@ -183,7 +183,7 @@ impl Weights {
             return Err(ModelError::VocabOnly);
         }
         if shard.is_some() && c.moe.is_some() {
-            return Err(ModelError::Weights("a mixture-of-experts model has no shard files: tensor parallelism does not run it yet (issue #21)".into()));
+            return Err(ModelError::Weights("a mixture-of-experts model has no shard files yet (issue #21): for tensor parallelism its workers map the model file (no --model-sha256, no worker --mem-budget)".into()));
         }
         let n_expert = c.moe.map_or(0, |m| m.n_expert);
         let (e, v) = (c.n_embd, c.n_vocab);
