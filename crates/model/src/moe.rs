@@ -12,6 +12,8 @@
 //! Weights stay where they are: expert `e`'s gate, up and down matrices are row ranges of
 //! the stacked `ffn_*_exps` tensors ([`crate::LayerWeights::expert`]), views of the
 //! mapped file run through the ordinary quantized matmul, never dequantized or copied.
+//! Under a memory budget they are views of an expert cache's slots instead
+//! ([`crate::ExpertSource`], asked for each run's experts at once).
 //! A pass with many tokens groups them by expert: each chosen expert multiplies all of
 //! its tokens at once, so its weights are read once per pass, and only chosen experts
 //! are read at all (a decode step reads `k` of them).
@@ -21,7 +23,6 @@
 //! its output sums its experts in increasing expert id, an order fixed by its own
 //! routing. (llama.cpp sums in rank order; the two differ in the last bits only.)
 
-use crate::arch::Mat;
 use crate::block::Block;
 use crate::error::{ModelError, Result};
 use hearth_kernels::{matmul, matmul_many, ops, MatJob};
@@ -149,12 +150,9 @@ impl Block<'_> {
         y: &mut [f32],
     ) -> Result<()> {
         let (e, ff, l) = (self.c.n_embd, self.c.n_ff, self.l);
-        let mut views = Vec::with_capacity(3 * run.len());
-        for grp in run {
-            for m in [Mat::Gate, Mat::Up, Mat::Down] {
-                views.push(self.unit.view(&l.expert(m, grp[0].0, n_expert))?);
-            }
-        }
+        // The mapping's (or the layer unit's) bytes, or an expert cache's slots.
+        let mut cache = self.expert_cache.map(std::cell::RefCell::borrow_mut);
+        let views = crate::experts::views(self.unit, l, cache.as_deref_mut(), self.il, n_expert, run)?;
         // Inputs: a slice of `xb`, or the gathered rows.
         let in_place: Vec<bool> = run.iter().map(|grp| grp.iter().enumerate().all(|(i, p)| p.1 == grp[0].1 + i)).collect();
         let mut at = 0;
