@@ -69,7 +69,15 @@ pub fn io_line(what: &str, io: &SourceStats, secs: f64, passes: usize) -> String
         per((secs - io.wait_secs).max(0.0) * 1e3),
         per(io.wait_secs * 1e3),
         per(io.bytes_read as f64 / 1e6),
-    )
+    ) + &experts_text(io)
+}
+
+/// `; experts: 62.5% hit (hits, misses)` when an expert cache served the run.
+fn experts_text(io: &SourceStats) -> String {
+    if io.expert_hits + io.expert_misses == 0 {
+        return String::new();
+    }
+    format!("; experts: {:.1}% hit rate ({} hits, {} misses)", io.expert_hit_rate() * 100.0, io.expert_hits, io.expert_misses)
 }
 
 /// A [`SourceStats`] as JSON (bytes, seconds, GB/s).
@@ -77,6 +85,7 @@ pub fn io_json(io: &SourceStats) -> serde_json::Value {
     serde_json::json!({
         "bytes_read": io.bytes_read, "read_secs": io.read_secs, "read_gbps": io.read_gbps(),
         "wait_secs": io.wait_secs, "units_loaded": io.units_loaded,
+        "expert_hits": io.expert_hits, "expert_misses": io.expert_misses, "expert_hit_rate": io.expert_hit_rate(),
     })
 }
 

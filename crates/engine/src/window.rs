@@ -1,11 +1,14 @@
 //! A memory budget (`--mem-budget`): when the mapped model does not fit, its layers are
 //! streamed from disk through a sliding window (`hearth_memory::Window`) of as many
-//! layers as the budget holds, read ahead while the current one computes.
+//! layers as the budget holds, read ahead while the current one computes. A mixture of
+//! experts on one machine keeps experts instead (`hearth_memory::ExpertCache`): the window
+//! holds the blocks without their experts, and the rest of the budget is expert slots.
+//! `HEARTH_WHOLE_LAYERS=1` streams whole layers instead (the baseline to compare with).
 
 use crate::{mib, BudgetOptions};
 use anyhow::Result;
-use hearth_memory::plan::{plan, plan_window, ModelSummary, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
-use hearth_memory::Window;
+use hearth_memory::plan::{plan, plan_experts, plan_window, ModelSummary, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
+use hearth_memory::{ExpertCache, Window};
 use hearth_model::{Context, Model};
 
 /// With a budget, plan the window and attach it to `ctx` (or say the mapped model fits).
@@ -37,7 +40,9 @@ fn apply_units(
         PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
     let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
     let ring = ctx.ring_windows().is_some();
-    let units = ctx.units(head)?;
+    let whole_layers = std::env::var_os("HEARTH_WHOLE_LAYERS").is_some_and(|v| !v.is_empty() && v != "0");
+    let moe = model.config.moe.filter(|_| !ring && !whole_layers);
+    let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
     let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
     if ring {
         // Only this device's layers and their KV cache.
@@ -49,10 +54,18 @@ fn apply_units(
         p.peak_rss_bytes += kv - p.kv_cache_bytes;
         p.kv_cache_bytes = kv;
     }
-    let mut w = plan_window(&p, &sizes, budget, 0.0).map_err(|min| {
+    let expert_ranges = moe.map(|m| hearth_model::expert_ranges(&model.weights, m.n_expert));
+    let planned = match (moe, &expert_ranges) {
+        (Some(m), Some(r)) => {
+            let es = r.iter().flatten().map(hearth_memory::experts::expert_slot_bytes).max().unwrap_or(0) as u64;
+            plan_experts(&p, &sizes, es, r.iter().map(Vec::len).sum(), m.n_expert_used, budget, 0.0)
+        }
+        _ => plan_window(&p, &sizes, budget, 0.0),
+    };
+    let mut w = planned.map_err(|min| {
         let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
         anyhow::anyhow!(
-            "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {} + a margin of {} \
+            "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {}{} + a margin of {} \
              (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
              (or lower --ctx-size / --batch-size{q8}{})",
             mib(budget),
@@ -60,6 +73,7 @@ fn apply_units(
             mib(p.scratch_bytes),
             mib(p.overhead_bytes),
             mib(min.slot_bytes),
+            experts_text(&min),
             mib(min.margin_bytes),
             mib_up(min.min_budget_bytes),
             min.min_budget_bytes,
@@ -78,13 +92,18 @@ fn apply_units(
     // two never count together in the peak.
     model.file.release_pages();
     let window = Window::open_full(model.file.path(), units, w.slots, w.pinned, b.read_mode, b.prefetch)?;
+    if let Some(r) = expert_ranges {
+        let cache = ExpertCache::open(model.file.path(), r, w.expert_slots, b.read_mode)?;
+        ctx.set_expert_source(Box::new(cache))?;
+    }
     eprintln!(
-        "--mem-budget {}: window of {} slots × {} for {} units ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
-         + runtime {} = predicted peak RSS {}; {} read per token ({} reads){}",
+        "--mem-budget {}: window of {} slots × {} for {} units{} ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
+         + runtime {} = predicted peak RSS {}; {}{} read per token ({} reads){}",
         mib(budget),
         w.slots,
         mib(w.slot_bytes),
         w.n_units,
+        experts_text(&w),
         w.pinned,
         w.n_units - w.pinned,
         w.slots - w.pinned,
@@ -93,11 +112,20 @@ fn apply_units(
         mib(p.overhead_bytes),
         mib(w.peak_rss_bytes),
         mib(w.read_bytes_per_token),
+        if w.expert_slots > 0 { " + the experts missed" } else { "" },
         if window.is_direct() { "O_DIRECT" } else { "buffered" },
         if w.slots == 1 { "; one slot: no read-ahead, every layer waits for its read" } else { "" },
     );
     ctx.set_source(Box::new(window));
     Ok(Some(w))
+}
+
+/// ` + N expert slots × size (M experts in all)` for a plan with an expert cache.
+fn experts_text(w: &WindowPlan) -> String {
+    if w.expert_slots == 0 {
+        return String::new();
+    }
+    format!(" + {} expert slots × {}", w.expert_slots, mib(w.expert_slot_bytes))
 }
 
 /// MiB with one decimal, rounded up (a minimum the user may copy).

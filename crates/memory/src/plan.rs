@@ -253,18 +253,43 @@ impl ModelSummary {
     /// Bytes of each sliding-window unit, in forward order: every block's matrices, then
     /// the output head (`hearth_model::unit_ranges` on a real file).
     pub fn unit_bytes(&self) -> Vec<u64> {
-        let mut per: BTreeMap<usize, u64> = BTreeMap::new();
+        self.units(false)
+    }
+
+    /// [`Self::unit_bytes`] with each block's stacked experts (`ffn_*_exps`) left out, as
+    /// a window beside an expert cache holds them (the head chunks stay as they are).
+    pub fn unit_bytes_without_experts(&self) -> Vec<u64> {
+        self.units(true)
+    }
+
+    /// Bytes of the largest expert slot: one expert's rows of each `ffn_*_exps` tensor of
+    /// a block, each aligned at both ends for `O_DIRECT` (0 for a dense model).
+    pub fn expert_slot_bytes(&self) -> u64 {
+        let Some((n, _)) = self.experts else { return 0 };
+        let mut per: BTreeMap<&str, u64> = BTreeMap::new();
+        for t in self.tensors.iter().filter(|t| t.name.contains("_exps")) {
+            let block = t.name.split('.').nth(1).unwrap_or("");
+            *per.entry(block).or_insert(0) += t.bytes / n.max(1) as u64 + 2 * crate::window::IO_ALIGN as u64;
+        }
+        per.into_values().max().unwrap_or(0)
+    }
+
+    fn units(&self, without_experts: bool) -> Vec<u64> {
+        let (mut per, mut whole): (BTreeMap<usize, u64>, BTreeMap<usize, u64>) = Default::default();
         // Norms too: they sit between a block's matrices in the file, inside its byte range.
         for t in &self.tensors {
             if let Some(i) = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse().ok()) {
-                *per.entry(i).or_insert(0) += t.bytes;
+                *whole.entry(i).or_insert(0) += t.bytes;
+                if !(without_experts && t.name.contains("_exps")) {
+                    *per.entry(i).or_insert(0) += t.bytes;
+                }
             }
         }
         let mut units: Vec<u64> = per.into_values().collect();
-        // The head in row chunks no larger than a block, as the forward pass cuts it.
+        // The head in row chunks no larger than a whole block, as the forward pass cuts it.
         if let Some(h) = self.output() {
             let row = h.ty.row_bytes(h.cols).unwrap_or(h.bytes).max(1);
-            let block = units.iter().copied().max().unwrap_or(0);
+            let block = whole.into_values().max().unwrap_or(0);
             let chunks = hearth_model::split_rows((h.bytes / row) as usize, h.bytes as usize, block as usize);
             units.extend(chunks.into_iter().map(|r| r.len() as u64 * row));
         }
@@ -557,6 +582,13 @@ pub struct WindowPlan {
     /// Predicted seconds per decoded token: `max(read_bytes_per_token / disk, memory-bound
     /// compute time)`, since the loader reads while the forward pass computes.
     pub token_secs: f64,
+    /// A mixture of experts beside an expert cache ([`plan_experts`]): its slots, one
+    /// expert of one layer each (0: whole layers stream through the window). The units
+    /// then hold no experts, and `read_bytes_per_token` counts no expert reads (they
+    /// depend on the hit rate).
+    pub expert_slots: usize,
+    /// Bytes of one expert slot (gate, up and down rows, aligned for `O_DIRECT`).
+    pub expert_slot_bytes: u64,
 }
 
 /// Plan a window for `budget` bytes: `p` gives the fixed terms, `units` the bytes each
@@ -596,6 +628,8 @@ pub fn plan_window(p: &Plan, units: &[u64], budget: u64, disk_gbps: f64) -> Resu
             read_bytes_per_token: read,
             disk_gbps,
             token_secs: io.max(compute),
+            expert_slots: 0,
+            expert_slot_bytes: 0,
         }
     };
     if slots == 0 {
@@ -637,5 +671,78 @@ mod window_tests {
         // A budget above the model keeps every unit: nothing is re-read.
         let all = plan_window(&p, &units, 8 << 30, 2.0).unwrap();
         assert_eq!((all.slots, all.read_bytes_per_token), (34, 0));
+    }
+}
+
+/// A window beside an expert cache (`--mem-budget` on a mixture of experts): `units` are
+/// the blocks without their experts and the head chunks (aligned bytes, as for
+/// [`plan_window`]), `expert_slot` the bytes of one expert slot, `n_experts` the experts
+/// of all layers and `k` the experts one token uses per layer. The non-expert units are
+/// all kept when that leaves room for `k` experts (they are read every token, an expert
+/// only on a miss), else they stream through a 2-slot ring (1 when only that fits); the
+/// rest of the budget is expert slots, at most `n_experts`. The plan's `fixed_bytes` and
+/// `peak_rss_bytes` include the expert slots. Err: the smallest plan (one unit slot, `k`
+/// expert slots), whose `min_budget_bytes` names the minimum. `disk_gbps` as for [`plan_window`].
+pub fn plan_experts(
+    p: &Plan,
+    units: &[u64],
+    expert_slot: u64,
+    n_experts: usize,
+    k: usize,
+    budget: u64,
+    disk_gbps: f64,
+) -> Result<WindowPlan, Box<WindowPlan>> {
+    let slot = units.iter().copied().max().unwrap_or(0);
+    let with = |slots: usize| {
+        let mut q = p.clone();
+        q.overhead_bytes += slots as u64 * expert_slot;
+        q
+    };
+    let free = budget.saturating_sub(p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes + WINDOW_MARGIN_BASE + budget / WINDOW_MARGIN_DIV);
+    let k_bytes = k as u64 * expert_slot;
+    let all = units.len() as u64 * slot;
+    let ring = if free >= all + k_bytes { all } else if free >= 2 * slot + k_bytes { 2 * slot } else { slot };
+    let slots = (free.saturating_sub(ring) / expert_slot.max(1)).min(n_experts as u64) as usize;
+    let mark = |mut w: WindowPlan, slots: usize| {
+        w.expert_slots = slots;
+        w.expert_slot_bytes = expert_slot;
+        w
+    };
+    if slots < k {
+        let small = plan_window(&with(k), units, 0, 0.0).unwrap_or_else(|e| *e);
+        return Err(Box::new(mark(small, k)));
+    }
+    match plan_window(&with(slots), units, budget, disk_gbps) {
+        Ok(w) => Ok(mark(w, slots)),
+        Err(w) => Err(Box::new(mark(*w, k))),
+    }
+}
+
+#[cfg(test)]
+mod expert_tests {
+    use super::*;
+
+    #[test]
+    fn experts_get_what_the_non_expert_units_leave() {
+        let m = ModelSummary::from_shape(preset("7b").unwrap(), GgmlType::Q4_0, GgmlType::Q6_K).unwrap();
+        let params = PlanParams { n_ctx: 256, n_batch: 64, n_threads: 2, cache_type: CacheType::F16, logits_all: false };
+        let p = plan(&m, params, 1 << 40, 20.0);
+        // 4 units of 10 MiB, experts of 2 MiB, 64 of them, 4 per token.
+        let (units, es) = (vec![10u64 << 20; 4], 2u64 << 20);
+        let fixed = p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
+        let budget = fixed + (150 << 20);
+        let w = plan_experts(&p, &units, es, 64, 4, budget, 0.0).unwrap();
+        assert_eq!((w.slots, w.pinned), (4, 4), "{w:?}");
+        assert!(w.expert_slots >= 4 && w.expert_slots < 64, "{w:?}");
+        assert!(w.peak_rss_bytes + w.margin_bytes <= budget, "{w:?}");
+        assert_eq!(w.peak_rss_bytes, fixed + 40 * (1 << 20) + w.expert_slots as u64 * es);
+        // Too small: the error names a minimum that works, and a byte less does not.
+        let small = plan_experts(&p, &units, es, 64, 4, fixed, 0.0).unwrap_err();
+        assert_eq!(small.expert_slots, 4);
+        let ok = plan_experts(&p, &units, es, 64, 4, small.min_budget_bytes, 0.0).unwrap();
+        assert_eq!((ok.slots, ok.expert_slots), (1, 4));
+        assert!(plan_experts(&p, &units, es, 64, 4, small.min_budget_bytes - 1, 0.0).is_err());
+        // A budget above everything keeps every expert.
+        assert_eq!(plan_experts(&p, &units, es, 64, 4, fixed + (1 << 30), 0.0).unwrap().expert_slots, 64);
     }
 }

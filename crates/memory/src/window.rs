@@ -47,19 +47,19 @@ pub enum ReadMode {
 
 /// One unit's place in the file, widened to [`IO_ALIGN`].
 #[derive(Debug, Clone, Copy)]
-struct Span {
+pub(crate) struct Span {
     /// Aligned start (file offset).
-    start: u64,
+    pub(crate) start: u64,
     /// Bytes from `start` to the unit's end.
-    need: usize,
+    pub(crate) need: usize,
     /// `need` rounded up to [`IO_ALIGN`] (what one read asks for).
-    len: usize,
+    pub(crate) len: usize,
     /// The unit's own first byte, as an offset into the slot.
-    skip: usize,
+    pub(crate) skip: usize,
 }
 
 impl Span {
-    fn new(r: &Range<usize>) -> Self {
+    pub(crate) fn new(r: &Range<usize>) -> Self {
         let start = (r.start / IO_ALIGN * IO_ALIGN) as u64;
         let skip = r.start - start as usize;
         let need = skip + r.len();
@@ -90,9 +90,9 @@ pub fn pinned_units(n_units: usize, slots: usize) -> usize {
 
 /// A zeroed, page-aligned heap buffer written by the loader and read by the forward pass;
 /// the [`State`] counters say which side may touch it.
-struct SlotBuf {
-    ptr: *mut u8,
-    len: usize,
+pub(crate) struct SlotBuf {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
 }
 
 // SAFETY: access is serialized by the `loaded`/`released` protocol in `State`: the loader
@@ -102,7 +102,7 @@ unsafe impl Send for SlotBuf {}
 unsafe impl Sync for SlotBuf {}
 
 impl SlotBuf {
-    fn new(len: usize) -> Result<Self, String> {
+    pub(crate) fn new(len: usize) -> Result<Self, String> {
         let layout = Layout::from_size_align(len.max(IO_ALIGN), IO_ALIGN).map_err(|e| e.to_string())?;
         // SAFETY: the layout has non-zero size. Zeroed memory comes from fresh pages that
         // only become resident when the loader writes them.
@@ -224,17 +224,7 @@ impl Window {
         let n_slots = slots.min(units.len());
         let size = slot_bytes(&units);
         let slots = (0..n_slots).map(|_| SlotBuf::new(size)).collect::<Result<Vec<_>, _>>().map_err(err)?;
-        let reader = match mode {
-            ReadMode::Direct => {
-                std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok().filter(direct_reads_work)
-            }
-            ReadMode::Buffered => None,
-        };
-        let direct = reader.is_some();
-        let reader = match reader {
-            Some(f) => f,
-            None => File::open(path).map_err(|e| err(e.to_string()))?,
-        };
+        let (reader, direct) = open_reader(path, mode).map_err(err)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State { direct, ..State::default() }),
             cv: Condvar::new(),
@@ -346,6 +336,19 @@ fn load_one(sh: &Shared, reader: &mut File, path: &Path, unit: usize, slot: usiz
     ok
 }
 
+/// A reader for the loader: `O_DIRECT` where `mode` asks for it and the file system
+/// allows it, else buffered; and whether it is direct.
+pub(crate) fn open_reader(path: &Path, mode: ReadMode) -> Result<(File, bool), String> {
+    let reader = match mode {
+        ReadMode::Direct => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok().filter(direct_reads_work),
+        ReadMode::Buffered => None,
+    };
+    match reader {
+        Some(f) => Ok((f, true)),
+        None => Ok((File::open(path).map_err(|e| e.to_string())?, false)),
+    }
+}
+
 /// Whether an `O_DIRECT` read works on this file (tmpfs and some FUSE file systems
 /// accept the flag at open and reject the reads).
 fn direct_reads_work(f: &File) -> bool {
@@ -358,7 +361,7 @@ fn direct_reads_work(f: &File) -> bool {
 
 /// Read `span` into `buf` (its `len` bytes). Switches `reader` to buffered I/O if the
 /// file system rejects `O_DIRECT` reads (`EINVAL`). Returns whether the read was direct.
-fn read_span(reader: &mut File, path: &Path, span: Span, buf: &mut [u8]) -> Result<bool, String> {
+pub(crate) fn read_span(reader: &mut File, path: &Path, span: Span, buf: &mut [u8]) -> Result<bool, String> {
     let mut done = 0;
     let mut direct = is_direct(reader);
     while done < span.need {
@@ -449,7 +452,7 @@ impl LayerSource for Window {
 
     fn stats(&self) -> SourceStats {
         let st = self.shared.lock();
-        SourceStats { bytes_read: st.bytes_read, read_secs: st.read_secs, wait_secs: self.wait_secs, units_loaded: st.units_loaded }
+        SourceStats { bytes_read: st.bytes_read, read_secs: st.read_secs, wait_secs: self.wait_secs, units_loaded: st.units_loaded, ..SourceStats::default() }
     }
 }
 

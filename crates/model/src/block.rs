@@ -73,6 +73,9 @@ pub(crate) struct Block<'a> {
     pub(crate) share: &'a Share,
     pub(crate) l: &'a LayerWeights,
     pub(crate) unit: Unit<'a>,
+    /// Under a memory budget, where a mixture of experts' expert weights come from
+    /// instead of `unit` ([`crate::experts`]).
+    pub(crate) expert_cache: Option<&'a std::cell::RefCell<Box<dyn crate::experts::ExpertSource>>>,
     pub(crate) own: Option<&'a ShardBlock>,
     pub(crate) pool: &'a ThreadPool,
     pub(crate) comm: Option<&'a mut dyn Collective>,

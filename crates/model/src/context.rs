@@ -8,6 +8,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{CacheType, KvCache, KvLayout};
 use crate::model::Model;
 use crate::ring::{RingLink, RingWindows};
+use crate::experts::ExpertSource;
 use crate::source::{LayerSource, SourceStats, Unit};
 use crate::split::{Collective, TensorSplit};
 use hearth_kernels::ops::{self, AttnScratch, F16DotOrder};
@@ -106,6 +107,10 @@ pub struct Context {
     s: Scratch,
     /// Where the weights come from when not the mapping (`set_source`).
     source: Option<Box<dyn LayerSource>>,
+    /// Where a mixture of experts' expert weights come from when not the layer's unit
+    /// (`set_expert_source`). A `RefCell` so a block can hold it beside its unit, which
+    /// borrows `source`.
+    experts: Option<std::cell::RefCell<Box<dyn ExpertSource>>>,
     /// Row ranges of the output head, one per unit (`0..n_vocab` when mapped).
     head_chunks: Vec<std::ops::Range<usize>>,
     /// `HEARTH_TRACE=1`: print each intermediate's sum to stderr, named as in llama.cpp's
@@ -243,6 +248,7 @@ impl Context {
             head_chunks: std::iter::once(0..c.n_vocab).collect(),
             model,
             source: None,
+            experts: None,
             trace,
             f16_dot: F16DotOrder::from_env(),
             f32_attn_from: ops::F32_PATH_MIN_TOKENS,
@@ -300,6 +306,38 @@ impl Context {
         self.model.file.release_pages();
         self.head_chunks = crate::source::head_chunks(&self.model.weights);
         self.source = Some(source);
+    }
+
+    /// Take a mixture of experts' expert weights from `experts` (e.g.
+    /// `hearth_memory::ExpertCache`) instead of the layer units; the source set with
+    /// [`Self::set_source`] then holds units without experts
+    /// ([`crate::unit_ranges_without_experts`]). Passes are cut to at most
+    /// [`ExpertSource::slots`] tokens, so one run of experts (at most one expert per
+    /// token, or `n_expert_used`) always fits the slots. Must come before the first
+    /// evaluation (the KV cache is re-created for the new batch size).
+    pub fn set_expert_source(&mut self, experts: Box<dyn ExpertSource>) -> Result<()> {
+        let Some(moe) = self.model.config.moe else {
+            return Err(ModelError::Context("an expert source needs a mixture-of-experts model".into()));
+        };
+        if self.n_past.iter().any(|&n| n > 0) || self.split.is_some() || self.ring.is_some() {
+            return Err(ModelError::Context(
+                "an expert source must be set before the first evaluation, without a tensor split or a ring".into(),
+            ));
+        }
+        if experts.slots() < moe.n_expert_used {
+            return Err(ModelError::Context(format!(
+                "an expert cache of {} slots cannot hold one token's {} experts",
+                experts.slots(),
+                moe.n_expert_used
+            )));
+        }
+        if self.n_batch > experts.slots() {
+            self.n_batch = experts.slots();
+            let layout = KvLayout { n_batch: self.n_batch, ..self.kv.layout().clone() };
+            self.kv.replace(layout);
+        }
+        self.experts = Some(std::cell::RefCell::new(experts));
+        Ok(())
     }
 
     /// Compute only `split`'s share of every block and sum the partial products with
@@ -403,8 +441,19 @@ impl Context {
     /// blocks (all, or a ring device's own), then, with `head`, the output head in row
     /// chunks (see [`crate::unit_ranges`]). What a sliding window over this context streams.
     pub fn units(&self, head: bool) -> Result<Vec<std::ops::Range<usize>>> {
+        self.units_of(head, false)
+    }
+
+    /// [`Self::units`] with each block's experts left out
+    /// ([`crate::unit_ranges_without_experts`]): a window beside an expert cache.
+    pub fn units_without_experts(&self, head: bool) -> Result<Vec<std::ops::Range<usize>>> {
+        self.units_of(head, true)
+    }
+
+    fn units_of(&self, head: bool, without_experts: bool) -> Result<Vec<std::ops::Range<usize>>> {
         let c = &self.model.config;
-        let all = crate::source::unit_ranges(&self.model.weights)?;
+        let w = &self.model.weights;
+        let all = if without_experts { crate::source::unit_ranges_without_experts(w)? } else { crate::source::unit_ranges(w)? };
         let own = (0..c.n_layer).filter(|&il| self.layer_unit[il] != usize::MAX).map(|il| all[il].clone());
         Ok(own.chain(if head { all[c.n_layer..].to_vec() } else { Vec::new() }).collect())
     }
@@ -472,7 +521,11 @@ impl Context {
 
     /// The source's I/O counters, when weights come through one.
     pub fn source_stats(&self) -> Option<SourceStats> {
-        self.source.as_ref().map(|s| s.stats())
+        let stats = self.source.as_ref().map(|s| s.stats());
+        match &self.experts {
+            Some(x) => Some(stats.unwrap_or_default().with_experts(&x.borrow().stats())),
+            None => stats,
+        }
     }
 
     /// The model.
@@ -825,6 +878,7 @@ impl Context {
                 share: &share,
                 l,
                 unit,
+                expert_cache: self.experts.as_ref(),
                 own: shard.get(il),
                 pool: &self.pool,
                 comm: comm.as_mut().map(|b| &mut ***b as &mut dyn Collective),

@@ -12,6 +12,8 @@
 //! Weights stay where they are: expert `e`'s gate, up and down matrices are row ranges of
 //! the stacked `ffn_*_exps` tensors ([`crate::LayerWeights::expert`]), views of the
 //! mapped file run through the ordinary quantized matmul, never dequantized or copied.
+//! Under a memory budget they are views of an expert cache's slots instead
+//! ([`crate::ExpertSource`], asked for each run's experts at once).
 //! A pass with many tokens groups them by expert: each chosen expert multiplies all of
 //! its tokens at once, so its weights are read once per pass, and only chosen experts
 //! are read at all (a decode step reads `k` of them).
@@ -198,12 +200,21 @@ impl<'a> Block<'a> {
         let e = self.c.n_embd;
         let ffl = self.share.shapes[Mat::Gate as usize].0.clone();
         let (fl, w_out) = (ffl.len(), self.share.shapes[Mat::Down as usize].0.len());
-        let mut views = Vec::with_capacity(3 * run.len());
-        for grp in run {
-            for m in [Mat::Gate, Mat::Up, Mat::Down] {
-                views.push(self.expert_view(m, grp[0].0, n_expert)?);
+        // Under a memory budget an expert cache's slots (all of the run's experts loaded
+        // in one call); else the mapping's, the layer unit's or this node's copy's bytes.
+        let mut cache = self.expert_cache.map(std::cell::RefCell::borrow_mut);
+        let views = match cache.as_deref_mut() {
+            Some(c) => crate::experts::views(c, self.l, self.il, n_expert, run)?,
+            None => {
+                let mut views = Vec::with_capacity(3 * run.len());
+                for grp in run {
+                    for m in [Mat::Gate, Mat::Up, Mat::Down] {
+                        views.push(self.expert_view(m, grp[0].0, n_expert)?);
+                    }
+                }
+                views
             }
-        }
+        };
         // Inputs: a slice of `xb`, or the gathered rows.
         let in_place: Vec<bool> = run.iter().map(|grp| grp.iter().enumerate().all(|(i, p)| p.1 == grp[0].1 + i)).collect();
         let mut at = 0;

@@ -53,6 +53,10 @@ pub struct SourceStats {
     pub wait_secs: f64,
     /// Units loaded.
     pub units_loaded: u64,
+    /// Experts an expert cache already held when the forward pass asked for them.
+    pub expert_hits: u64,
+    /// Experts an expert cache had to read (their bytes are in `bytes_read`).
+    pub expert_misses: u64,
 }
 
 impl SourceStats {
@@ -63,7 +67,26 @@ impl SourceStats {
             read_secs: self.read_secs - earlier.read_secs,
             wait_secs: self.wait_secs - earlier.wait_secs,
             units_loaded: self.units_loaded - earlier.units_loaded,
+            expert_hits: self.expert_hits - earlier.expert_hits,
+            expert_misses: self.expert_misses - earlier.expert_misses,
         }
+    }
+
+    /// These counters plus an expert cache's: its reads add to `bytes_read`, `read_secs`
+    /// and (the forward pass waits for them) `wait_secs`.
+    pub fn with_experts(mut self, x: &crate::ExpertStats) -> SourceStats {
+        self.bytes_read += x.bytes_read;
+        self.read_secs += x.read_secs;
+        self.wait_secs += x.read_secs;
+        self.expert_hits += x.hits;
+        self.expert_misses += x.misses;
+        self
+    }
+
+    /// Share of the experts asked for that were already held (0 without an expert cache).
+    pub fn expert_hit_rate(&self) -> f64 {
+        let n = self.expert_hits + self.expert_misses;
+        if n > 0 { self.expert_hits as f64 / n as f64 } else { 0.0 }
     }
 
     /// Achieved read bandwidth, GB/s (0 when nothing was read).
@@ -107,9 +130,23 @@ pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usiz
 /// over much more than their own size (an unusual tensor order) is rejected, since a
 /// window would then read the bytes in between.
 pub fn unit_ranges(w: &Weights) -> Result<Vec<Range<usize>>> {
+    ranges(w, false)
+}
+
+/// [`unit_ranges`] with a mixture of experts' stacked `ffn_*_exps` tensors left out of
+/// each block (its attention and router only), for a source whose experts come from an
+/// expert cache ([`crate::ExpertSource`]). A dense model's units are [`unit_ranges`]'s.
+pub fn unit_ranges_without_experts(w: &Weights) -> Result<Vec<Range<usize>>> {
+    ranges(w, true)
+}
+
+fn ranges(w: &Weights, without_experts: bool) -> Result<Vec<Range<usize>>> {
     let mut out = Vec::with_capacity(w.layers.len() + 1);
     for (i, l) in w.layers.iter().enumerate() {
-        let ts: Vec<&TensorRef> = l.matrices().into_iter().chain(l.router.as_ref()).collect();
+        let experts = without_experts && l.router.is_some();
+        let ms = l.matrices();
+        let ms = if experts { &ms[..4] } else { &ms[..] };
+        let ts: Vec<&TensorRef> = ms.iter().copied().chain(l.router.as_ref()).collect();
         let lo = ts.iter().map(|t| t.offset).min().unwrap_or(0);
         let hi = ts.iter().map(|t| t.offset + t.size).max().unwrap_or(0);
         let sum: usize = ts.iter().map(|t| t.size).sum();

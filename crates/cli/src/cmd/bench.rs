@@ -449,15 +449,15 @@ impl ModelInfo {
     /// token), time split into compute and waiting for the loader, bytes read, read rate.
     fn window_table(&self, results: &[TestResult]) -> String {
         let mut o = String::new();
-        let _ = writeln!(o, "| model | size | type | threads | test | t/s | ms/pass | compute ms | I/O wait ms | MB read/pass | disk GB/s | peak RSS MiB |");
-        let _ = writeln!(o, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        let _ = writeln!(o, "| model | size | type | threads | test | t/s | ms/pass | compute ms | I/O wait ms | MB read/pass | disk GB/s | peak RSS MiB | expert hit % |");
+        let _ = writeln!(o, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for r in results {
             let ts = r.samples_ts();
             let io = r.io.unwrap_or_default();
             let (passes, secs) = r.passes_and_secs();
             let _ = writeln!(
                 o,
-                "| {} | {:.2} GiB | {} | {} | {} | {:.2} ± {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.1} |",
+                "| {} | {:.2} GiB | {} | {} | {} | {:.2} ± {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.1} | {} |",
                 self.filename,
                 self.size_bytes as f64 / (1u64 << 30) as f64,
                 self.ftype,
@@ -471,6 +471,8 @@ impl ModelInfo {
                 io.bytes_read as f64 / 1e6 / passes,
                 io.read_gbps(),
                 r.peak_rss as f64 / (1u64 << 20) as f64,
+                // Without an expert cache (whole layers, or a dense model): no hit rate.
+                if io.expert_hits + io.expert_misses > 0 { format!("{:.1}", io.expert_hit_rate() * 100.0) } else { "-".into() },
             );
         }
         o

@@ -5,7 +5,7 @@
 use crate::common::{print_out, resolve_model, CacheTypeArg};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
-use hearth_memory::plan::{plan, plan_window, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
+use hearth_memory::plan::{plan, plan_experts, plan_window, Plan, WindowPlan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
 use hearth_quant::GgmlType;
 use std::path::PathBuf;
 
@@ -80,8 +80,20 @@ fn mib(b: u64) -> String {
 }
 
 /// What each sliding-window unit needs in a slot: its tensors, widened for O_DIRECT.
-fn slot_sizes(m: &ModelSummary) -> Vec<u64> {
-    m.unit_bytes().iter().map(|u| u + 2 * hearth_memory::window::IO_ALIGN as u64).collect()
+fn slot_sizes(units: Vec<u64>) -> Vec<u64> {
+    units.iter().map(|u| u + 2 * hearth_memory::window::IO_ALIGN as u64).collect()
+}
+
+/// The `--mem-budget` plan as `generate` makes it: a window of whole layers, or for a
+/// mixture of experts a window without the experts beside an expert cache.
+fn budget_plan(p: &Plan, m: &ModelSummary, budget: u64, disk: f64) -> Result<WindowPlan, Box<WindowPlan>> {
+    match m.experts {
+        Some((n, used)) => {
+            let units = slot_sizes(m.unit_bytes_without_experts());
+            plan_experts(p, &units, m.expert_slot_bytes(), n * p.shape.n_layer, used, budget, disk)
+        }
+        None => plan_window(p, &slot_sizes(m.unit_bytes()), budget, disk),
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -169,7 +181,7 @@ pub fn run(a: Args) -> Result<()> {
                 }
                 (None, None) => (DEFAULT_DISK_GBPS, "assumed"),
             };
-            Some((plan_window(&p, &slot_sizes(&summary), budget, disk), disk_src))
+            Some((budget_plan(&p, &summary, budget, disk), disk_src))
         }
     };
     if a.json {
@@ -254,7 +266,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     match window {
         None if !p.fits => {
-            let min = plan_window(&p, &slot_sizes(&summary), 0, DEFAULT_DISK_GBPS).unwrap_or_else(|w| *w);
+            let min = budget_plan(&p, &summary, 0, DEFAULT_DISK_GBPS).unwrap_or_else(|w| *w);
             o += &format!(
                 "smallest --mem-budget: {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
                 mib(min.min_budget_bytes),
@@ -265,8 +277,9 @@ pub fn run(a: Args) -> Result<()> {
         Some((Err(min), _)) => {
             o +=
                 &format!(
-                "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
-                mib(a.mem_budget.unwrap_or(0)), mib(min.min_budget_bytes), mib(min.slot_bytes)
+                "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {}{} + KV cache + scratch + overhead + margin)\n",
+                mib(a.mem_budget.unwrap_or(0)), mib(min.min_budget_bytes), mib(min.slot_bytes),
+                if min.expert_slots > 0 { format!(" + {} expert slots of {}", min.expert_slots, mib(min.expert_slot_bytes)) } else { String::new() }
             );
         }
         Some((Ok(w), src)) => {
@@ -281,6 +294,14 @@ pub fn run(a: Args) -> Result<()> {
                 w.slots - w.pinned
             );
             o += &format!("  window      {:>12}  {} slots · {}\n", mib(w.window_bytes), w.slots, mib(w.slot_bytes));
+            if w.expert_slots > 0 {
+                o += &format!(
+                    "  experts     {:>12}  {} expert slots · {} (one expert of one layer each; read on a miss, not counted below)\n",
+                    mib(w.expert_slots as u64 * w.expert_slot_bytes),
+                    w.expert_slots,
+                    mib(w.expert_slot_bytes)
+                );
+            }
             o += &format!(
                 "  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n",
                 mib(w.peak_rss_bytes),

@@ -1,0 +1,91 @@
+//! `--mem-budget` on mixture-of-experts files keeps experts, not whole layers
+//! (`hearth_memory::ExpertCache`): on synthetic `qwen3moe` and Mixtral-style files whose
+//! budget holds only part of the experts, greedy tokens equal the mapped run's and
+//! whole-layer streaming's (`HEARTH_WHOLE_LAYERS=1`), the cache both hits and misses, and
+//! decode reads fewer bytes per token than whole layers. Controls: the cache handing back
+//! the wrong expert's bytes (`HEARTH_TEST_WRONG_EXPERT=1`) changes the tokens; a budget
+//! below one layer's chosen experts plus the rest is a one-line error naming the minimum.
+
+mod common;
+
+use common::{assert_clean_error, hearth, model, ok, tokens};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A Q8_0 file of `arch`: 8 layers of width 256, 16 experts of 256 rows, 2 per token.
+fn synth(arch: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-experts-{arch}.gguf"));
+    let mut args = vec!["synth", "--arch", arch, "--n-embd", "256", "--n-layer", "8", "--n-head", "4", "--n-head-kv", "2"];
+    args.extend(["--n-ff", "256", "--n-expert", "16", "--n-expert-used", "2", "--type", "q8_0", "--seed", "7", "-t", "2"]);
+    if arch == "qwen3moe" {
+        args.extend(["--head-dim", "32", "--n-ff-exp", "256"]);
+    }
+    let m = model();
+    args.extend(["--tokenizer-from", m.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let o = hearth(&args);
+    assert!(o.status.success(), "{arch}: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `hearth generate --json`, 16 greedy tokens, with `extra` flags and environment `env`.
+fn generate(m: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let p = "The three primary colors are red, blue and";
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hearth"));
+    c.args(["generate", "-m", m.to_str().unwrap(), "-p", p, "-n", "16", "--temperature", "0", "--ignore-eos", "-t", "1"]);
+    c.args(["-c", "256", "--json"]).args(extra).env_remove("HEARTH_MODEL");
+    c.envs(env.iter().copied()).output().unwrap()
+}
+
+/// The smallest budget `generate` accepts for `m` (named by its too-small error).
+fn min_budget(m: &Path) -> u64 {
+    let o = generate(m, &["--mem-budget", "1MiB"], &[]);
+    assert_clean_error(&o, "expert slots");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let bytes = err.split(" bytes)").next().and_then(|s| s.rsplit('(').next()).and_then(|s| s.parse().ok());
+    bytes.unwrap_or_else(|| panic!("no minimum in {err}"))
+}
+
+#[test]
+fn an_expert_cache_gives_the_mapped_tokens_and_reads_less_than_whole_layers() {
+    for arch in ["qwen3moe", "mixtral"] {
+        let m = synth(arch);
+        let mapped = tokens(&ok(generate(&m, &[], &[])));
+        // The minimum's one window slot and 2 expert slots, + 8 MiB: a second window slot
+        // (3.2 MiB, a head chunk) and about 25 expert slots of the 128 (0.2 MiB each).
+        let budget = (min_budget(&m) + (8 << 20)).to_string();
+        let v = ok(generate(&m, &["--mem-budget", &budget], &[]));
+        assert_eq!(tokens(&v), mapped, "{arch}: expert cache");
+        let plan = &v["window"]["plan"];
+        let slots = plan["expert_slots"].as_u64().unwrap();
+        assert!(slots > 2 && slots < 128, "{arch}: {plan}");
+        let io = &v["window"]["decode_io"];
+        let (hits, misses) = (io["expert_hits"].as_u64().unwrap(), io["expert_misses"].as_u64().unwrap());
+        assert!(hits > 0 && misses > 0, "{arch}: {io}");
+        assert_eq!(hits + misses, 15 * 8 * 2, "{arch}: 15 decode passes × 8 layers × 2 experts");
+
+        let whole = ok(generate(&m, &["--mem-budget", &budget], &[("HEARTH_WHOLE_LAYERS", "1")]));
+        assert_eq!(tokens(&whole), mapped, "{arch}: whole layers");
+        assert_eq!(whole["window"]["plan"]["expert_slots"], 0);
+        let read = |v: &serde_json::Value| v["window"]["decode_io"]["bytes_read"].as_u64().unwrap();
+        assert!(read(&v) < read(&whole), "{arch}: experts read {} bytes, whole layers {}", read(&v), read(&whole));
+
+        // Control: the wrong expert's bytes give other tokens (so the equality above is
+        // not blind to which expert a slot holds).
+        let wrong = ok(generate(&m, &["--mem-budget", &budget], &[("HEARTH_TEST_WRONG_EXPERT", "1")]));
+        assert_ne!(tokens(&wrong), mapped, "{arch}: wrong experts gave the same tokens");
+    }
+}
+
+#[test]
+fn too_small_a_budget_names_the_minimum_and_plan_counts_expert_slots() {
+    let m = synth("qwen3moe");
+    let min = min_budget(&m);
+    let o = generate(&m, &["--mem-budget", &(min - 1).to_string()], &[]);
+    assert_clean_error(&o, "need at least");
+    assert_clean_error(&o, "+ 2 expert slots");
+    let v = ok(generate(&m, &["--mem-budget", &min.to_string()], &[]));
+    assert_eq!(v["window"]["plan"]["expert_slots"], 2, "{}", v["window"]["plan"]);
+    let o = hearth(&["plan", "-m", m.to_str().unwrap(), "--mem-budget", "64MiB", "--disk-bw", "1"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("expert slots"), "{text}{}", String::from_utf8_lossy(&o.stderr));
+}
