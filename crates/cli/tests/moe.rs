@@ -137,7 +137,19 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     // Tensor parallel: each expert split by rows over the three nodes. The gather
     // schedule is exact: one machine's tokens. Per layer: attention's two exchanges, the
     // router logits, and per run of experts their SwiGLU rows, then the sums.
-    let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "gather"]));
+    let o = generate(&m, &["--workers", &workers, "--tp-schedule", "gather"]);
+    // The split table counts each node's rows of every expert: the nodes' block weights
+    // add up to at least the experts' bytes (8 layers · 8 experts · gate, up, down of
+    // 256 × 256 at Q8_0's 34 bytes per 32), not one expert's share.
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let held: f64 = err
+        .lines()
+        .filter(|l| l.trim_start().starts_with("node "))
+        .filter_map(|l| l.split(", ").find_map(|p| p.strip_suffix(" MiB of block weights")).and_then(|x| x.parse::<f64>().ok()))
+        .sum();
+    let experts_mib = (8 * 8 * 3 * 256 * 256 / 32 * 34) as f64 / (1 << 20) as f64;
+    assert!(held >= experts_mib && held < experts_mib * 1.5, "the nodes hold {held} MiB of block weights, the experts are {experts_mib:.2} MiB: {err}");
+    let v = ok(o);
     assert_eq!(tokens(&v), single, "tensor parallel, gather schedule");
     let (passes, exchanges) = (v["tensor_parallel"]["passes"].as_u64().unwrap(), v["tensor_parallel"]["allreduces"].as_u64().unwrap());
     assert!(exchanges >= 8 * 5 * passes, "{} exchanges in {passes} passes", exchanges);
@@ -146,6 +158,20 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "sum"]));
     assert_eq!(tokens(&v).len(), 16);
     assert_eq!(v["tensor_parallel"]["allreduces"], 8 * 3 * v["tensor_parallel"]["passes"].as_u64().unwrap());
+    // A worker without the file would need a shard file, which MoE has not yet: refused
+    // before anything is cut or sent (issue #21).
+    let sha = String::from_utf8_lossy(&std::process::Command::new("sha256sum").arg(&m).output().unwrap().stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shard-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let w = Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], std::process::Stdio::null());
+    let o = generate(&m, &["--workers", &w.addr]);
+    assert_clean_error(&o, "a mixture-of-experts model has no shard files yet (issue #21)");
+    let cached = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(cached, 0, "a shard was cached in {}", cache.display());
 }
 
 #[test]

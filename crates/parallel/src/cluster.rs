@@ -117,7 +117,16 @@ pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
         let (r, c) = if model.shard.is_some() { (t.rows, t.cols) } else { (rows.len(), cols.len()) };
         t.size as u64 * (r * c) as u64 / (t.rows * t.cols).max(1) as u64
     };
-    model.weights.layers.iter().flat_map(|l| l.matrices().into_iter().zip(&shapes).map(|(t, s)| share(t, s))).sum()
+    // A MoE layer's gate, up and down are stacked experts (`n_expert` × the shape a node
+    // splits): the node holds its rows of every expert.
+    let n_expert = model.config.moe.map_or(1, |m| m.n_expert) as u64;
+    let per_matrix = |i: usize| if i >= hearth_model::Mat::Gate as usize { n_expert } else { 1 };
+    model
+        .weights
+        .layers
+        .iter()
+        .flat_map(|l| l.matrices().into_iter().zip(&shapes).enumerate().map(|(i, (t, s))| per_matrix(i) * share(t, s)))
+        .sum()
 }
 
 /// Communication counters of a tensor-parallel group, shared with whoever reports them.
@@ -714,6 +723,13 @@ impl std::io::Write for ShardSink<'_> {
 fn send_shard(peer: &mut Peer, model: &Model, split: &TensorSplit, sha: &[u8; 32], progress: bool) -> Result<(), ClusterError> {
     use std::io::Write;
     let node = peer.node();
+    if model.config.moe.is_some() {
+        // Refuse before cutting or sending anything (the worker would refuse the file).
+        return Err(ClusterError::Plan(format!(
+            "node {node} has no copy of the model file (a worker started with --model-sha256): \
+             a mixture-of-experts model has no shard files yet (issue #21); start that worker with the model file (-m)"
+        )));
+    }
     let t = std::time::Instant::now();
     if progress {
         eprintln!(

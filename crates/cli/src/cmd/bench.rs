@@ -229,7 +229,9 @@ pub fn run(a: Args) -> Result<()> {
         let windowed = ctx.source_stats().is_some();
         let mut spec = a.spec.speculation(&model, ctx.n_ctx(), ctx.n_batch(), t)?;
         pb.set_message(format!("t={t} membw"));
-        let bw = if windowed { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };
+        // Under --mem-budget its 1 GiB buffer would break the budget even when the model
+        // fits mapped (no window): skip it, and the roofline column with it.
+        let bw = if windowed || a.budget.mem_budget.is_some() { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
             let (mut io0, mut comm0) = (None, None);
@@ -345,7 +347,7 @@ impl ModelInfo {
     fn roofline(&self, r: &TestResult) -> Option<(f64, f64)> {
         // (Tensor parallel: this node reads only its share, so no roofline either; with
         // speculation a pass reads the weights once for several tokens.)
-        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() || r.spec.is_some() {
+        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() || r.spec.is_some() || r.membw_gbps <= 0.0 {
             return None;
         }
         let gbps = self.matrix_bytes as f64 * mean(&r.samples_ts()) / 1e9;
