@@ -2,7 +2,8 @@
 # Mixture of experts under a memory budget (issue #21): decode speed, bytes read, expert
 # hit rate, disk wait and peak RSS of a Qwen3-30B-A3B-shaped file under a memory cgroup of
 # about half the file, cold page cache before every run, for
-#   experts  --mem-budget with the expert cache
+#   experts  --mem-budget with the expert cache (and its read-ahead of the next layer's experts)
+#   noahead  the same, read-ahead off (HEARTH_NO_EXPERT_PREFETCH=1)
 #   layers   the same budget, HEARTH_WHOLE_LAYERS=1 (whole layers stream through the window)
 #   mmap     no --mem-budget: the plain mapping, paged by the kernel under the same limit
 # plus one mapped run without a cgroup as the reference tokens (greedy).
@@ -44,6 +45,7 @@ for run in $(seq 1 "$RUNS"); do
     evict
     case $cfg in
       experts) extra=(--mem-budget "$BUDGET"); envs=() ;;
+      noahead) extra=(--mem-budget "$BUDGET"); envs=(HEARTH_NO_EXPERT_PREFETCH=1) ;;
       layers)  extra=(--mem-budget "$BUDGET"); envs=(HEARTH_WHOLE_LAYERS=1) ;;
       mmap)    extra=(); envs=() ;;
     esac
@@ -59,8 +61,8 @@ import json, statistics as st, sys
 out, runs, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 ref = json.load(open(f"{out}/reference.json"))["completion_tokens"]
 med = lambda xs: st.median(xs) if xs else float("nan")
-print("| config | decode tok/s (runs) | median | read/token MB | hit rate | disk wait/token ms | peak RSS MB | cgroup max MB | disk read MB (whole run) | tokens = mapped |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| config | decode tok/s (runs) | median | read/token MB | hit rate | disk wait/token ms | peak RSS MB | cgroup max MB | disk read MB (whole run) | read ahead / prefetch hits | tokens = mapped |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
 for cfg in configs:
     rows = []
     for r in range(1, runs + 1):
@@ -72,9 +74,10 @@ for cfg in configs:
                          same=d["completion_tokens"] == ref,
                          rpt=io["bytes_read"] / nt / 1e6 if io else None,
                          hit=io["expert_hit_rate"] if io and io["expert_hits"] + io["expert_misses"] else None,
-                         wait=io["wait_secs"] / nt * 1e3 if io else None))
+                         wait=io["wait_secs"] / nt * 1e3 if io else None,
+                         ahead=f'{io.get("experts_prefetched", 0)} / {io.get("expert_prefetch_hits", 0)}' if io else "–"))
     f = lambda k, fmt: (fmt % med([x[k] for x in rows])) if rows[0][k] is not None else "–"
     print(f"| {cfg} | {', '.join('%.1f' % x['tps'] for x in rows)} | {med([x['tps'] for x in rows]):.1f} | "
           f"{f('rpt','%.1f')} | {f('hit','%.3f')} | {f('wait','%.2f')} | {f('rss','%.0f')} | {f('cg','%.0f')} | "
-          f"{f('dev','%.0f')} | {all(x['same'] for x in rows)} |")
+          f"{f('dev','%.0f')} | {', '.join(x['ahead'] for x in rows)} | {all(x['same'] for x in rows)} |")
 PY
