@@ -1,58 +1,83 @@
 #!/usr/bin/env bash
-# A mixture-of-experts file under a memory cgroup of about half its size, cold page cache
-# before each run: hearth's expert cache (--mem-budget), whole layers streamed through the
-# window (HEARTH_WHOLE_LAYERS=1, same budget), and plain mmap (no budget) under the same
-# limit (issue #21; results in docs/MEMORY.md). `hearth generate --json` runs (a fixed prompt,
-# greedy), not `hearth bench`: bench's bandwidth probe allocates a 1 GiB buffer, which a cgroup
-# limit of this size would feel.
-#
-#   sudo bench/moe-budget.sh MODEL.gguf [BUDGET=1GiB] [LIMIT_BYTES=1181116006] [N=32] [RUNS=3]
-#
-# Needs root and the cgroup v1 memory controller (/sys/fs/cgroup/memory, see
-# ../shared/docs/MACHINE.md); the limit counts page cache, so the mapped run is an honest
-# "device with LIMIT bytes of RAM". Each run prints TTFT, decode tok/s, peak RSS, the decode
-# reads (MB per token, expert hit rate, I/O wait) and whether the tokens equal an unlimited
-# mapped run's.
+# Mixture of experts under a memory budget (issue #21): decode speed, bytes read, expert
+# hit rate, disk wait and peak RSS of a Qwen3-30B-A3B-shaped file under a memory cgroup of
+# about half the file, cold page cache before every run, for
+#   experts  --mem-budget with the expert cache (and its read-ahead of the next layer's experts)
+#   noahead  the same, read-ahead off (HEARTH_NO_EXPERT_PREFETCH=1)
+#   layers   the same budget, HEARTH_WHOLE_LAYERS=1 (whole layers stream through the window)
+#   mmap     no --mem-budget: the plain mapping, paged by the kernel under the same limit
+# plus one mapped run without a cgroup as the reference tokens (greedy).
+# Needs root (cgroup v1 memory controller). Usage:
+#   bench/moe-budget.sh [MODEL] [RUNS]
+# MODEL defaults to /tmp/a3b-6l.gguf, made with
+#   hearth synth --arch qwen3moe --shape 30b-a3b --n-layer 6 --type q4_0 \
+#     --tokenizer-from models/SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/a3b-6l.gguf
+# Extra env: CG_BYTES (cgroup limit, default file/2), BUDGET (--mem-budget, default
+# CG_BYTES − 100 MiB: headroom for what the budget does not see, e.g. the binary's pages),
+# N (tokens, 64), CONFIGS (default "experts layers mmap"), OUT (results dir).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-model="${1:?usage: $0 MODEL.gguf [BUDGET] [LIMIT_BYTES] [N] [RUNS]}"
-budget="${2:-1GiB}"
-limit="${3:-1181116006}"
-n="${4:-32}"
-runs="${5:-3}"
-hearth="${HEARTH:-$root/target/release/hearth}"
-cg=/sys/fs/cgroup/memory/hearth-moe-budget
-[[ -d /sys/fs/cgroup/memory ]] || { echo "error: no cgroup v1 memory controller at /sys/fs/cgroup/memory" >&2; exit 2; }
-mkdir -p "$cg"
-trap 'rmdir "$cg" 2>/dev/null || true' EXIT
-echo "$limit" > "$cg/memory.limit_in_bytes"
+M=${1:-/tmp/a3b-6l.gguf}
+RUNS=${2:-3}
+BIN=${BIN:-target/release/hearth}
+N=${N:-64}
+FILE_BYTES=$(stat -c %s "$M")
+CG_BYTES=${CG_BYTES:-$((FILE_BYTES / 2))}
+BUDGET=${BUDGET:-$((CG_BYTES - 100 * 1024 * 1024))}
+CONFIGS=${CONFIGS:-"experts layers mmap"}
+OUT=${OUT:-/tmp/moe-budget}
+CG=/sys/fs/cgroup/memory/hearth-moe-$$
+mkdir -p "$OUT"
+ARGS=(generate -m "$M" -p "The quick brown fox jumps over the lazy dog" -n "$N" --ignore-eos
+      --temperature 0 -t 2 -c 256 --json)
 
-evict() { python3 -c "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)" "$model"; }
-# Run "$@" inside the cgroup (a subshell that moves itself in first).
-limited() { bash -c 'echo $$ > '"$cg"'/cgroup.procs; exec "$@"' _ "$@"; }
-prompt="The history of the printing press begins"
+evict() { python3 -c "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)" "$M"; }
+# Bytes this run read from the block device (getrusage ru_inblock × 512: counted when the
+# read is submitted, buffered read-ahead, page faults and O_DIRECT alike; /proc/diskstats
+# would count other users of the disk too).
+inblock() { python3 -c 'import resource,subprocess,sys; subprocess.run(sys.argv[1:], check=True); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512, file=sys.stderr)' "$@"; }
 
-echo "model $model, budget $budget, cgroup limit $limit bytes, $(lscpu | sed -n 's/^Model name: *//p'), hearth $("$hearth" --version)"
-reference=$("$hearth" generate -m "$model" -p "$prompt" -n "$n" -t 2 --temperature 0 --json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['completion_tokens'])")
-report='
-import json, sys
-d = json.load(sys.stdin); t = d["timings"]; w = d.get("window") or {}; io = w.get("decode_io") or {}
-n = max(len(d["completion_tokens"]) - 1, 1)
-same = "same tokens" if str(d["completion_tokens"]) == sys.argv[1] else "TOKENS DIFFER"
-print("TTFT {:.0f} ms, decode {:.2f} tok/s, peak RSS {:.0f} MiB, decode reads {:.1f} MB/token, I/O wait {:.1f} ms/token, expert hit rate {:.1f}%, {}".format(
-    t["ttft_ms"], t["decode_tok_s"], d["peak_rss_bytes"] / 2**20, io.get("bytes_read", 0) / n / 1e6,
-    io.get("wait_secs", 0) * 1e3 / n, 100 * io.get("expert_hit_rate", 0), same))
-'
-for mode in experts whole-layers mmap; do
-  case $mode in
-    experts) env=(); args=(--mem-budget "$budget") ;;
-    whole-layers) env=(HEARTH_WHOLE_LAYERS=1); args=(--mem-budget "$budget") ;;
-    mmap) env=(); args=() ;;
-  esac
-  for r in $(seq "$runs"); do
+"$BIN" "${ARGS[@]}" > "$OUT/reference.json"   # mapped, no cgroup: the reference tokens
+
+for run in $(seq 1 "$RUNS"); do
+  for cfg in $CONFIGS; do
+    mkdir "$CG"
+    echo "$CG_BYTES" > "$CG/memory.limit_in_bytes"
     evict
-    printf '%s run %s: ' "$mode" "$r"
-    limited env "${env[@]}" "$hearth" generate -m "$model" -p "$prompt" -n "$n" -t 2 --temperature 0 --json "${args[@]}" 2>/dev/null \
-      | python3 -c "$report" "$reference"
+    case $cfg in
+      experts) extra=(--mem-budget "$BUDGET"); envs=() ;;
+      noahead) extra=(--mem-budget "$BUDGET"); envs=(HEARTH_NO_EXPERT_PREFETCH=1) ;;
+      layers)  extra=(--mem-budget "$BUDGET"); envs=(HEARTH_WHOLE_LAYERS=1) ;;
+      mmap)    extra=(); envs=() ;;
+    esac
+    ( echo $BASHPID > "$CG/cgroup.procs"; inblock env "${envs[@]}" "$BIN" "${ARGS[@]}" "${extra[@]}" ) \
+      > "$OUT/$cfg-$run.json" 2> "$OUT/$cfg-$run.err"
+    echo "{\"disk_read_bytes\": $(tail -1 "$OUT/$cfg-$run.err"), \"cgroup_max_usage\": $(cat "$CG/memory.max_usage_in_bytes")}" > "$OUT/$cfg-$run.extra"
+    rmdir "$CG"
   done
 done
+
+python3 - "$OUT" "$RUNS" "$CONFIGS" <<'PY'
+import json, statistics as st, sys
+out, runs, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+ref = json.load(open(f"{out}/reference.json"))["completion_tokens"]
+med = lambda xs: st.median(xs) if xs else float("nan")
+print("| config | decode tok/s (runs) | median | read/token MB | hit rate | disk wait/token ms | peak RSS MB | cgroup max MB | disk read MB (whole run) | read ahead / prefetch hits | tokens = mapped |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+for cfg in configs:
+    rows = []
+    for r in range(1, runs + 1):
+        d = json.load(open(f"{out}/{cfg}-{r}.json")); e = json.load(open(f"{out}/{cfg}-{r}.extra"))
+        nt = len(d["completion_tokens"]) - 1  # tokens timed by decode (the first comes from prefill)
+        io = (d.get("window") or {}).get("decode_io")
+        rows.append(dict(tps=d["timings"]["decode_tok_s"], rss=d["peak_rss_bytes"] / 1e6,
+                         cg=e["cgroup_max_usage"] / 1e6, dev=e["disk_read_bytes"] / 1e6,
+                         same=d["completion_tokens"] == ref,
+                         rpt=io["bytes_read"] / nt / 1e6 if io else None,
+                         hit=io["expert_hit_rate"] if io and io["expert_hits"] + io["expert_misses"] else None,
+                         wait=io["wait_secs"] / nt * 1e3 if io else None,
+                         ahead=f'{io.get("experts_prefetched", 0)} / {io.get("expert_prefetch_hits", 0)}' if io else "–"))
+    f = lambda k, fmt: (fmt % med([x[k] for x in rows])) if rows[0][k] is not None else "–"
+    print(f"| {cfg} | {', '.join('%.1f' % x['tps'] for x in rows)} | {med([x['tps'] for x in rows]):.1f} | "
+          f"{f('rpt','%.1f')} | {f('hit','%.3f')} | {f('wait','%.2f')} | {f('rss','%.0f')} | {f('cg','%.0f')} | "
+          f"{f('dev','%.0f')} | {', '.join(x['ahead'] for x in rows)} | {all(x['same'] for x in rows)} |")
+PY

@@ -77,7 +77,14 @@ fn experts_text(io: &SourceStats) -> String {
     if io.expert_hits + io.expert_misses == 0 {
         return String::new();
     }
-    format!("; experts: {:.1}% hit rate ({} hits, {} misses)", io.expert_hit_rate() * 100.0, io.expert_hits, io.expert_misses)
+    format!(
+        "; experts: {:.1}% hit rate ({} hits, {} misses; {} read ahead, {} of them hit)",
+        io.expert_hit_rate() * 100.0,
+        io.expert_hits,
+        io.expert_misses,
+        io.experts_prefetched,
+        io.expert_prefetch_hits
+    )
 }
 
 /// A [`SourceStats`] as JSON (bytes, seconds, GB/s).
@@ -86,6 +93,7 @@ pub fn io_json(io: &SourceStats) -> serde_json::Value {
         "bytes_read": io.bytes_read, "read_secs": io.read_secs, "read_gbps": io.read_gbps(),
         "wait_secs": io.wait_secs, "units_loaded": io.units_loaded,
         "expert_hits": io.expert_hits, "expert_misses": io.expert_misses, "expert_hit_rate": io.expert_hit_rate(),
+        "experts_prefetched": io.experts_prefetched, "expert_prefetch_hits": io.expert_prefetch_hits,
     })
 }
 

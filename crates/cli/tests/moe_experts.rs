@@ -5,6 +5,8 @@
 //! decode reads fewer bytes per token than whole layers. Controls: the cache handing back
 //! the wrong expert's bytes (`HEARTH_TEST_WRONG_EXPERT=1`) changes the tokens; a budget
 //! below one layer's chosen experts plus the rest is a one-line error naming the minimum.
+//! Read-ahead of the next layer's guessed experts changes no token
+//! (`HEARTH_NO_EXPERT_PREFETCH=1` turns it off) and saves misses.
 
 mod common;
 
@@ -88,4 +90,21 @@ fn too_small_a_budget_names_the_minimum_and_plan_counts_expert_slots() {
     let o = hearth(&["plan", "-m", m.to_str().unwrap(), "--mem-budget", "64MiB", "--disk-bw", "1"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && text.contains("expert slots"), "{text}{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn read_ahead_of_the_next_layers_experts_keeps_the_tokens_and_saves_misses() {
+    let m = synth("qwen3moe");
+    let mapped = tokens(&ok(generate(&m, &[], &[])));
+    let budget = (min_budget(&m) + (8 << 20)).to_string();
+    let on = ok(generate(&m, &["--mem-budget", &budget], &[]));
+    let off = ok(generate(&m, &["--mem-budget", &budget], &[("HEARTH_NO_EXPERT_PREFETCH", "1")]));
+    assert_eq!(tokens(&on), mapped, "read-ahead");
+    assert_eq!(tokens(&off), mapped, "no read-ahead");
+    let io = |v: &serde_json::Value, k: &str| v["window"]["decode_io"][k].as_u64().unwrap();
+    assert!(io(&on, "experts_prefetched") > 0 && io(&on, "expert_prefetch_hits") > 0, "{}", on["window"]["decode_io"]);
+    assert_eq!((io(&off, "experts_prefetched"), io(&off, "expert_prefetch_hits")), (0, 0), "{}", off["window"]["decode_io"]);
+    // Every prefetch hit was a miss without read-ahead (same tokens, same requests).
+    assert_eq!(io(&on, "expert_hits") + io(&on, "expert_misses"), io(&off, "expert_hits") + io(&off, "expert_misses"));
+    assert!(io(&on, "expert_misses") < io(&off, "expert_misses"), "on {} off {}", on["window"]["decode_io"], off["window"]["decode_io"]);
 }

@@ -15,6 +15,15 @@
 //! hit rate comes from that reuse), and a slot last used many layers and tokens ago is
 //! the one least likely to be asked for next; every expert has the same size within a
 //! layer, so no size weighting is needed.
+//!
+//! Read-ahead ([`ExpertSource::prefetch`]): the forward pass guesses the next layer's
+//! experts before it gets there (its router applied to the current hidden state), and a
+//! reader thread with its own file handle reads the missing ones into slots reserved for
+//! it (*busy*: no unit points into them and eviction skips them) while the layer between
+//! computes. A prefetch only decides which slots get filled: `load` still reads whatever
+//! it is asked for and does not hold, and waits for a busy slot's read to finish before
+//! handing it out, so the bytes a load returns never depend on the guess.
+//! `HEARTH_NO_EXPERT_PREFETCH=1` turns it off (the baseline).
 
 use crate::window::{open_reader, read_span, ReadMode, SlotBuf, Span};
 use hearth_model::{ExpertSource, ExpertStats, ModelError, Unit};
@@ -22,7 +31,50 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
 use std::time::Instant;
+
+/// A read-ahead order: expert `key`'s three file ranges into slot `slot`, at `dst` (the
+/// slot's address, as an integer so the job can cross to the reader thread).
+struct Job {
+    slot: usize,
+    ranges: [Range<usize>; 3],
+    dst: usize,
+}
+
+/// A finished read-ahead: its slot, and the read's error if it failed.
+struct Done {
+    slot: usize,
+    result: Result<(), String>,
+    secs: f64,
+    bytes: u64,
+}
+
+/// The reader thread: reads each job's ranges into its slot, in order, with its own handle.
+fn reader_thread(mut file: File, path: PathBuf, jobs: Receiver<Job>, done: Sender<Done>) {
+    for j in jobs {
+        let t0 = Instant::now();
+        let mut at = j.dst;
+        let mut result = Ok(());
+        for range in &j.ranges {
+            let span = Span::new(range);
+            // SAFETY: the slot is busy (reserved by `ExpertCache::prefetch`): no unit points
+            // into it and nothing else writes it until `Done` comes back; `span.len` stays
+            // inside the slot; the cache joins this thread before freeing the buffer.
+            let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, span.len) };
+            if let Err(why) = read_span(&mut file, &path, span, dst) {
+                result = Err(why);
+                break;
+            }
+            at += span.len;
+        }
+        let bytes = j.ranges.iter().map(|r| r.len() as u64).sum();
+        if done.send(Done { slot: j.slot, result, secs: t0.elapsed().as_secs_f64(), bytes }).is_err() {
+            break;
+        }
+    }
+}
 
 /// Slot bytes for one expert with these gate, up and down file ranges: each range
 /// widened to [`crate::window::IO_ALIGN`] at both ends.
@@ -52,6 +104,26 @@ pub struct ExpertCache {
     /// `HEARTH_TEST_WRONG_EXPERT=1` (tests only): read expert `e + 1`'s bytes where `e`'s
     /// belong, so a test can show that wrong expert bytes change the tokens.
     wrong: bool,
+    /// Slots the reader thread is filling, and the (layer, expert) each will hold.
+    busy: Vec<Option<(usize, usize)>>,
+    pending: HashMap<(usize, usize), usize>,
+    /// Slots filled by read-ahead and not asked for yet (a first use is a prefetch hit).
+    fresh: Vec<bool>,
+    /// Orders to and results from the reader thread (None: read-ahead off).
+    jobs: Option<Sender<Job>>,
+    done: Option<Receiver<Done>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for ExpertCache {
+    fn drop(&mut self) {
+        // The reader writes into `buf`: stop it (no more jobs) and wait for it before the
+        // buffer is freed (fields drop after this).
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 // SAFETY: the buffer is only touched through `&mut self` (reads into it) or through the
@@ -71,6 +143,19 @@ impl ExpertCache {
         let total = slots.checked_mul(slot_bytes).ok_or_else(|| err("expert cache size overflows".into()))?;
         let buf = SlotBuf::new(total).map_err(err)?;
         let (reader, direct) = open_reader(path, mode).map_err(err)?;
+        let off = std::env::var_os("HEARTH_NO_EXPERT_PREFETCH").is_some_and(|v| !v.is_empty() && v != "0");
+        let (mut jobs, mut done, mut thread) = (None, None, None);
+        if !off {
+            let (file, _) = open_reader(path, mode).map_err(err)?;
+            let (job_tx, job_rx) = channel();
+            let (done_tx, done_rx) = channel();
+            let p = path.to_path_buf();
+            let t = std::thread::Builder::new()
+                .name("hearth-experts".into())
+                .spawn(move || reader_thread(file, p, job_rx, done_tx))
+                .map_err(|e| err(format!("cannot start the expert reader thread: {e}")))?;
+            (jobs, done, thread) = (Some(job_tx), Some(done_rx), Some(t));
+        }
         Ok(Self {
             ranges,
             buf,
@@ -84,6 +169,12 @@ impl ExpertCache {
             direct,
             stats: ExpertStats::default(),
             wrong: std::env::var_os("HEARTH_TEST_WRONG_EXPERT").is_some_and(|v| v == "1"),
+            busy: vec![None; slots],
+            pending: HashMap::new(),
+            fresh: vec![false; slots],
+            jobs,
+            done,
+            thread,
         })
     }
 
@@ -100,19 +191,31 @@ impl ExpertCache {
     /// The slot of (layer `il`, expert `e`), reading it into the least recently used slot
     /// not asked for in this call when it is not held.
     fn slot_of(&mut self, il: usize, e: usize) -> Result<usize, ModelError> {
+        if let Some(&s) = self.pending.get(&(il, e)) {
+            // Being read ahead: wait for it (the forward pass's wait, not the read's).
+            let t0 = Instant::now();
+            while self.busy[s].is_some() {
+                let Some(d) = self.done.as_ref().and_then(|rx| rx.recv().ok()) else { break };
+                self.finish(d);
+            }
+            self.stats.wait_secs += t0.elapsed().as_secs_f64();
+        }
         if let Some(&s) = self.held.get(&(il, e)) {
             self.stats.hits += 1;
+            if std::mem::take(&mut self.fresh[s]) {
+                self.stats.prefetch_hits += 1;
+            }
             self.last_use[s] = self.calls;
             return Ok(s);
         }
-        let layer = self.ranges.get(il).filter(|l| e < l.len());
-        let layer = layer.ok_or_else(|| ModelError::Weights(format!("expert {e} of layer {il} asked for: the file has no such expert")))?;
-        let r = layer[if self.wrong { (e + 1) % layer.len() } else { e }].clone();
-        let victim = (0..self.owner.len()).filter(|&s| self.last_use[s] != self.calls).min_by_key(|&s| self.last_use[s]);
-        let s = victim.ok_or_else(|| ModelError::Weights("an expert cache was asked for more experts at once than it has slots".into()))?;
+        let r = self.range_of(il, e)?;
+        let s = self
+            .victim()
+            .ok_or_else(|| ModelError::Weights("an expert cache was asked for more experts at once than it has slots".into()))?;
         if let Some(old) = self.owner[s].take() {
             self.held.remove(&old);
         }
+        self.fresh[s] = false;
         let t0 = Instant::now();
         let mut at = s * self.slot_bytes;
         for range in &r {
@@ -127,11 +230,39 @@ impl ExpertCache {
             at += span.len;
         }
         self.stats.read_secs += t0.elapsed().as_secs_f64();
+        self.stats.wait_secs += t0.elapsed().as_secs_f64();
         self.stats.misses += 1;
         self.owner[s] = Some((il, e));
         self.held.insert((il, e), s);
         self.last_use[s] = self.calls;
         Ok(s)
+    }
+
+    /// Expert `e` of layer `il`'s file ranges (the next expert's under the wrong-expert control).
+    fn range_of(&self, il: usize, e: usize) -> Result<[Range<usize>; 3], ModelError> {
+        let layer = self.ranges.get(il).filter(|l| e < l.len());
+        let layer = layer.ok_or_else(|| ModelError::Weights(format!("expert {e} of layer {il} asked for: the file has no such expert")))?;
+        Ok(layer[if self.wrong { (e + 1) % layer.len() } else { e }].clone())
+    }
+
+    /// The least recently used slot that this call has not used and no read-ahead is filling.
+    fn victim(&self) -> Option<usize> {
+        (0..self.owner.len()).filter(|&s| self.last_use[s] != self.calls && self.busy[s].is_none()).min_by_key(|&s| self.last_use[s])
+    }
+
+    /// A read-ahead came back: its slot holds its expert now (or nothing, if the read failed:
+    /// a later `load` reads it again and reports the error then).
+    fn finish(&mut self, d: Done) {
+        let Some(key) = self.busy[d.slot].take() else { return };
+        self.pending.remove(&key);
+        self.stats.read_secs += d.secs;
+        if d.result.is_ok() {
+            self.owner[d.slot] = Some(key);
+            self.held.insert(key, d.slot);
+            self.fresh[d.slot] = true;
+            self.stats.prefetched += 1;
+            self.stats.bytes_read += d.bytes;
+        }
     }
 
     /// The gate, up and down units of the expert in slot `s`.
@@ -163,6 +294,35 @@ impl ExpertSource for ExpertCache {
 
     fn slots(&self) -> usize {
         self.owner.len()
+    }
+
+    fn prefetch(&mut self, il: usize, ids: &[usize]) {
+        let Some(tx) = self.jobs.clone() else { return };
+        while let Some(d) = self.done.as_ref().and_then(|rx| rx.try_recv().ok()) {
+            self.finish(d);
+        }
+        for &e in ids {
+            if self.held.contains_key(&(il, e)) || self.pending.contains_key(&(il, e)) {
+                continue;
+            }
+            let (Ok(ranges), Some(s)) = (self.range_of(il, e), self.victim()) else { return };
+            if let Some(old) = self.owner[s].take() {
+                self.held.remove(&old);
+            }
+            self.fresh[s] = false;
+            // As recent as the current call's experts: the rest of this guess must not
+            // evict it, and the layer that just ran keeps its own.
+            self.last_use[s] = self.calls;
+            self.busy[s] = Some((il, e));
+            self.pending.insert((il, e), s);
+            // SAFETY: slot `s` lies inside the buffer; only its address travels.
+            let dst = unsafe { self.buf.ptr.add(s * self.slot_bytes) } as usize;
+            if tx.send(Job { slot: s, ranges, dst }).is_err() {
+                self.busy[s] = None;
+                self.pending.remove(&(il, e));
+                return;
+            }
+        }
     }
 
     fn stats(&self) -> ExpertStats {

@@ -909,6 +909,23 @@ impl Context {
             if let Some(src) = self.source.as_mut() {
                 src.release(self.layer_unit[il]);
             }
+            // Read-ahead of the next layer's experts (decode, expert cache): its router on
+            // this layer's output, normed with its ffn_norm, guesses its top k (its real
+            // input adds its attention, so the guess is close, not exact), and the cache
+            // starts reading the ones it lacks while the next layer's attention computes.
+            // The router's bytes come from the mapping (n_expert rows: a few hundred KiB a
+            // layer stay resident), since the next layer's unit may not be loaded yet.
+            if let (1, None, Some(cache), Some(moe)) = (n, comm.as_ref(), self.experts.as_ref(), c.moe) {
+                if let Some((next, router)) = w.layers.get(il + 1).and_then(|l| Some((l, l.router.as_ref()?))) {
+                    let mut h = vec![0f32; e];
+                    ops::rmsnorm(&x[..e], next.v(crate::arch::Vector::FfnNorm), c.rms_eps, &mut h);
+                    let mut logits = vec![0f32; moe.n_expert];
+                    matmul(&self.pool, &mapped.view(router)?, &h, 1, &mut logits, quant)?;
+                    let (mut ids, mut wt) = (vec![0usize; moe.n_expert_used], vec![0f32; moe.n_expert_used]);
+                    crate::moe::route(&mut logits, moe.n_expert_used, moe.norm_weights, &mut ids, &mut wt);
+                    cache.borrow_mut().prefetch(il + 1, &ids);
+                }
+            }
         }
         for sp in spans {
             self.n_past[sp.slot] = sp.pos0 + sp.len;

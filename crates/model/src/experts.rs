@@ -22,6 +22,10 @@ pub trait ExpertSource: Send {
     /// that order, each covering its file range from [`expert_ranges`]), reading those it
     /// does not hold as one batch. Fails when `ids` has more experts than it has slots.
     fn load(&mut self, il: usize, ids: &[usize]) -> Result<Vec<[Unit<'_>; 3]>>;
+    /// A guess that layer `il` will ask for experts `ids` soon: a source may start reading
+    /// those it does not hold in the background (never evicting the experts of the last
+    /// `load`). Changes only which experts are held, never the bytes a `load` returns.
+    fn prefetch(&mut self, _il: usize, _ids: &[usize]) {}
     /// Most experts one [`Self::load`] may ask for (its slots).
     fn slots(&self) -> usize;
     /// Counters so far.
@@ -35,10 +39,17 @@ pub struct ExpertStats {
     pub hits: u64,
     /// Experts asked for that had to be read.
     pub misses: u64,
-    /// Expert bytes read from the file.
+    /// Expert bytes read from the file (on demand and ahead).
     pub bytes_read: u64,
-    /// Seconds spent reading them (the forward pass waits for every read).
+    /// Seconds spent reading them.
     pub read_secs: f64,
+    /// Seconds the forward pass waited for reads (on-demand reads, and read-ahead not
+    /// finished when its expert was asked for).
+    pub wait_secs: f64,
+    /// Experts read ahead ([`ExpertSource::prefetch`]).
+    pub prefetched: u64,
+    /// Hits on an expert read ahead, at its first use: misses the read-ahead saved.
+    pub prefetch_hits: u64,
 }
 
 /// The file byte ranges of every expert: `[layer][expert] = [gate, up, down]` (rows

@@ -57,6 +57,10 @@ pub struct SourceStats {
     pub expert_hits: u64,
     /// Experts an expert cache had to read (their bytes are in `bytes_read`).
     pub expert_misses: u64,
+    /// Experts an expert cache read ahead (their bytes are in `bytes_read` too).
+    pub experts_prefetched: u64,
+    /// Hits on experts read ahead (at first use): misses the read-ahead saved.
+    pub expert_prefetch_hits: u64,
 }
 
 impl SourceStats {
@@ -69,17 +73,21 @@ impl SourceStats {
             units_loaded: self.units_loaded - earlier.units_loaded,
             expert_hits: self.expert_hits - earlier.expert_hits,
             expert_misses: self.expert_misses - earlier.expert_misses,
+            experts_prefetched: self.experts_prefetched - earlier.experts_prefetched,
+            expert_prefetch_hits: self.expert_prefetch_hits - earlier.expert_prefetch_hits,
         }
     }
 
-    /// These counters plus an expert cache's: its reads add to `bytes_read`, `read_secs`
-    /// and (the forward pass waits for them) `wait_secs`.
+    /// These counters plus an expert cache's: its reads add to `bytes_read` and
+    /// `read_secs`, the forward pass's waits for them to `wait_secs`.
     pub fn with_experts(mut self, x: &crate::ExpertStats) -> SourceStats {
         self.bytes_read += x.bytes_read;
         self.read_secs += x.read_secs;
-        self.wait_secs += x.read_secs;
+        self.wait_secs += x.wait_secs;
         self.expert_hits += x.hits;
         self.expert_misses += x.misses;
+        self.experts_prefetched += x.prefetched;
+        self.expert_prefetch_hits += x.prefetch_hits;
         self
     }
 
