@@ -148,7 +148,10 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
         .filter_map(|l| l.split(", ").find_map(|p| p.strip_suffix(" MiB of block weights")).and_then(|x| x.parse::<f64>().ok()))
         .sum();
     let experts_mib = (8 * 8 * 3 * 256 * 256 / 32 * 34) as f64 / (1 << 20) as f64;
-    assert!(held >= experts_mib && held < experts_mib * 1.5, "the nodes hold {held} MiB of block weights, the experts are {experts_mib:.2} MiB: {err}");
+    assert!(
+        held >= experts_mib && held < experts_mib * 1.5,
+        "the nodes hold {held} MiB of block weights, the experts are {experts_mib:.2} MiB: {err}"
+    );
     let v = ok(o);
     assert_eq!(tokens(&v), single, "tensor parallel, gather schedule");
     let (passes, exchanges) = (v["tensor_parallel"]["passes"].as_u64().unwrap(), v["tensor_parallel"]["allreduces"].as_u64().unwrap());
@@ -167,7 +170,10 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
         .to_string();
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shard-cache");
     let _ = std::fs::remove_dir_all(&cache);
-    let w = Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], std::process::Stdio::null());
+    let w = Worker::spawn(
+        &["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()],
+        std::process::Stdio::null(),
+    );
     let o = generate(&m, &["--workers", &w.addr]);
     assert_clean_error(&o, "a mixture-of-experts model has no shard files yet (issue #21)");
     let cached = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
@@ -254,9 +260,31 @@ fn hostile_expert_metadata_and_shapes_are_clean_errors() {
     // One expert: its router has one row, fewer than synth's threads (this panicked once).
     let one = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-one-expert.gguf");
     let m1 = model();
-    let o = hearth(&["synth", "--arch", "mixtral", "--n-embd", "64", "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2",
-        "--n-ff", "64", "--n-expert", "1", "--n-expert-used", "1", "-t", "2", "--tokenizer-from", m1.to_str().unwrap(),
-        "--out", one.to_str().unwrap()]);
+    let o = hearth(&[
+        "synth",
+        "--arch",
+        "mixtral",
+        "--n-embd",
+        "64",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "4",
+        "--n-head-kv",
+        "2",
+        "--n-ff",
+        "64",
+        "--n-expert",
+        "1",
+        "--n-expert-used",
+        "1",
+        "-t",
+        "2",
+        "--tokenizer-from",
+        m1.to_str().unwrap(),
+        "--out",
+        one.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(hearth(&["generate", "-m", one.to_str().unwrap(), "-p", "hi", "-n", "2"]).status.success());
     for (path, want) in cases {

@@ -93,7 +93,7 @@ fn too_small_a_budget_names_the_minimum_and_plan_counts_expert_slots() {
 }
 
 #[test]
-fn read_ahead_of_the_next_layers_experts_keeps_the_tokens_and_saves_misses() {
+fn read_ahead_of_the_next_layers_experts_keeps_the_tokens_and_serves_hits() {
     let m = synth("qwen3moe");
     let mapped = tokens(&ok(generate(&m, &[], &[])));
     let budget = (min_budget(&m) + (8 << 20)).to_string();
@@ -106,5 +106,7 @@ fn read_ahead_of_the_next_layers_experts_keeps_the_tokens_and_saves_misses() {
     assert_eq!((io(&off, "experts_prefetched"), io(&off, "expert_prefetch_hits")), (0, 0), "{}", off["window"]["decode_io"]);
     // Every prefetch hit was a miss without read-ahead (same tokens, same requests).
     assert_eq!(io(&on, "expert_hits") + io(&on, "expert_misses"), io(&off, "expert_hits") + io(&off, "expert_misses"));
-    assert!(io(&on, "expert_misses") < io(&off, "expert_misses"), "on {} off {}", on["window"]["decode_io"], off["window"]["decode_io"]);
+    // (Fewer misses in all is not guaranteed: a wrong guess evicts an expert that a later
+    // token wants, and random weights guess badly — docs/MEMORY.md. At avx2 this file
+    // gave 66 misses with read-ahead and 65 without.)
 }

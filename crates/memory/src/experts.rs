@@ -209,9 +209,20 @@ impl ExpertCache {
             return Ok(s);
         }
         let r = self.range_of(il, e)?;
-        let s = self
-            .victim()
-            .ok_or_else(|| ModelError::Weights("an expert cache was asked for more experts at once than it has slots".into()))?;
+        let s = loop {
+            if let Some(s) = self.victim() {
+                break s;
+            }
+            // Every slot this call may take is being read ahead (a small cache): wait for
+            // one of those reads, then it can be evicted like any other.
+            let t0 = Instant::now();
+            let d = self.busy.iter().any(Option::is_some).then(|| self.done.as_ref().and_then(|rx| rx.recv().ok())).flatten();
+            self.stats.wait_secs += t0.elapsed().as_secs_f64();
+            match d {
+                Some(d) => self.finish(d),
+                None => return Err(ModelError::Weights("an expert cache was asked for more experts at once than it has slots".into())),
+            }
+        };
         if let Some(old) = self.owner[s].take() {
             self.held.remove(&old);
         }
@@ -374,6 +385,20 @@ mod tests {
         assert_eq!(s.bytes_read, s.misses * 3 * len as u64);
         assert!(c.load(0, &[0, 1, 2, 3]).is_err(), "more experts than slots");
         assert!(c.load(0, &[9]).is_err(), "no such expert");
+        // Read-ahead into every slot the next load could take: that load waits for a read
+        // to finish and evicts it, rather than failing for want of slots.
+        // Fresh cache of 3 slots: (0,0) takes one; the read-ahead reserves the other two;
+        // (1,3) evicts (0,0); (1,0) then finds every other slot busy and must wait.
+        let mut c = ExpertCache::open(&path, c.ranges.clone(), 3, ReadMode::Direct).unwrap();
+        check(&c.load(0, &[0]).unwrap(), 0, &[0]);
+        c.prefetch(1, &[1, 2]);
+        check(&c.load(1, &[3, 0]).unwrap(), 1, &[3, 0]);
+        check(&c.load(1, &[1, 2]).unwrap(), 1, &[1, 2]);
+        if c.jobs.is_some() {
+            // (1,0) evicted one of the two read ahead: the other is the one prefetch hit.
+            let s = c.stats();
+            assert!(s.prefetched == 2 && s.prefetch_hits == 1, "{s:?}");
+        }
         std::fs::remove_file(&path).unwrap();
     }
 }
