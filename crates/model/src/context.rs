@@ -388,9 +388,10 @@ impl Context {
                     match c.moe {
                         // Stacked experts: each expert's part, laid end to end (`Block::expert_view`).
                         Some(moe) if i >= crate::arch::Mat::Gate as usize => {
+                            use crate::arch::Mat;
+                            let mat = [Mat::Gate, Mat::Up, Mat::Down][i - Mat::Gate as usize];
                             let mut one = Vec::new();
                             for e in 0..moe.n_expert {
-                                let mat = [crate::arch::Mat::Gate, crate::arch::Mat::Up, crate::arch::Mat::Down][i - 4];
                                 crate::split::slice_matrix(file, &l.expert(mat, e, moe.n_expert), rows.clone(), cols.clone(), &mut one)?;
                                 out.extend_from_slice(&one);
                             }
