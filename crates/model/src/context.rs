@@ -311,10 +311,9 @@ impl Context {
     /// Take a mixture of experts' expert weights from `experts` (e.g.
     /// `hearth_memory::ExpertCache`) instead of the layer units; the source set with
     /// [`Self::set_source`] then holds units without experts
-    /// ([`crate::unit_ranges_without_experts`]). Passes are cut to at most
-    /// [`ExpertSource::slots`] tokens, so one run of experts (at most one expert per
-    /// token, or `n_expert_used`) always fits the slots. Must come before the first
-    /// evaluation (the KV cache is re-created for the new batch size).
+    /// ([`crate::unit_ranges_without_experts`]). A pass's experts are loaded in runs of
+    /// at most [`ExpertSource::slots`] distinct experts (`moe_ffn`), so the batch size
+    /// stays as planned. Must come before the first evaluation.
     pub fn set_expert_source(&mut self, experts: Box<dyn ExpertSource>) -> Result<()> {
         let Some(moe) = self.model.config.moe else {
             return Err(ModelError::Context("an expert source needs a mixture-of-experts model".into()));
@@ -330,11 +329,6 @@ impl Context {
                 experts.slots(),
                 moe.n_expert_used
             )));
-        }
-        if self.n_batch > experts.slots() {
-            self.n_batch = experts.slots();
-            let layout = KvLayout { n_batch: self.n_batch, ..self.kv.layout().clone() };
-            self.kv.replace(layout);
         }
         self.experts = Some(std::cell::RefCell::new(experts));
         Ok(())

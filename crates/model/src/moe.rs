@@ -134,11 +134,15 @@ impl<'a> Block<'a> {
         // schedule's rows (the other nodes add the rest).
         let out_rows = self.share.shapes[Mat::Down as usize].0.clone();
         let w_out = out_rows.len();
+        // Under a memory budget a run also holds at most the expert cache's slots of
+        // distinct experts (all loaded at once), so a long prefill pass needs no cut to
+        // the slot count: each run streams its experts once for all of its tokens.
+        let max_experts = self.expert_cache.map_or(usize::MAX, |c| c.borrow().slots());
         let mut groups = chosen.chunk_by(|a, b| a.0 == b.0).peekable();
         while groups.peek().is_some() {
             let mut run: Vec<&[(usize, usize, f32)]> = Vec::new();
             let mut pairs = 0;
-            while let Some(grp) = groups.next_if(|grp| run.is_empty() || pairs + grp.len() <= cap) {
+            while let Some(grp) = groups.next_if(|grp| run.is_empty() || (pairs + grp.len() <= cap && run.len() < max_experts)) {
                 pairs += grp.len();
                 run.push(grp);
             }
