@@ -102,8 +102,9 @@ pub fn has_vnni() -> bool {
     crate::arch::has_vnni()
 }
 
-/// One panel of a matmul: up to [`PANEL_ROWS`] rows × [`PANEL_TOKENS`] tokens,
-/// or for a small batch (`matmul`'s `SMALL_BATCH`) more rows × all tokens.
+/// One panel of a matmul: up to `PANEL_OUT / PANEL_TOKENS` rows (in whole
+/// [`PANEL_ROWS`]) × [`PANEL_TOKENS`] tokens, or for a small batch
+/// (`matmul`'s `SMALL_BATCH`) more rows × all tokens.
 /// `out[t * n_rows + r]` receives dot(weight row r, activation row t).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Panel<'a> {

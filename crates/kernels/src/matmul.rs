@@ -226,6 +226,10 @@ fn matmul_many_impl(k: &Kernels, pool: &ThreadPool, jobs: &mut [MatJob<'_, '_>],
         let (act, sums) = match inputs.iter().find(same) {
             Some(i) => (i.act, i.sums),
             None => {
+                // Each input starts on a cache line (with the scratch's start, below), so
+                // a 32-byte activation load never straddles two lines when the rows are
+                // whole lines (f32 activations).
+                size = size.next_multiple_of(64);
                 let act = size;
                 size += n_tokens * arb;
                 let sums = sum_offset.map(|_| size);
@@ -241,10 +245,15 @@ fn matmul_many_impl(k: &Kernels, pool: &ThreadPool, jobs: &mut [MatJob<'_, '_>],
     }
 
     // 2. Quantize each distinct input once (a long one on all threads).
-    if scratch.len() < size {
-        scratch.resize(size, 0);
+    if scratch.len() < size + 63 {
+        scratch.resize(size + 63, 0);
     }
-    let scratch = &mut scratch[..size];
+    // From a cache line on: the allocator's start is 16 bytes into one (glibc),
+    // and with f32 activations half the 32-byte loads then straddled two lines
+    // (SmolLM2 F16 prefill at avx2, Zen 4: 77.7 -> 81.5 GFLOP/s, `cargo bench
+    // --bench prefill -- 1 30 512 smollm2/f16/avx2`).
+    let base = scratch.as_ptr().align_offset(64);
+    let scratch = &mut scratch[base..base + size];
     for i in &inputs {
         let (x, cols, arb, quantize) = (i.x, i.cols, i.arb, i.quantize);
         let n_tokens = x.len() / cols;
@@ -276,7 +285,12 @@ fn matmul_many_impl(k: &Kernels, pool: &ThreadPool, jobs: &mut [MatJob<'_, '_>],
         .iter()
         .map(|p| Segment {
             rows: p.w.rows,
-            most: if p.n_tokens <= SMALL_BATCH { (PANEL_OUT / p.n_tokens) / PANEL_ROWS * PANEL_ROWS } else { PANEL_ROWS },
+            // As many rows as the output buffer holds for a chunk of tokens. A prefill
+            // panel runs its rows over every token, in chunks of `PANEL_TOKENS`: the
+            // activations stream through once per panel, so long panels read them
+            // fewer times (SmolLM2 F16 layer at avx2, Zen 4, 512 tokens: 16-row panels
+            // 83 GFLOP/s at 1 thread and 143 at 2, 128-row panels 91 and 175).
+            most: (PANEL_OUT / p.n_tokens.min(PANEL_TOKENS)) / PANEL_ROWS * PANEL_ROWS,
             // Where `out` starts within a cache line, in f32s (see `PanelQueue`).
             skew: (p.out.0 as usize / 4) % LINE_F32,
         })
@@ -339,8 +353,9 @@ struct Segment {
 /// the short last ones keep the threads finishing together. Fixed panels of
 /// an eighth of the rows (the earlier split) left one of two threads idle
 /// for half a panel on average at the end of every matmul: 7B Q4_0 decode at
-/// 2 threads ran 7% faster with this queue (docs/BENCHMARKS.md). With `most`
-/// = `PANEL_ROWS` (prefill) every panel is `PANEL_ROWS` rows.
+/// 2 threads ran 7% faster with this queue (docs/BENCHMARKS.md). A prefill's
+/// panels are long for a second reason: each sweeps all of the activations
+/// (`most` above).
 ///
 /// Panel boundaries fall on the output's 64-byte cache lines (`skew`: where
 /// `out` starts within a line, in f32s): a prefill's panel writes one run of
