@@ -41,6 +41,9 @@ pub struct BudgetOptions {
     pub read_mode: ReadMode,
     /// Read the next layers while the current one computes (off: a baseline).
     pub prefetch: bool,
+    /// The command's flags that size the KV cache and the batch, for a too-small-budget
+    /// error (`hearth bench` sizes its context from -p / -n).
+    pub size_flags: &'static str,
 }
 
 /// How to set up a run.

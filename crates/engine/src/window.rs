@@ -67,7 +67,7 @@ fn apply_units(
         anyhow::anyhow!(
             "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {}{} + a margin of {} \
              (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
-             (or lower --ctx-size / --batch-size{q8}{})",
+             (or lower {}{q8}{})",
             mib(budget),
             mib(p.kv_cache_bytes),
             mib(p.scratch_bytes),
@@ -77,6 +77,7 @@ fn apply_units(
             mib(min.margin_bytes),
             mib_up(min.min_budget_bytes),
             min.min_budget_bytes,
+            b.size_flags,
             if ctx.n_slots() > 1 { " / --parallel" } else { "" }
         )
     })?;

@@ -221,7 +221,7 @@ pub fn run(a: Args) -> Result<()> {
             pin: a.pin,
             logits_all: false,
             f32_attention_from: None,
-            budget: a.budget.options(),
+            budget: a.budget.options().map(|b| hearth_engine::BudgetOptions { size_flags: "-p / -n / --batch-size", ..b }),
             cluster: if a.cluster.enabled() { Some(a.cluster.options()?) } else { None },
             profile: Some(crate::cmd::profile::for_ring),
         };

@@ -71,8 +71,16 @@ pub struct Args {
 /// Disk bandwidth assumed for a --shape without --disk-bw (GB/s): a SATA SSD.
 const DEFAULT_DISK_GBPS: f64 = 0.5;
 
+/// Bytes in decimal units, two or three significant digits at any size (a tiny file's
+/// per-token bytes printed as GB rounded to "0.00 GB").
 fn gb(b: u64) -> String {
-    format!("{:.2} GB", b as f64 / 1e9)
+    let b = b as f64;
+    match b {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} kB", b / 1e3),
+        b => format!("{b} B"),
+    }
 }
 
 fn mib(b: u64) -> String {
