@@ -1,5 +1,6 @@
 //! `--mem-budget` on mixture-of-experts files keeps experts, not whole layers
-//! (`hearth_memory::ExpertCache`): on synthetic `qwen3moe` and Mixtral-style files whose
+//! (`hearth_memory::ExpertCache`): on synthetic `qwen3moe`, `qwen2moe` (a shared expert,
+//! which stays in the layer's unit) and Mixtral-style files whose
 //! budget holds only part of the experts, greedy tokens equal the mapped run's and
 //! whole-layer streaming's (`HEARTH_WHOLE_LAYERS=1`), the cache both hits and misses, and
 //! decode reads fewer bytes per token than whole layers. Controls: the cache handing back
@@ -19,8 +20,11 @@ fn synth(arch: &str) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-experts-{arch}.gguf"));
     let mut args = vec!["synth", "--arch", arch, "--n-embd", "256", "--n-layer", "8", "--n-head", "4", "--n-head-kv", "2"];
     args.extend(["--n-ff", "256", "--n-expert", "16", "--n-expert-used", "2", "--type", "q8_0", "--seed", "7", "-t", "2"]);
-    if arch == "qwen3moe" {
+    if arch == "qwen3moe" || arch == "qwen2moe" {
         args.extend(["--head-dim", "32", "--n-ff-exp", "256"]);
+    }
+    if arch == "qwen2moe" {
+        args.extend(["--n-ff-shexp", "384"]);
     }
     let m = model();
     args.extend(["--tokenizer-from", m.to_str().unwrap(), "--out", out.to_str().unwrap()]);
@@ -49,7 +53,7 @@ fn min_budget(m: &Path) -> u64 {
 
 #[test]
 fn an_expert_cache_gives_the_mapped_tokens_and_reads_less_than_whole_layers() {
-    for arch in ["qwen3moe", "mixtral"] {
+    for arch in ["qwen3moe", "qwen2moe", "mixtral"] {
         let m = synth(arch);
         let mapped = tokens(&ok(generate(&m, &[], &[])));
         // The minimum's one window slot and 2 expert slots, + 8 MiB: a second window slot
