@@ -322,7 +322,9 @@ impl Weights {
                 let [q, k, v, o, gate, up, down] = l.matrices();
                 let ffn = gate.size + up.size + down.size;
                 let ffn = moe.map_or(ffn, |m| ffn / m.n_expert.max(1) * m.n_expert_used);
-                let shared: usize = l.shared.iter().flat_map(|s| s.tensors()).map(|t| t.size).sum();
+                // The shared expert's gate, up and down (its gate input is a vector, `n_embd`
+                // floats, which the planner does not count among the matrices either).
+                let shared: usize = l.shared.iter().map(|s| s.gate.size + s.up.size + s.down.size).sum();
                 q.size + k.size + v.size + o.size + ffn + l.router.as_ref().map_or(0, |r| r.size) + shared
             })
             .sum();
