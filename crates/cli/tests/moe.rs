@@ -333,4 +333,13 @@ fn a_shared_expert_runs_over_the_ring_counts_as_active_and_refuses_tensor_parall
     assert_eq!(p["bytes_per_token"].as_u64().unwrap(), active, "active bytes: the shared expert and 2 of 8 experts");
     let b = ok(hearth(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "--membw-mib", "16", "--json"]));
     assert_eq!(b[0]["matrix_bytes"].as_u64().unwrap(), active, "{b}");
+
+    // A shared expert of the wrong shape, and a shared expert's width in an architecture
+    // hearth runs without one: clean errors.
+    let bad = altered(&m, "moe-bad-shexp.gguf", "general.name", None, Some(("blk.1.ffn_up_shexp.weight", vec![128, 64])));
+    assert_clean_error(&generate(&bad, &[]), "ffn_up_shexp");
+    let q3 = synth("qwen3moe", 128, 2);
+    let key = "qwen3moe.expert_shared_feed_forward_length";
+    let q3_shared = altered(&q3, "moe-q3-shexp.gguf", key, Some(hearth_gguf::Value::U32(128)), None);
+    assert_clean_error(&generate(&q3_shared, &[]), "issue #21");
 }

@@ -384,6 +384,10 @@ impl Keys<'_> {
                 return self.bad(key, "this mixture-of-experts variant is not supported (issue #21)".into());
             }
         }
+        // A shared expert's width: read by qwen2moe, a variant hearth does not run elsewhere.
+        if self.arch != "qwen2moe" && self.has("expert_shared_feed_forward_length") {
+            return self.bad("expert_shared_feed_forward_length", "a shared expert in this architecture is not supported (issue #21)".into());
+        }
         Ok(Some(Moe { n_expert, n_expert_used, norm_weights: true, n_ff_shared: 0 }))
     }
 
