@@ -386,7 +386,8 @@ impl Keys<'_> {
         }
         // A shared expert's width: read by qwen2moe, a variant hearth does not run elsewhere.
         if self.arch != "qwen2moe" && self.has("expert_shared_feed_forward_length") {
-            return self.bad("expert_shared_feed_forward_length", "a shared expert in this architecture is not supported (issue #21)".into());
+            let why = "a shared expert in this architecture is not supported (issue #21)";
+            return self.bad("expert_shared_feed_forward_length", why.into());
         }
         Ok(Some(Moe { n_expert, n_expert_used, norm_weights: true, n_ff_shared: 0 }))
     }

@@ -183,9 +183,13 @@ impl<'a> Block<'a> {
         let (g, rest) = scratch.split_at_mut(n * ff);
         let (u, rest) = rest.split_at_mut(n * ff);
         let (y, logit) = rest.split_at_mut(n * e);
-        let (w_gi, w_g, w_u, w_d) = (self.unit.view(&s.gate_inp)?, self.unit.view(&s.gate)?, self.unit.view(&s.up)?, self.unit.view(&s.down)?);
-        let mut jobs =
-            [MatJob { w: &w_gi, x: xb, n_tokens: n, out: logit }, MatJob { w: &w_g, x: xb, n_tokens: n, out: g }, MatJob { w: &w_u, x: xb, n_tokens: n, out: u }];
+        let (w_gi, w_g, w_u, w_d) =
+            (self.unit.view(&s.gate_inp)?, self.unit.view(&s.gate)?, self.unit.view(&s.up)?, self.unit.view(&s.down)?);
+        let mut jobs = [
+            MatJob { w: &w_gi, x: xb, n_tokens: n, out: logit },
+            MatJob { w: &w_g, x: xb, n_tokens: n, out: g },
+            MatJob { w: &w_u, x: xb, n_tokens: n, out: u },
+        ];
         matmul_many(self.pool, &mut jobs, self.quant)?;
         self.trace("ffn_shexp_gate_inp", logit);
         self.glu(ops::swiglu, g, u, ff);

@@ -250,7 +250,9 @@ impl Weights {
                 match t.holds {
                     Holds::Vector(k) => vectors[k as usize] = Some(vector(f, &name, k.len(c))?),
                     Holds::Router => router = Some(matrix(f, &name, n_expert, e)?),
-                    Holds::SharedGate => shared[0] = Some(TensorRef { rows: 1, cols: e, ..flat(f, &name, checked(f, &name, vec![e as u64])?)? }),
+                    Holds::SharedGate => {
+                        shared[0] = Some(TensorRef { rows: 1, cols: e, ..flat(f, &name, checked(f, &name, vec![e as u64])?)? })
+                    }
                     Holds::Shared(m) => {
                         let (rows, cols) = m.shared_shape(c);
                         let slot = match m {
