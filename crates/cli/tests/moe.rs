@@ -342,4 +342,15 @@ fn a_shared_expert_runs_over_the_ring_counts_as_active_and_refuses_tensor_parall
     let key = "qwen3moe.expert_shared_feed_forward_length";
     let q3_shared = altered(&q3, "moe-q3-shexp.gguf", key, Some(hearth_gguf::Value::U32(128)), None);
     assert_clean_error(&generate(&q3_shared, &[]), "issue #21");
+
+    // The Qwen1.5-MoE-A2.7B shape: 24 layers of 2048, 60 experts of 1408 and a shared
+    // expert of 5632 (14.3B parameters with Qwen's 151,936-token vocabulary).
+    let tok = model();
+    let args =
+        ["synth", "--arch", "qwen2moe", "--shape", "a2.7b", "--dry-run", "--tokenizer-from", tok.to_str().unwrap(), "--out", "x.gguf"];
+    let v = ok(hearth(&args));
+    let (e, v_n) = (2048u64, v["n_vocab"].as_u64().unwrap());
+    let layer = 2 * e + 4 * e * e + 3 * e + 60 * e + e + 3 * e * 5632 + 60 * 3 * e * 1408;
+    assert_eq!(v["n_params"].as_u64().unwrap(), 2 * v_n * e + e + 24 * layer, "{v}");
+    assert_eq!((v["n_layer"].as_u64(), v["n_ff"].as_u64(), v["head_dim"].as_u64()), (Some(24), Some(1408), Some(128)), "{v}");
 }
