@@ -16,6 +16,13 @@ How it was run (from the repository root):
   source /tmp/llamacpp/ENV.sh
   /tmp/llamacpp/venv/bin/python bench/reference/archs.py [--synth /tmp/hearth-synth] [--only NAME,...]
 
+The qwen2moe entry was added later (branch shexp, issue #21) without ENV.sh, with the bindings' source and
+the same native build named explicitly (numpy pip-installed into that venv; llama-perplexity and
+llama-tokenize built in that build tree with `ninja -j 1 llama-perplexity llama-tokenize`):
+
+  PYTHONPATH=/tmp/llamacpp/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=/tmp/llamacpp/build/bin \
+    /tmp/llamacpp/venv/bin/python bench/reference/archs.py --synth target/release/hearth --only qwen2moe
+
 --synth (default /tmp/hearth-synth, or $HEARTH_SYNTH) must be the hearth binary (`hearth synth`) built from
 the commit recorded in the JSON ("hearth_commit", `git rev-parse HEAD` of this checkout when the script ran; with
 --only, "_about" is kept and each updated variant records its own "hearth_commit";
@@ -120,6 +127,10 @@ VARIANTS = {
     "qwen3moe": ["--arch", "qwen3moe"] + BASE + ["--head-dim", "32", "--n-expert", "8", "--n-expert-used", "4",
                                                  "--n-ff-exp", "32"],
     "mixtral": ["--arch", "mixtral"] + BASE + ["--n-expert", "8", "--n-expert-used", "2"],
+    # Qwen2-MoE: Qwen2's attention, 8 experts of 32, 4 per token (weights not renormalised),
+    # and a shared expert 64 wide (neither the experts' nor --n-ff's width).
+    "qwen2moe": ["--arch", "qwen2moe"] + BASE + ["--n-expert", "8", "--n-expert-used", "4", "--n-ff-exp", "32",
+                                                 "--n-ff-shexp", "64"],
 }
 
 PROMPTS = [

@@ -1,9 +1,11 @@
-//! Mixture-of-experts files (`hearth synth --arch qwen3moe|mixtral`, Q8_0, tiny) in the
+//! Mixture-of-experts files (`hearth synth --arch qwen3moe|qwen2moe|mixtral`, Q8_0, tiny) in the
 //! modes around the forward pass: batch invariance (eight sequences in one pass, prefills
 //! grouped by expert, give each sequence's logits bit for bit as when it runs alone),
 //! `hearth serve` batching eight requests, the pipelined ring and a `--mem-budget` window
 //! (whole layers streamed) and tensor parallelism (each expert split by rows) giving one
-//! machine's tokens. (Agreement with llama.cpp: `arch_reference.rs`.)
+//! machine's tokens. A shared expert (qwen2moe): batch invariance, the ring, plan and
+//! bench counting it as active every token, tensor parallelism refused (issue #21).
+//! (Agreement with llama.cpp: `arch_reference.rs`.)
 
 mod common;
 
@@ -14,8 +16,8 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A Q8_0 file of `arch` (`qwen3moe` or `mixtral`): 8 experts, 2 per token, `n_layer`
-/// layers of width `n_embd`.
+/// A Q8_0 file of `arch` (`qwen3moe`, `qwen2moe` or `mixtral`): 8 experts, 2 per token,
+/// `n_layer` layers of width `n_embd` (qwen2moe: and a shared expert 128 wide).
 fn synth(arch: &str, n_embd: u32, n_layer: u32) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-{arch}-{n_embd}x{n_layer}.gguf"));
     let (e, l) = (n_embd.to_string(), n_layer.to_string());
@@ -23,6 +25,9 @@ fn synth(arch: &str, n_embd: u32, n_layer: u32) -> PathBuf {
     args.extend(["--n-expert", "8", "--n-expert-used", "2", "--type", "q8_0", "--seed", "5", "-t", "2"]);
     if arch == "qwen3moe" {
         args.extend(["--head-dim", "32", "--n-ff-exp", "64"]);
+    }
+    if arch == "qwen2moe" {
+        args.extend(["--n-ff-exp", "64", "--n-ff-shexp", "128"]);
     }
     let m = model();
     args.extend(["--tokenizer-from", m.to_str().unwrap(), "--out", out.to_str().unwrap()]);
@@ -58,7 +63,7 @@ fn alone(m: &Arc<Model>, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<u32>>) {
 
 #[test]
 fn eight_batched_sequences_match_each_alone_bit_for_bit() {
-    for (arch, want_arch) in [("qwen3moe", Arch::Qwen3Moe), ("mixtral", Arch::Mixtral)] {
+    for (arch, want_arch) in [("qwen3moe", Arch::Qwen3Moe), ("qwen2moe", Arch::Qwen2Moe), ("mixtral", Arch::Mixtral)] {
         let m = Arc::new(Model::load(synth(arch, 128, 2)).unwrap());
         assert_eq!(m.config.arch, want_arch);
         let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| m.tokenizer.encode(p, true, true)).collect();
@@ -293,4 +298,59 @@ fn hostile_expert_metadata_and_shapes_are_clean_errors() {
         assert_eq!(o.status.code(), Some(1), "{}: {err}", path.display());
         assert!(!err.contains("panicked") && err.contains(want), "{}: expected {want:?} in {err}", path.display());
     }
+}
+
+#[test]
+fn a_shared_expert_runs_over_the_ring_counts_as_active_and_refuses_tensor_parallelism() {
+    let m = synth("qwen2moe", 128, 4);
+    let single = tokens(&ok(generate(&m, &[])));
+    assert_eq!(single.len(), 16);
+    let ws: Vec<Worker> = (0..2).map(|_| Worker::start(&m, &[])).collect();
+    let workers = addrs(&[&ws[0], &ws[1]]);
+    let v = ok(generate(&m, &["--workers", &workers, "--parallel", "ring", "--layer-window", "1,2,1"]));
+    assert_eq!(tokens(&v), single, "ring");
+    // Tensor parallelism does not split a shared expert yet: a one-line error.
+    assert_clean_error(&generate(&m, &["--workers", &workers]), "shared expert");
+
+    // plan and bench: the shared expert's matrices (2-D) are active every token, the
+    // routed experts (3-D) 2 of 8.
+    let p = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "--json"]));
+    let info = ok(hearth(&["inspect", m.to_str().unwrap(), "--json"]));
+    let (mut dense, mut shared, mut experts, mut head) = (0u64, 0u64, 0u64, 0u64);
+    for t in info["tensors"].as_array().unwrap() {
+        let (name, dims, bytes) = (t["name"].as_str().unwrap(), t["shape"].as_array().unwrap().len(), t["bytes"].as_u64().unwrap());
+        match (name.starts_with("blk."), dims) {
+            (true, 2) if name.contains("_shexp") => shared += bytes,
+            (true, 2) => dense += bytes,
+            (true, 3) => experts += bytes,
+            _ if name == "output.weight" => head = bytes,
+            _ => {}
+        }
+    }
+    // 4 layers of gate, up (128 × 128) and down (128 × 128) at Q8_0.
+    assert_eq!(shared, 4 * 3 * 128 * 128 / 32 * 34);
+    let active = dense + shared + experts * 2 / 8 + head;
+    assert_eq!(p["bytes_per_token"].as_u64().unwrap(), active, "active bytes: the shared expert and 2 of 8 experts");
+    let b = ok(hearth(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "--membw-mib", "16", "--json"]));
+    assert_eq!(b[0]["matrix_bytes"].as_u64().unwrap(), active, "{b}");
+
+    // A shared expert of the wrong shape, and a shared expert's width in an architecture
+    // hearth runs without one: clean errors.
+    let bad = altered(&m, "moe-bad-shexp.gguf", "general.name", None, Some(("blk.1.ffn_up_shexp.weight", vec![128, 64])));
+    assert_clean_error(&generate(&bad, &[]), "ffn_up_shexp");
+    let q3 = synth("qwen3moe", 128, 2);
+    let key = "qwen3moe.expert_shared_feed_forward_length";
+    let q3_shared = altered(&q3, "moe-q3-shexp.gguf", key, Some(hearth_gguf::Value::U32(128)), None);
+    assert_clean_error(&generate(&q3_shared, &[]), "issue #21");
+
+    // The Qwen1.5-MoE-A2.7B shape: 24 layers of 2048, 60 experts of 1408 and a shared
+    // expert of 5632 (14.3B parameters with Qwen's 151,936-token vocabulary).
+    let tok = model();
+    let args =
+        ["synth", "--arch", "qwen2moe", "--shape", "a2.7b", "--dry-run", "--tokenizer-from", tok.to_str().unwrap(), "--out", "x.gguf"];
+    let v = ok(hearth(&args));
+    let (e, v_n) = (2048u64, v["n_vocab"].as_u64().unwrap());
+    let layer = 2 * e + 4 * e * e + 3 * e + 60 * e + e + 3 * e * 5632 + 60 * 3 * e * 1408;
+    assert_eq!(v["n_params"].as_u64().unwrap(), 2 * v_n * e + e + 24 * layer, "{v}");
+    assert_eq!((v["n_layer"].as_u64(), v["n_ff"].as_u64(), v["head_dim"].as_u64()), (Some(24), Some(1408), Some(128)), "{v}");
 }

@@ -13,14 +13,15 @@ use hearth_kernels::ops::{Rope, RopeLayout};
 pub const MAX_LAYERS: usize = 4096;
 
 /// Architectures whose forward pass hearth implements (`general.architecture`).
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"];
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3"];
 
 /// Most experts a mixture-of-experts layer may have (llama.cpp's `LLAMA_MAX_EXPERTS`).
 pub const MAX_EXPERTS: usize = 1024;
 
 /// A mixture-of-experts FFN (`{arch}.expert_count`, `{arch}.expert_used_count`): each
 /// token's FFN is the weighted sum of `n_expert_used` of `n_expert` SwiGLU experts, each
-/// [`ModelConfig::n_ff`] wide, chosen by a router (see `crate::moe`).
+/// [`ModelConfig::n_ff`] wide, chosen by a router (see `crate::moe`), plus, where the
+/// architecture has one (Qwen2-MoE), a shared expert every token goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moe {
     /// Experts per layer (`1..=MAX_EXPERTS`).
@@ -28,8 +29,11 @@ pub struct Moe {
     /// Experts each token uses (`1..=n_expert`).
     pub n_expert_used: usize,
     /// Whether the chosen experts' weights are renormalised to sum to 1 (llama.cpp's
-    /// `norm_w`: true for qwen3moe and llama; `false` only as a test's control).
+    /// `norm_w`: true for qwen3moe and llama, false for qwen2moe).
     pub norm_weights: bool,
+    /// Width of the shared expert (`expert_shared_feed_forward_length`), a SwiGLU FFN
+    /// every token goes through beside its routed experts; 0: no shared expert.
+    pub n_ff_shared: usize,
 }
 
 /// How positions are scaled before RoPE (`{arch}.rope.scaling.type`).
@@ -263,6 +267,9 @@ impl ModelConfig {
             if self.arch != Arch::Mixtral {
                 m.push((k("expert_feed_forward_length"), u(self.n_ff)));
             }
+            if moe.n_ff_shared > 0 {
+                m.push((k("expert_shared_feed_forward_length"), u(moe.n_ff_shared)));
+            }
         }
         m
     }
@@ -377,7 +384,12 @@ impl Keys<'_> {
                 return self.bad(key, "this mixture-of-experts variant is not supported (issue #21)".into());
             }
         }
-        Ok(Some(Moe { n_expert, n_expert_used, norm_weights: true }))
+        // A shared expert's width: read by qwen2moe, a variant hearth does not run elsewhere.
+        if self.arch != "qwen2moe" && self.has("expert_shared_feed_forward_length") {
+            let why = "a shared expert in this architecture is not supported (issue #21)";
+            return self.bad("expert_shared_feed_forward_length", why.into());
+        }
+        Ok(Some(Moe { n_expert, n_expert_used, norm_weights: true, n_ff_shared: 0 }))
     }
 
     pub fn int_or(&self, k: &str, default: usize) -> Result<usize> {

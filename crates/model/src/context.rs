@@ -357,6 +357,11 @@ impl Context {
                 return Err(ModelError::Context(format!("this shard file holds {own:?}, not the split {split:?}")));
             }
         }
+        if c.moe.is_some_and(|m| m.n_ff_shared > 0) && split != TensorSplit::whole(c) {
+            return Err(ModelError::Context(
+                "tensor parallelism of a mixture of experts with a shared expert (qwen2moe) is not supported yet (issue #21): run it on one machine or over a ring (--ring)".into(),
+            ));
+        }
         split.validate(c, &self.model.weights)?;
         // Every exchange of a pass must fit one message: cap the batch to it.
         let widest = if split.gather_rows.is_some() { c.n_embd.max(c.q_dim()).max(c.n_ff) } else { c.n_embd };

@@ -7,7 +7,9 @@
 //! `qwen3moe` and `llama` with experts (gating `SOFTMAX`, `norm_w = true`, no scale):
 //! `p = softmax(W_router · x)` over all experts (`[n_expert]`), the `k` experts of largest
 //! `p` (ties: the lower id), and their weights `w_j = p_j / max(Σ_top-k p, 2⁻¹⁴)`.
-//! That equals Mixtral's "softmax over the top-k logits" up to rounding.
+//! That equals Mixtral's "softmax over the top-k logits" up to rounding. `qwen2moe`
+//! (`norm_w = false`) takes `w_j = p_j` as they are, and adds a gated shared expert
+//! (`Block::shared_expert`, `crate::arch` qwen2moe's docs).
 //!
 //! Weights stay where they are: expert `e`'s gate, up and down matrices are row ranges of
 //! the stacked `ffn_*_exps` tensors ([`crate::LayerWeights::expert`]), views of the
@@ -65,8 +67,9 @@ pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize],
 
 impl<'a> Block<'a> {
     /// `xb = moe(xb)` for the pass's `n` tokens, `xb: [n, n_embd]`: each token's
-    /// `Σ_j w_j · W_down,e_j · (silu(W_gate,e_j · x) ⊙ W_up,e_j · x)` over its routed experts
-    /// (see the module docs; tensor parallelism: [`Self::router_rows`] and `experts`).
+    /// `Σ_j w_j · W_down,e_j · (silu(W_gate,e_j · x) ⊙ W_up,e_j · x)` over its routed experts,
+    /// plus the shared expert's output where the layer has one (`shared_expert`; see the
+    /// module docs; tensor parallelism: [`Self::router_rows`] and `experts`).
     pub fn moe_ffn(&mut self, xb: &mut [f32]) -> Result<()> {
         let moe = self.c.moe.ok_or_else(|| ModelError::Weights("moe_ffn on a model without experts".into()))?;
         // Scratch: `part` the router's probabilities [n, n_expert] and the sums [n, n_embd];
@@ -157,8 +160,48 @@ impl<'a> Block<'a> {
         }
         // Tensor parallel: partial sums (sum schedule) or disjoint rows (gather) summed.
         self.allreduce(acc)?;
+        if let Some(s) = &l.shared {
+            self.trace("ffn_moe_out", acc);
+            self.shared_expert(s, xb, acc, gathered)?;
+        }
         xb.copy_from_slice(acc);
-        self.trace("ffn_moe_out", xb);
+        self.trace(if l.shared.is_some() { "ffn_out" } else { "ffn_moe_out" }, xb);
+        Ok(())
+    }
+
+    /// `acc += sigmoid(g · x) · W_down,s · (silu(W_gate,s · x) ⊙ W_up,s · x)` for each token
+    /// `x` of `xb` (`acc: [n, n_embd]` the routed experts' sums): the shared expert of
+    /// Qwen2-MoE, a dense SwiGLU FFN every token goes through, scaled by one gate logit
+    /// per token, as llama.cpp's `llm_build_qwen2moe` (scaled, then added to the routed
+    /// sum). The gate logit, gate and up are one pool dispatch (the input quantized once).
+    /// Its weights are the layer unit's (an expert cache holds routed experts only); a
+    /// token's rows depend on its own row alone, so batch invariance holds as for the
+    /// routed part. Not under tensor parallelism (refused by `set_tensor_split`).
+    fn shared_expert(&mut self, s: &crate::SharedExpert, xb: &[f32], acc: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
+        let (n, e, ff) = (self.n, self.c.n_embd, s.gate.rows);
+        scratch.resize(n * (2 * ff + e + 1), 0.0);
+        let (g, rest) = scratch.split_at_mut(n * ff);
+        let (u, rest) = rest.split_at_mut(n * ff);
+        let (y, logit) = rest.split_at_mut(n * e);
+        let (w_gi, w_g, w_u, w_d) =
+            (self.unit.view(&s.gate_inp)?, self.unit.view(&s.gate)?, self.unit.view(&s.up)?, self.unit.view(&s.down)?);
+        let mut jobs = [
+            MatJob { w: &w_gi, x: xb, n_tokens: n, out: logit },
+            MatJob { w: &w_g, x: xb, n_tokens: n, out: g },
+            MatJob { w: &w_u, x: xb, n_tokens: n, out: u },
+        ];
+        matmul_many(self.pool, &mut jobs, self.quant)?;
+        self.trace("ffn_shexp_gate_inp", logit);
+        self.glu(ops::swiglu, g, u, ff);
+        matmul(self.pool, &w_d, g, n, y, self.quant)?;
+        self.trace("ffn_shexp", y);
+        for ((sum, y), &z) in acc.chunks_exact_mut(e).zip(y.chunks_exact(e)).zip(logit.iter()) {
+            // ggml_mul by the sigmoid, then the add into the routed sum.
+            let gate = 1.0 / (1.0 + (-z).exp());
+            for (a, &v) in sum.iter_mut().zip(y) {
+                *a += v * gate;
+            }
+        }
         Ok(())
     }
 

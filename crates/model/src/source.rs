@@ -132,7 +132,7 @@ pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usiz
 }
 
 /// The file byte range of each unit: block `i` spans its matrices (and a mixture of
-/// experts' router), then the output head
+/// experts' router and shared expert), then the output head
 /// (`output.weight`, or the tied `token_embd.weight`) in row chunks no larger than a block ([`split_rows`]). Norm vectors are copied at
 /// load, so only the matrices need to be in range; a block whose matrices are spread
 /// over much more than their own size (an unusual tensor order) is rejected, since a
@@ -142,7 +142,7 @@ pub fn unit_ranges(w: &Weights) -> Result<Vec<Range<usize>>> {
 }
 
 /// [`unit_ranges`] with a mixture of experts' stacked `ffn_*_exps` tensors left out of
-/// each block (its attention and router only), for a source whose experts come from an
+/// each block (its attention, router and shared expert only), for a source whose experts come from an
 /// expert cache ([`crate::ExpertSource`]). A dense model's units are [`unit_ranges`]'s.
 pub fn unit_ranges_without_experts(w: &Weights) -> Result<Vec<Range<usize>>> {
     ranges(w, true)
@@ -154,7 +154,9 @@ fn ranges(w: &Weights, without_experts: bool) -> Result<Vec<Range<usize>>> {
         let experts = without_experts && l.router.is_some();
         let ms = l.matrices();
         let ms = if experts { &ms[..4] } else { &ms[..] };
-        let ts: Vec<&TensorRef> = ms.iter().copied().chain(l.router.as_ref()).collect();
+        // A shared expert is ordinary layer weights: in the unit either way.
+        let shared = l.shared.iter().flat_map(|s| s.tensors());
+        let ts: Vec<&TensorRef> = ms.iter().copied().chain(l.router.as_ref()).chain(shared).collect();
         let lo = ts.iter().map(|t| t.offset).min().unwrap_or(0);
         let hi = ts.iter().map(|t| t.offset + t.size).max().unwrap_or(0);
         let sum: usize = ts.iter().map(|t| t.size).sum();

@@ -71,6 +71,9 @@ pub struct LayerWeights {
     pub w_down: TensorRef,
     /// A mixture of experts' router `ffn_gate_inp: [n_expert, n_embd]`.
     pub router: Option<TensorRef>,
+    /// A mixture of experts' shared expert (Qwen2-MoE), ordinary layer weights: it is in
+    /// the layer's unit, never in an expert cache.
+    pub shared: Option<SharedExpert>,
     /// Norm weights and biases the file has, by [`Vector`] kind (f32, copied at load).
     vectors: [Option<Vec<f32>>; N_VECTORS],
 }
@@ -103,6 +106,27 @@ impl LayerWeights {
     /// A vector the architecture requires (checked at load; empty if absent).
     pub fn v(&self, v: Vector) -> &[f32] {
         self.opt(v).unwrap_or(&[])
+    }
+}
+
+/// The shared expert of a mixture-of-experts layer: a dense SwiGLU FFN of
+/// [`crate::Moe::n_ff_shared`] rows whose output is scaled by `sigmoid(gate · x)`.
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    /// `ffn_gate_inp_shexp: [1, n_embd]` (a 1-D tensor in the file).
+    pub gate_inp: TensorRef,
+    /// `ffn_gate_shexp: [n_ff_shared, n_embd]`.
+    pub gate: TensorRef,
+    /// `ffn_up_shexp: [n_ff_shared, n_embd]`.
+    pub up: TensorRef,
+    /// `ffn_down_shexp: [n_embd, n_ff_shared]`.
+    pub down: TensorRef,
+}
+
+impl SharedExpert {
+    /// Its four tensors.
+    pub fn tensors(&self) -> [&TensorRef; 4] {
+        [&self.gate_inp, &self.gate, &self.up, &self.down]
     }
 }
 
@@ -207,6 +231,8 @@ impl Weights {
         for i in 0..c.n_layer {
             let mut mats: [Option<TensorRef>; 7] = Default::default();
             let mut router = None;
+            // The shared expert's gate input, then its gate, up and down.
+            let mut shared: [Option<TensorRef>; 4] = Default::default();
             let mut vectors: [Option<Vec<f32>>; N_VECTORS] = Default::default();
             for t in &table {
                 let name = format!("blk.{i}.{}", t.name);
@@ -224,6 +250,18 @@ impl Weights {
                 match t.holds {
                     Holds::Vector(k) => vectors[k as usize] = Some(vector(f, &name, k.len(c))?),
                     Holds::Router => router = Some(matrix(f, &name, n_expert, e)?),
+                    Holds::SharedGate => {
+                        shared[0] = Some(TensorRef { rows: 1, cols: e, ..flat(f, &name, checked(f, &name, vec![e as u64])?)? })
+                    }
+                    Holds::Shared(m) => {
+                        let (rows, cols) = m.shared_shape(c);
+                        let slot = match m {
+                            Mat::Gate => 1,
+                            Mat::Up => 2,
+                            _ => 3,
+                        };
+                        shared[slot] = Some(matrix(f, &name, rows, cols)?);
+                    }
                     Holds::Experts(m) => mats[m as usize] = Some(experts(f, &name, shapes[m as usize], n_expert)?),
                     Holds::Matrix(m) => mats[m as usize] = Some(matrix(f, &name, shapes[m as usize].0, shapes[m as usize].1)?),
                     Holds::Fused(ms) => {
@@ -240,7 +278,11 @@ impl Weights {
                 used.insert(name);
             }
             let [wq, wk, wv, wo, w_gate, w_up, w_down] = mats.map(|m| m.expect("the table names all seven matrices"));
-            layers.push(LayerWeights { wq, wk, wv, wo, w_gate, w_up, w_down, router, vectors });
+            let shared = match shared {
+                [Some(gate_inp), Some(gate), Some(up), Some(down)] => Some(SharedExpert { gate_inp, gate, up, down }),
+                _ => None,
+            };
+            layers.push(LayerWeights { wq, wk, wv, wo, w_gate, w_up, w_down, router, shared, vectors });
         }
         let rope_dims = c.rope.dims / 2;
         let mut opt_vector = |name: &str| -> Result<Option<Vec<f32>>> {
@@ -272,7 +314,8 @@ impl Weights {
 
     /// Bytes of the matrices one decode step streams from memory: every block's
     /// matrices and the output head; with experts (`moe`), the router and the
-    /// `n_expert_used / n_expert` share of the stacked expert tensors a token routes to.
+    /// `n_expert_used / n_expert` share of the stacked expert tensors a token routes to,
+    /// and the whole shared expert (every token goes through it).
     pub fn matrix_bytes(&self, moe: Option<crate::config::Moe>) -> usize {
         let per_layer: usize = self
             .layers
@@ -281,7 +324,10 @@ impl Weights {
                 let [q, k, v, o, gate, up, down] = l.matrices();
                 let ffn = gate.size + up.size + down.size;
                 let ffn = moe.map_or(ffn, |m| ffn / m.n_expert.max(1) * m.n_expert_used);
-                q.size + k.size + v.size + o.size + ffn + l.router.as_ref().map_or(0, |r| r.size)
+                // The shared expert's gate, up and down (its gate input is a vector, `n_embd`
+                // floats, which the planner does not count among the matrices either).
+                let shared: usize = l.shared.iter().map(|s| s.gate.size + s.up.size + s.down.size).sum();
+                q.size + k.size + v.size + o.size + ffn + l.router.as_ref().map_or(0, |r| r.size) + shared
             })
             .sum();
         per_layer + self.output.size
@@ -289,12 +335,16 @@ impl Weights {
 }
 
 fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<TensorRef> {
+    Ok(TensorRef { rows, cols, ..flat(f, name, checked(f, name, vec![cols as u64, rows as u64])?)? })
+}
+
+/// The tensor `name`, which must have ggml dims `expected`.
+fn checked<'f>(f: &'f GgufFile, name: &str, expected: Vec<u64>) -> Result<&'f hearth_gguf::TensorInfo> {
     let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-    let expected = vec![cols as u64, rows as u64];
     if t.dims != expected {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
     }
-    Ok(TensorRef { rows, cols, ..flat(f, name, t)? })
+    Ok(t)
 }
 
 /// `n_expert` matrices of `[rows, cols]` stacked in one tensor (ggml dims `[cols, rows,

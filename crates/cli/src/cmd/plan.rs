@@ -119,7 +119,7 @@ pub fn run(a: Args) -> Result<()> {
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
             let c = ModelSummary::config_for(a.arch.arch(), shape);
             if c.arch.layer_tensors().iter().any(|t| matches!(t.holds, hearth_model::Holds::Router)) {
-                bail!("--shape describes a dense model: plan a mixture-of-experts file with -m (hearth synth --arch qwen3moe|mixtral writes one)");
+                bail!("--shape describes a dense model: plan a mixture-of-experts file with -m (hearth synth --arch qwen2moe|qwen3moe|mixtral writes one)");
             }
             let m = ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, c.n_ctx_train, format!("shape {s} {} {ty}", c.arch.name()))

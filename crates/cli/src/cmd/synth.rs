@@ -1,5 +1,5 @@
 //! `hearth synth`: write a random-weight GGUF of any architecture hearth runs
-//! (`--arch llama|qwen2|qwen3|gemma3|phi3|qwen3moe|mixtral`) and a standard shape, to benchmark shapes
+//! (`--arch llama|qwen2|qwen3|gemma3|phi3|qwen2moe|qwen3moe|mixtral`) and a standard shape, to benchmark shapes
 //! whose real weights we do not have (speed does not depend on values) and to test each
 //! architecture against llama.cpp on the same file.
 //!
@@ -7,7 +7,8 @@
 //! order (from its table, [`hearth_model::Arch::layer_tensors`]), `{arch}.*`
 //! hyperparameters ([`ModelConfig::to_metadata`]), `general.file_type`, and the tokenizer
 //! copied from a real model (so the vocabulary, and with it the embedding and output
-//! shapes, are that model's). Norms are 1.0 (F32); biases random (F32); RoPE frequency
+//! shapes, are that model's). Norms are 1.0 (F32); biases and a shared expert's gate
+//! input random (F32); RoPE frequency
 //! factors a fixed ramp; every matrix is random f32 values (uniform, σ 0.02 like an
 //! initialised model) quantized row by row with `hearth_quant::quantize_row`, so every
 //! block is valid. Rows are seeded from (seed, tensor, row): the output does not
@@ -45,6 +46,10 @@ pub enum Shape {
     /// 768 (8 per token); for --arch qwen3moe (--n-layer cuts it to fit)
     #[value(name = "30b-a3b")]
     A3b,
+    /// Qwen1.5-MoE-A2.7B: n_embd 2048, 24 layers, 16 heads, 16 KV heads, 60 experts of 1408
+    /// (4 per token) and a shared expert of 5632; for --arch qwen2moe
+    #[value(name = "a2.7b")]
+    A2_7b,
 }
 
 /// Hyperparameters of the file to write.
@@ -62,6 +67,9 @@ impl Shape {
     fn dims(self) -> Dims {
         if self == Shape::A3b {
             return Dims { n_embd: 2048, n_layer: 48, n_head: 32, n_head_kv: 4, n_ff: 768 };
+        }
+        if self == Shape::A2_7b {
+            return Dims { n_embd: 2048, n_layer: 24, n_head: 16, n_head_kv: 16, n_ff: 1408 };
         }
         let name = self.to_possible_value().expect("no skipped variants").get_name().to_string();
         let p = hearth_memory::preset(&name).expect("every --shape value has a preset");
@@ -83,6 +91,8 @@ pub enum ArchArg {
     Gemma3,
     /// Phi-3: fused QKV and gate/up, LongRoPE factors
     Phi3,
+    /// Qwen2-MoE: Qwen2's attention, --n-expert experts of --n-ff-exp and a shared expert of --n-ff-shexp
+    Qwen2moe,
     /// Qwen3-MoE: Qwen3's attention, a mixture of --n-expert experts of --n-ff-exp
     Qwen3moe,
     /// Mixtral: a llama file with --n-expert experts of --n-ff
@@ -98,6 +108,7 @@ impl ArchArg {
             ArchArg::Qwen3 => Arch::Qwen3,
             ArchArg::Gemma3 => Arch::Gemma3,
             ArchArg::Phi3 => Arch::Phi3,
+            ArchArg::Qwen2moe => Arch::Qwen2Moe,
             ArchArg::Qwen3moe => Arch::Qwen3Moe,
             ArchArg::Mixtral => Arch::Mixtral,
         }
@@ -161,16 +172,20 @@ pub struct Args {
     /// FFN hidden width [default: from --shape]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_ff: Option<u64>,
-    /// Experts per layer (qwen3moe, mixtral) [default: 8; 30b-a3b: 128]
+    /// Experts per layer (qwen2moe, qwen3moe, mixtral) [default: 8; 30b-a3b: 128; a2.7b: 60]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=hearth_model::MAX_EXPERTS as u64))]
     pub n_expert: Option<u64>,
-    /// Experts each token uses (at most --n-expert) [default: 2; 30b-a3b: 8]
+    /// Experts each token uses (at most --n-expert) [default: 2; 30b-a3b: 8; a2.7b: 4]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_expert_used: Option<u64>,
     /// Width of one expert, qwen3moe's expert_feed_forward_length [default: --n-ff]
     /// (Mixtral's experts are --n-ff wide)
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_ff_exp: Option<u64>,
+    /// Width of qwen2moe's shared expert, expert_shared_feed_forward_length [default: --n-ff;
+    /// a2.7b: 5632]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_ff_shexp: Option<u64>,
     /// Type of the embedding and the layer matrices (any type hearth can quantize to)
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_0", value_parser = parse_type)]
     pub ty: GgmlType,
@@ -289,7 +304,7 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
         let n = t.dims[0] as usize;
         let ramp = |top: f32| (0..n).map(move |i| 1.0 + (top - 1.0) * i as f32 / (n.max(2) - 1) as f32);
         let vals: Vec<f32> = match t.name.as_str() {
-            name if name.ends_with(".bias") => {
+            name if name.ends_with(".bias") || name.ends_with("ffn_gate_inp_shexp.weight") => {
                 let mut b = vec![0f32; n];
                 random_row(splitmix(seed ^ splitmix(ti as u64)), &mut b);
                 b
@@ -363,21 +378,34 @@ pub fn run(a: Args) -> Result<()> {
     }
     let arch = a.arch.arch();
     let moe = match arch {
-        Arch::Qwen3Moe | Arch::Mixtral => {
-            let a3b = a.shape == Shape::A3b;
-            let n_expert = a.n_expert.unwrap_or(if a3b { 128 } else { 8 });
-            let n_expert_used = a.n_expert_used.unwrap_or(if a3b { 8 } else { 2 });
+        Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Mixtral => {
+            let (n_expert, n_expert_used) = match a.shape {
+                Shape::A3b => (128, 8),
+                Shape::A2_7b => (60, 4),
+                _ => (8, 2),
+            };
+            let n_expert = a.n_expert.unwrap_or(n_expert);
+            let n_expert_used = a.n_expert_used.unwrap_or(n_expert_used);
             if n_expert_used > n_expert {
                 bail!("--n-expert-used {n_expert_used} is more than --n-expert {n_expert}");
             }
             if arch == Arch::Mixtral && a.n_ff_exp.is_some() {
                 bail!("--n-ff-exp is qwen3moe's; Mixtral's experts are --n-ff wide");
             }
-            Some(hearth_model::Moe { n_expert: n_expert as usize, n_expert_used: n_expert_used as usize, norm_weights: true })
+            if arch != Arch::Qwen2Moe && a.n_ff_shexp.is_some() {
+                bail!("--n-ff-shexp is qwen2moe's shared expert; --arch {arch} has none");
+            }
+            // qwen2moe: the shared expert is --n-ff wide (the shape's 5632 for a2.7b).
+            let n_ff_shared = match arch {
+                Arch::Qwen2Moe => a.n_ff_shexp.unwrap_or(if a.shape == Shape::A2_7b && a.n_ff.is_none() { 5632 } else { d.n_ff }) as usize,
+                _ => 0,
+            };
+            let norm_weights = arch != Arch::Qwen2Moe;
+            Some(hearth_model::Moe { n_expert: n_expert as usize, n_expert_used: n_expert_used as usize, norm_weights, n_ff_shared })
         }
         _ => {
-            if a.n_expert.is_some() || a.n_expert_used.is_some() || a.n_ff_exp.is_some() {
-                bail!("--n-expert, --n-expert-used and --n-ff-exp are for --arch qwen3moe or mixtral");
+            if a.n_expert.is_some() || a.n_expert_used.is_some() || a.n_ff_exp.is_some() || a.n_ff_shexp.is_some() {
+                bail!("--n-expert, --n-expert-used, --n-ff-exp and --n-ff-shexp are for --arch qwen2moe, qwen3moe or mixtral");
             }
             None
         }
@@ -470,6 +498,7 @@ fn shape_label(a: &Args, d: &Dims) -> String {
         (true, Shape::B13) => "13B".into(),
         (true, Shape::B70) => "70B".into(),
         (true, Shape::A3b) => "30B-A3B".into(),
+        (true, Shape::A2_7b) => "A2.7B".into(),
         (false, _) => format!("{}x{}", d.n_layer, d.n_embd),
     }
 }

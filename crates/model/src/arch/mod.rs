@@ -22,6 +22,7 @@ mod llama;
 mod mixtral;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
 
@@ -40,6 +41,9 @@ pub enum Arch {
     Gemma3,
     /// Phi-3: fused QKV and gate/up matrices, LongRoPE factors, sliding window.
     Phi3,
+    /// Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention, a mixture of
+    /// experts with a gated shared expert.
+    Qwen2Moe,
     /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention, a mixture-of-experts FFN.
     Qwen3Moe,
     /// Mixtral: a `llama` file with `llama.expert_count` > 0 (llama's attention, a
@@ -49,7 +53,7 @@ pub enum Arch {
 
 /// Every architecture, in the order `hearth synth --arch` lists them (the first one of
 /// a `general.architecture` name is the one [`Arch::from_name`] gives).
-pub const ARCHS: &[Arch] = &[Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3, Arch::Qwen3Moe, Arch::Mixtral];
+pub const ARCHS: &[Arch] = &[Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3, Arch::Qwen2Moe, Arch::Qwen3Moe, Arch::Mixtral];
 
 /// The seven matrices of a block, by the role they play (the order of
 /// [`crate::TensorSplit::matrix_shapes`]).
@@ -91,6 +95,13 @@ impl Mat {
             Mat::Gate | Mat::Up => (ff, e),
             Mat::Down => (e, ff),
         }
+    }
+
+    /// `[rows, cols]` of the shared expert's matrix of this role (gate, up or down), an
+    /// FFN of [`crate::Moe::n_ff_shared`] rows.
+    pub fn shared_shape(self, c: &ModelConfig) -> (usize, usize) {
+        let (e, ff) = (c.n_embd, c.moe.map_or(0, |m| m.n_ff_shared));
+        if self == Mat::Down { (e, ff) } else { (ff, e) }
     }
 }
 
@@ -150,6 +161,13 @@ pub enum Holds {
     /// ggml `[cols, rows, n_expert]`, so expert `e` is rows `e·rows..(e+1)·rows` of the
     /// tensor read as a `[n_expert·rows, cols]` matrix (`ffn_gate_exps`, …).
     Experts(Mat),
+    /// The shared expert's gate input `ffn_gate_inp_shexp: [n_embd]`, the weights of the
+    /// one logit whose sigmoid scales the shared expert's output; read as a
+    /// `[1, n_embd]` matrix.
+    SharedGate,
+    /// One matrix of the shared expert (gate, up or down: `ffn_gate_shexp`, …), shaped
+    /// as [`Mat::shared_shape`].
+    Shared(Mat),
 }
 
 /// One per-layer tensor of an architecture: `blk.{i}.{name}`.
@@ -190,6 +208,11 @@ impl LayerTensor {
             Holds::Experts(m) => {
                 let (r, k) = m.shape(c);
                 vec![k as u64, r as u64, n_expert(c)]
+            }
+            Holds::SharedGate => vec![c.n_embd as u64],
+            Holds::Shared(m) => {
+                let (r, k) = m.shared_shape(c);
+                vec![k as u64, r as u64]
             }
         }
     }
@@ -240,6 +263,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
             Arch::Phi3 => "phi3",
+            Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Mixtral => "llama",
         }
@@ -253,6 +277,7 @@ impl Arch {
             Arch::Qwen3 => &qwen3::TENSORS,
             Arch::Gemma3 => &gemma3::TENSORS,
             Arch::Phi3 => &phi3::TENSORS,
+            Arch::Qwen2Moe => &qwen2moe::TENSORS,
             Arch::Qwen3Moe => &qwen3moe::TENSORS,
             Arch::Mixtral => &mixtral::TENSORS,
         }
@@ -267,6 +292,7 @@ impl Arch {
             Arch::Qwen3 => qwen3::hparams(f, c),
             Arch::Gemma3 => gemma3::hparams(f, c),
             Arch::Phi3 => phi3::hparams(f, c),
+            Arch::Qwen2Moe => qwen2moe::hparams(f, c),
             Arch::Qwen3Moe => qwen3moe::hparams(f, c),
             Arch::Mixtral => mixtral::hparams(f, c),
         }
@@ -290,6 +316,7 @@ impl Arch {
             Arch::Qwen3 => qwen3::block,
             Arch::Gemma3 => gemma3::block,
             Arch::Phi3 => phi3::block,
+            Arch::Qwen2Moe => qwen2moe::block,
             Arch::Qwen3Moe => qwen3moe::block,
             Arch::Mixtral => mixtral::block,
         }
