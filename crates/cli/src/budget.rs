@@ -54,7 +54,12 @@ impl BudgetArgs {
             WindowIo::Direct => ReadMode::Direct,
             WindowIo::Buffered => ReadMode::Buffered,
         };
-        self.mem_budget.map(|bytes| BudgetOptions { bytes, read_mode, prefetch: !self.no_prefetch, size_flags: "--ctx-size / --batch-size" })
+        self.mem_budget.map(|bytes| BudgetOptions {
+            bytes,
+            read_mode,
+            prefetch: !self.no_prefetch,
+            size_flags: "--ctx-size / --batch-size",
+        })
     }
 }
 

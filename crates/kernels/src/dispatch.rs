@@ -102,9 +102,9 @@ pub fn has_vnni() -> bool {
     crate::arch::has_vnni()
 }
 
-/// One panel of a matmul: up to `PANEL_OUT / PANEL_TOKENS` rows (in whole
-/// [`PANEL_ROWS`]) × [`PANEL_TOKENS`] tokens, or for a small batch
-/// (`matmul`'s `SMALL_BATCH`) more rows × all tokens.
+/// One panel of a matmul: rows (in whole [`PANEL_ROWS`], as many as `matmul`'s
+/// `PANEL_OUT` output buffer holds) × up to [`PANEL_TOKENS`] tokens; a batch of
+/// at most `PANEL_TOKENS` tokens is one panel of all of them.
 /// `out[t * n_rows + r]` receives dot(weight row r, activation row t).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Panel<'a> {

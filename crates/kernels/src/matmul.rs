@@ -23,8 +23,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Output elements of one panel (the on-stack buffer of each thread, 16 KiB).
 const PANEL_OUT: usize = 4096;
-/// Batches up to this many tokens are split into panels like a matvec.
-const SMALL_BATCH: usize = PANEL_TOKENS;
 
 /// Activations at least this many elements are quantized on all threads.
 const PAR_QUANTIZE_MIN: usize = 1 << 15;
@@ -346,7 +344,7 @@ struct Segment {
 /// the end of a job. The queue walks one row index over the jobs' rows laid
 /// end to end, so one job's schedule is what it always was.
 ///
-/// Why: a matvec (decode, or a batch of up to `SMALL_BATCH` tokens, one pass
+/// Why: a matvec (decode, or a batch of up to `PANEL_TOKENS` tokens, one pass
 /// of the tiles over the weights) streams its weights from memory once. Long
 /// first panels keep each thread on long contiguous runs, so the kernels'
 /// prefetch of the next rows is mostly of rows the same thread reads next;
