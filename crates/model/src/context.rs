@@ -359,7 +359,7 @@ impl Context {
         }
         if c.moe.is_some_and(|m| m.n_ff_shared > 0) && split != TensorSplit::whole(c) {
             return Err(ModelError::Context(
-                "tensor parallelism of a mixture of experts with a shared expert (qwen2moe) is not supported yet (issue #21): run it on one machine or over a ring (--ring)".into(),
+                "tensor parallelism of a mixture of experts with a shared expert (qwen2moe) is not supported yet (issue #21): run it on one machine or over a ring (--parallel ring)".into(),
             ));
         }
         split.validate(c, &self.model.weights)?;

@@ -213,9 +213,13 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
     for t in f.tensors() {
         let name = t.name.as_str();
         let matrix = t.dims.len() >= 2 && name.ends_with("weight");
+        // A mixture of experts' router stays as it is, as llama-quantize leaves it ("do
+        // not quantize expert gating tensors"): rounding its logits changes which experts
+        // a token is routed to, for a matrix of a few KiB.
+        let router = name.ends_with("ffn_gate_inp.weight");
         let (dst, fell_back) = if t.dims.len() == 1 && is_float(t.ty) {
             (F32, false)
-        } else if !matrix {
+        } else if !matrix || router {
             (t.ty, false)
         } else {
             let cols = t.dims[0];
@@ -381,6 +385,11 @@ mod tests {
 
     /// A tiny llama-shaped file: 576-wide embedding (tied), 2 layers, ffn 512.
     fn file(ty: GgmlType) -> GgufFile {
+        file_with(ty, false)
+    }
+
+    /// [`file`], with a mixture of experts' router in each block when `router`.
+    fn file_with(ty: GgmlType, router: bool) -> GgufFile {
         let meta = vec![
             ("general.architecture".to_string(), Value::String("llama".into())),
             ("general.alignment".to_string(), Value::U32(64)),
@@ -393,6 +402,9 @@ mod tests {
             specs.push(s(&format!("blk.{i}.attn_norm.weight"), vec![576], GgmlType::F32));
             specs.push(s(&format!("blk.{i}.attn_v.weight"), vec![576, 4], ty));
             specs.push(s(&format!("blk.{i}.ffn_down.weight"), vec![512, 576], ty));
+            if router {
+                specs.push(s(&format!("blk.{i}.ffn_gate_inp.weight"), vec![576, 8], ty));
+            }
         }
         let bytes = write_gguf(Vec::new(), &meta, &specs, |i, w| {
             let t = &specs[i];
@@ -434,6 +446,20 @@ mod tests {
         assert_eq!(plan[3].dst, GgmlType::Q4_K);
         let q2 = plan_quantize(&f, &QuantizeOptions { pure: true, ..QuantizeOptions::new(GgmlType::Q2_K) }).unwrap();
         assert_eq!(q2[0].dst, GgmlType::Q4_0);
+    }
+
+    #[test]
+    fn expert_routers_keep_their_type() {
+        for (src, target) in [(GgmlType::F16, GgmlType::Q4_K), (GgmlType::F32, GgmlType::Q8_0), (GgmlType::F16, GgmlType::F32)] {
+            let plan = plan_quantize(&file_with(src, true), &QuantizeOptions::new(target)).unwrap();
+            for p in &plan {
+                if p.name.ends_with("ffn_gate_inp.weight") {
+                    assert_eq!(p.dst, src, "{} quantized to {target:?}", p.name);
+                } else if p.name.ends_with("ffn_down.weight") {
+                    assert_ne!(p.dst, src, "{}", p.name);
+                }
+            }
+        }
     }
 
     #[test]

@@ -258,8 +258,12 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     o += &format!(
-        "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices (the routed experts') + output head; KV reads add up to {} at a full context)\n",
-        p.decode_tok_s_bound, membw, gb(p.bytes_per_token), gb(p.kv_cache_bytes)
+        "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices{} + output head; KV reads add up to {} at a full context)\n",
+        p.decode_tok_s_bound,
+        membw,
+        gb(p.bytes_per_token),
+        if p.experts.is_some() { " (of the experts, the routed ones')" } else { "" },
+        gb(p.kv_cache_bytes)
     );
     if let Some((n, used)) = p.experts {
         // bytes_per_token counts the routed experts' share (ModelSummary::bytes_per_token).
