@@ -253,7 +253,8 @@ fn gunzip(bytes: &[u8]) -> String {
 
 /// `Context::eval_hidden` gives llama.cpp's final normed hidden state (`result_norm`), what
 /// `/v1/embeddings` pools: last token of p0 to the printed 4 decimals and the row sum to
-/// 1e-3. Control: the same prompt one token shorter does not match.
+/// 1e-3 (the scalar level, another summation order: 0.15 and 0.2). Control: the same
+/// prompt one token shorter does not match, at either tolerance.
 #[test]
 fn hidden_states_match_llama_cpp_result_norm() {
     let p = &reference()["reference_q4_1"]["prompts"][0];
@@ -267,10 +268,13 @@ fn hidden_states_match_llama_cpp_result_norm() {
         assert_eq!(h.len(), tokens.len() * e);
         h[(tokens.len() - 1) * e..].to_vec()
     };
+    // The scalar level's other summation order (`simd_order`) moves the hidden state by
+    // up to 0.08 (measured: first value -0.9695 vs -0.9939, row sum 48.065 vs 48.129).
+    let (tol, sum_tol) = if simd_order() { (6e-5, 1e-3) } else { (0.15, 0.2) };
     let matches = |row: &[f32]| {
         let got: Vec<f32> = row[..3].iter().chain(&row[row.len() - 3..]).copied().collect();
         let sum: f64 = row.iter().map(|&x| x as f64).sum();
-        got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 6e-5) && (sum - want_sum).abs() < 1e-3
+        got.iter().zip(&want).all(|(a, b)| (a - b).abs() < tol) && (sum - want_sum).abs() < sum_tol
     };
     let row = last(&prompt);
     assert!(matches(&row), "first/last three {:?} … {:?}, sum {}; llama.cpp {want:?}, sum {want_sum}", &row[..3], &row[row.len() - 3..], row.iter().map(|&x| x as f64).sum::<f64>());
