@@ -51,6 +51,22 @@ pub enum Arch {
     Mixtral,
 }
 
+/// The routed experts of a Qwen-style mixture-of-experts file (`qwen2moe`, `qwen3moe`):
+/// `expert_count` and `expert_used_count` (required), and sets `c.n_ff` to each expert's
+/// width, `expert_feed_forward_length` (llama.cpp's default when missing: the dense
+/// `feed_forward_length / expert_used_count`).
+pub(crate) fn qwen_experts(k: &crate::config::Keys<'_>, c: &mut ModelConfig) -> Result<crate::config::Moe> {
+    let moe = k
+        .moe()?
+        .ok_or_else(|| crate::error::ModelError::BadConfig { key: k.key("expert_count"), reason: format!("{} needs experts", k.arch) })?;
+    let dense = c.n_ff;
+    c.n_ff = k.int_or("expert_feed_forward_length", dense / moe.n_expert_used)?;
+    if c.n_ff == 0 {
+        return k.bad("feed_forward_length", format!("{dense} over {} experts per token leaves no width", moe.n_expert_used));
+    }
+    Ok(moe)
+}
+
 /// Every architecture, in the order `hearth synth --arch` lists them (the first one of
 /// a `general.architecture` name is the one [`Arch::from_name`] gives).
 pub const ARCHS: &[Arch] = &[Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Phi3, Arch::Qwen2Moe, Arch::Qwen3Moe, Arch::Mixtral];

@@ -22,7 +22,7 @@
 
 use super::{Holds, LayerTensor, Mat, LLAMA_BLOCK, MOE_FFN};
 use crate::config::{Keys, ModelConfig};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use hearth_gguf::GgufFile;
 
 /// Qwen2's attention tensors (optional biases) and `ffn_norm`, the router, the shared
@@ -54,14 +54,10 @@ pub(crate) const TENSORS: [LayerTensor; 17] = {
 
 pub(crate) fn hparams(f: &GgufFile, c: &mut ModelConfig) -> Result<()> {
     let k = Keys { f, arch: "qwen2moe".into() };
-    let moe =
-        k.moe()?.ok_or_else(|| ModelError::BadConfig { key: "qwen2moe.expert_count".into(), reason: "qwen2moe needs experts".into() })?;
-    // llama.cpp's defaults, both from the dense `feed_forward_length`.
+    // llama.cpp's default: the dense `feed_forward_length` (read before `qwen_experts`
+    // sets `n_ff` to the routed experts' width).
     let n_ff_shared = k.int_or("expert_shared_feed_forward_length", c.n_ff)?;
-    c.n_ff = k.int_or("expert_feed_forward_length", c.n_ff / moe.n_expert_used)?;
-    if c.n_ff == 0 {
-        return k.bad("feed_forward_length", format!("{} over {} experts per token leaves no width", c.n_ff, moe.n_expert_used));
-    }
+    let moe = super::qwen_experts(&k, c)?;
     c.moe = Some(crate::config::Moe { norm_weights: false, n_ff_shared, ..moe });
     Ok(())
 }

@@ -8,7 +8,7 @@
 
 use super::{Holds, LayerTensor, Vector, LLAMA_BLOCK, MOE_FFN};
 use crate::config::{Keys, ModelConfig};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use hearth_gguf::GgufFile;
 
 /// Qwen3's attention tensors and `ffn_norm`, then the router and the stacked experts.
@@ -32,13 +32,7 @@ pub(crate) const TENSORS: [LayerTensor; 12] = {
 
 pub(crate) fn hparams(f: &GgufFile, c: &mut ModelConfig) -> Result<()> {
     let k = Keys { f, arch: "qwen3moe".into() };
-    let moe =
-        k.moe()?.ok_or_else(|| ModelError::BadConfig { key: "qwen3moe.expert_count".into(), reason: "qwen3moe needs experts".into() })?;
-    c.moe = Some(moe);
-    c.n_ff = k.int_or("expert_feed_forward_length", c.n_ff / moe.n_expert_used)?;
-    if c.n_ff == 0 {
-        return k.bad("feed_forward_length", format!("{} over {} experts per token leaves no width", c.n_ff, moe.n_expert_used));
-    }
+    c.moe = Some(super::qwen_experts(&k, c)?);
     Ok(())
 }
 
