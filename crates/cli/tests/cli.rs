@@ -83,6 +83,13 @@ fn tokenize_json_on_vocab_only_file() {
     let out = hearth(&["tokenize", "-m", vocab.to_str().unwrap(), "--text", "Hello world", "--json", "--add-special", "false"]);
     let ids2: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ids2, ids[1..]);
+    // `-f FILE` as `generate -f`: the same ids as the text.
+    let file = std::env::temp_dir().join(format!("hearth-tokenize-{}.txt", std::process::id()));
+    std::fs::write(&file, "Hello world").unwrap();
+    let out = hearth(&["tokenize", "-m", vocab.to_str().unwrap(), "-f", file.to_str().unwrap(), "--json"]);
+    std::fs::remove_file(&file).ok();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(serde_json::from_slice::<Vec<u32>>(&out.stdout).unwrap(), ids);
 }
 
 #[test]

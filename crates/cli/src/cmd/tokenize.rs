@@ -17,8 +17,8 @@ pub struct Args {
     /// Text to tokenize
     #[arg(long, conflicts_with = "file", required_unless_present = "file")]
     pub text: Option<String>,
-    /// File to tokenize (`-` for stdin)
-    #[arg(long)]
+    /// File to tokenize (`-` for stdin), as `generate -f`
+    #[arg(short = 'f', long, value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Add BOS/EOS as the model's metadata says
     #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
