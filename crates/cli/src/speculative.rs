@@ -64,8 +64,8 @@ impl SpecArgs {
         let drafter: Box<dyn Drafter> = match &self.draft_model {
             Some(path) => {
                 let draft = Model::load(path).with_context(|| format!("loading the draft model {}", path.display()))?;
-                let ctx = Context::new(Arc::new(draft), n_ctx, n_batch, n_threads)
-                    .with_context(|| format!("a context for the draft model {}", path.display()))?;
+                warn_short_draft(path, &draft, n_ctx);
+                let ctx = draft_context(path, Arc::new(draft), n_ctx, n_batch, n_threads)?;
                 Box::new(ModelDraft::new(ctx, target).with_context(|| format!("--draft-model {}", path.display()))?)
             }
             None => Box::new(NgramDraft::default()),
@@ -83,6 +83,26 @@ impl SpecArgs {
             (None, Some(DraftKind::Ngram)) => "n-gram drafts".into(),
             (None, None) => "none".into(),
         }
+    }
+}
+
+/// The draft model's context, `n_ctx` positions like the target's.
+pub fn draft_context(path: &std::path::Path, draft: Arc<Model>, n_ctx: usize, n_batch: usize, n_threads: usize) -> Result<Context> {
+    Context::new(draft, n_ctx, n_batch, n_threads).with_context(|| format!("a context for the draft model {}", path.display()))
+}
+
+/// A draft model trained on a shorter context than `n_ctx` still runs past it (its guesses
+/// are only checked, never trusted), but at RoPE positions it never saw, so its guesses
+/// there will mostly be rejected: said on stderr rather than left to show as a silent
+/// drop in acceptance.
+pub fn warn_short_draft(path: &std::path::Path, draft: &Model, n_ctx: usize) {
+    let train = draft.config.n_ctx_train;
+    if n_ctx > train {
+        eprintln!(
+            "warning: the draft model {} was trained on {train} positions, fewer than the context size {n_ctx}: \
+             past {train} tokens its guesses will rarely be accepted (the output stays the same)",
+            path.display()
+        );
     }
 }
 

@@ -74,6 +74,26 @@ fn bad_speculation_flags_are_clear_errors() {
     assert_clean_error(&generate(&["--draft-model", gemma3().to_str().unwrap()]), "must share the model's vocabulary");
 }
 
+/// A draft model trained on fewer positions than the context: a warning says its guesses
+/// past them will rarely be accepted; the tokens are still the model's own.
+#[test]
+fn a_draft_model_with_a_shorter_trained_context_is_named() {
+    let m = model();
+    let draft = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("spec-draft-ctx128.gguf");
+    let o = common::hearth(&["synth", "--arch", "llama", "--n-embd", "64", "--n-layer", "2", "--n-head", "2", "--n-head-kv", "1",
+        "--n-ff", "128", "--type", "q8_0", "--context-length", "128", "--tokenizer-from", m.to_str().unwrap(), "--out",
+        draft.to_str().unwrap(), "--seed", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = tokens(&ok(generate(&[])));
+    let out = generate(&["--draft-model", draft.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(tokens(&ok(out)), want);
+    assert!(err.contains("trained on 128 positions, fewer than the context size 256"), "{err}");
+    // Control: a context within its training, no warning.
+    let out = common::generate_json(PROMPT, &["-c", "128", "--draft-model", draft.to_str().unwrap()]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("trained on"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// `serve --draft ngram` and `--draft-model`: every request of a batch of 8 (greedy, seeded
 /// sampling, streamed) gets the tokens it gets from a server without speculation, and
 /// /metrics counts the guesses; across devices too.

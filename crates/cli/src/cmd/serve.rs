@@ -142,14 +142,16 @@ pub fn run(a: Args) -> Result<()> {
         }
         let setup = p.cluster.as_ref().map(|c| (opts.clone(), c.layout(), c.workers.clone()));
         // The draft model's context: one slot per engine slot, on the engine's threads.
-        let draft_ctx = match &draft_model {
-            Some(d) => {
-                let mut dc = hearth_model::Context::new(d.clone(), p.ctx.n_ctx(), p.ctx.n_batch(), p.ctx.n_threads())
-                    .context("a context for the draft model")?;
+        let draft_ctx = match (&draft_model, &a.spec.draft_model) {
+            (Some(d), Some(path)) => {
+                if g == 0 {
+                    crate::speculative::warn_short_draft(path, d, p.ctx.n_ctx());
+                }
+                let mut dc = crate::speculative::draft_context(path, d.clone(), p.ctx.n_ctx(), p.ctx.n_batch(), p.ctx.n_threads())?;
                 dc.set_slots(p.ctx.n_slots()).context("the draft model's slots")?;
                 Some(dc)
             }
-            None => None,
+            _ => None,
         };
         engines.push(hearth_serve::Engine { ctx: p.ctx, pin: cpus.get(g).cloned(), across: setup, draft: draft_ctx });
     }
