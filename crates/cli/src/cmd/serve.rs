@@ -163,7 +163,7 @@ pub fn run(a: Args) -> Result<()> {
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
     eprintln!(
-        "hearth serve: {model_id}, {groups} engine(s) × {slots} slots × {} positions (KV cache {:.1} MiB each), {} tokens per step, \
+        "hearth serve: {model_id}, {groups} engine(s) × {slots} slots × {} positions (KV cache {:.1} MiB per engine), {} tokens per step, \
          {} threads each, embeddings pooled by {}{}{}{}",
         ctx.n_ctx(),
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
