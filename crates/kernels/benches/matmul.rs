@@ -9,6 +9,12 @@
 //!   this is the kernel's compute speed.
 //! - `matvec_dram/<level>/<type>/<threads>t`: ~256 MiB of weights (beyond
 //!   the L3), one token: what decode sees; compare with `hearth bench --membw`.
+//! - `moe_ffn_decode/<shape>/<threads>t`: one token through the FFN of a Qwen3-30B-A3B
+//!   layer (Q4_0, n_embd 2048): `experts`, 8 routed experts of 768 rows, their gates and
+//!   ups in one `matmul_many` and their downs (768 columns) in another, as
+//!   `Block::moe_ffn` runs them; `dense`, the dense FFN reading the same bytes (n_ff
+//!   6144 = 8 × 768); `*_down` the down projections alone. Each iteration takes the next
+//!   of 8 sets of weights (~170 MB in all, beyond the L3), so every byte comes from memory.
 //! - `smollm2_decode/<threads>t`: one decode step's matmuls of SmolLM2-135M
 //!   (30 layers of Q4_1 576/192/1536 matrices + the 49152×576 Q8_0 head),
 //!   bytes = all weights touched once.
@@ -16,10 +22,9 @@
 mod common;
 use common::random_weights;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use hearth_kernels::{matmul_with, SimdLevel, ThreadPool, WeightView};
+use hearth_kernels::{matmul_many, matmul_with, MatJob, SimdLevel, ThreadPool, WeightView};
 use hearth_quant::GgmlType;
 use std::time::Duration;
-
 
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
@@ -134,5 +139,91 @@ fn smollm2(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, square, cached, dram, smollm2);
+/// See the module docs (`moe_ffn_decode`).
+fn moe_ffn(c: &mut Criterion) {
+    let (e, ff, k, sets) = (2048, 768, 8, 8);
+    let ty = GgmlType::Q4_0;
+    // Set s: expert j's gate, up, down (routed), or the dense gate, up, down.
+    let experts: Vec<[Vec<u8>; 3]> = (0..sets * k)
+        .map(|i| {
+            [
+                random_weights(ty, ff, e, 3 * i as u64),
+                random_weights(ty, ff, e, 3 * i as u64 + 1),
+                random_weights(ty, e, ff, 3 * i as u64 + 2),
+            ]
+        })
+        .collect();
+    let dense: Vec<[Vec<u8>; 3]> = (0..sets)
+        .map(|i| {
+            [
+                random_weights(ty, k * ff, e, 1000 + 3 * i as u64),
+                random_weights(ty, k * ff, e, 1001 + 3 * i as u64),
+                random_weights(ty, e, k * ff, 1002 + 3 * i as u64),
+            ]
+        })
+        .collect();
+    let x = vec![0.25f32; k * ff.max(e)];
+    let (mut g_out, mut u_out, mut y) = (vec![0f32; k * ff], vec![0f32; k * ff], vec![0f32; k * e]);
+    let mut scratch = Vec::new();
+    let bytes_up = 2 * k * experts[0][0].len();
+    let bytes_down = k * experts[0][2].len();
+    let mut g = c.benchmark_group("moe_ffn_decode");
+    g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(20);
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        for (name, down_only) in [("experts", false), ("experts_down", true)] {
+            g.throughput(Throughput::Bytes((if down_only { 0 } else { bytes_up } + bytes_down) as u64));
+            let mut set = 0;
+            g.bench_function(format!("{name}/{threads}t"), |b| {
+                b.iter(|| {
+                    set = (set + 1) % sets;
+                    let w = &experts[set * k..(set + 1) * k];
+                    if !down_only {
+                        let views: Vec<[WeightView; 2]> = w
+                            .iter()
+                            .map(|m| [WeightView::new(ty, &m[0], ff, e).unwrap(), WeightView::new(ty, &m[1], ff, e).unwrap()])
+                            .collect();
+                        let mut jobs = Vec::with_capacity(2 * k);
+                        for ((v, go), uo) in views.iter().zip(g_out.chunks_exact_mut(ff)).zip(u_out.chunks_exact_mut(ff)) {
+                            jobs.push(MatJob { w: &v[0], x: &x[..e], n_tokens: 1, out: go });
+                            jobs.push(MatJob { w: &v[1], x: &x[..e], n_tokens: 1, out: uo });
+                        }
+                        matmul_many(&pool, &mut jobs, &mut scratch).unwrap();
+                    }
+                    let views: Vec<WeightView> = w.iter().map(|m| WeightView::new(ty, &m[2], e, ff).unwrap()).collect();
+                    let mut jobs: Vec<MatJob> = views
+                        .iter()
+                        .zip(y.chunks_exact_mut(e))
+                        .enumerate()
+                        .map(|(j, (v, yo))| MatJob { w: v, x: &x[j * ff..(j + 1) * ff], n_tokens: 1, out: yo })
+                        .collect();
+                    matmul_many(&pool, &mut jobs, &mut scratch).unwrap();
+                })
+            });
+        }
+        for (name, down_only) in [("dense", false), ("dense_down", true)] {
+            g.throughput(Throughput::Bytes((if down_only { 0 } else { bytes_up } + bytes_down) as u64));
+            let mut set = 0;
+            g.bench_function(format!("{name}/{threads}t"), |b| {
+                b.iter(|| {
+                    set = (set + 1) % sets;
+                    let m = &dense[set];
+                    if !down_only {
+                        let (vg, vu) = (WeightView::new(ty, &m[0], k * ff, e).unwrap(), WeightView::new(ty, &m[1], k * ff, e).unwrap());
+                        let mut jobs = [
+                            MatJob { w: &vg, x: &x[..e], n_tokens: 1, out: &mut g_out },
+                            MatJob { w: &vu, x: &x[..e], n_tokens: 1, out: &mut u_out },
+                        ];
+                        matmul_many(&pool, &mut jobs, &mut scratch).unwrap();
+                    }
+                    let vd = WeightView::new(ty, &m[2], e, k * ff).unwrap();
+                    matmul_many(&pool, &mut [MatJob { w: &vd, x: &x[..k * ff], n_tokens: 1, out: &mut y[..e] }], &mut scratch).unwrap();
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, square, cached, dram, smollm2, moe_ffn);
 criterion_main!(benches);
