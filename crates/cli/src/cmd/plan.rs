@@ -15,13 +15,14 @@ pub struct Args {
     /// GGUF model file (only its header is read) [default: $HEARTH_MODEL, else the default model]
     #[arg(short, long, value_name = "PATH", conflicts_with = "shape")]
     pub model: Option<PathBuf>,
-    /// Named shape instead of a file: tiny, 1b, 7b, 13b, 70b (vocab 49152, as synth writes)
-    #[arg(long)]
-    pub shape: Option<String>,
+    /// Named shape instead of a file, as synth writes it (vocab 49152): tiny, 1b, 7b, 13b,
+    /// 70b, or the mixtures of experts 30b-a3b (Qwen3-30B-A3B) and a2.7b (Qwen1.5-MoE-A2.7B)
+    #[arg(long, value_enum)]
+    pub shape: Option<super::synth::Shape>,
     /// Architecture with --shape (as synth's --arch): its tensors, and Gemma 3's
-    /// sliding-window layers, which need only a window of KV cache
-    #[arg(long, value_enum, default_value = "llama", requires = "shape")]
-    pub arch: super::synth::ArchArg,
+    /// sliding-window layers, which need only a window of KV cache [default: as synth's]
+    #[arg(long, value_enum, requires = "shape")]
+    pub arch: Option<super::synth::ArchArg>,
     /// Weight type with --shape (as synth's --type) [default: q4_0]
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
@@ -111,15 +112,18 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut file = None;
     let (summary, n_ctx_train, what) = match &a.shape {
-        Some(s) => {
-            let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;
+        Some(shape) => {
+            let s = shape.name();
             let ty_name = a.ty.as_deref().unwrap_or("q4_0");
             let ty = GgmlType::from_name(ty_name).with_context(|| format!("unknown --type {ty_name:?}"))?;
             let out_name = a.output_type.as_deref().unwrap_or(ty_name);
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
-            let c = ModelSummary::config_for(a.arch.arch(), shape);
-            if c.arch.layer_tensors().iter().any(|t| matches!(t.holds, hearth_model::Holds::Router)) {
-                bail!("--shape describes a dense model: plan a mixture-of-experts file with -m (hearth synth --arch qwen2moe|qwen3moe|mixtral writes one)");
+            // The file `hearth synth --shape` writes (SmolLM2's vocabulary, synth's default).
+            let c = super::synth::shape_config(a.arch, *shape, 49152)?;
+            if c.moe.is_some() && shape.moe_arch().is_none() {
+                bail!(
+                    "--shape {s} describes a dense model: plan a mixture of experts with --shape 30b-a3b or a2.7b, or a file with -m (hearth synth --arch qwen2moe|qwen3moe|mixtral writes one)"
+                );
             }
             let m = ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, c.n_ctx_train, format!("shape {s} {} {ty}", c.arch.name()))
