@@ -183,3 +183,24 @@ fn moe_shapes_plan_as_synth_writes_them() {
     let p = ok(hearth(&["plan", "--shape", "a2.7b", "--arch", "mixtral", "--json", "--membw", "10"]));
     assert_eq!(p["experts"], serde_json::json!([60, 4]));
 }
+
+/// synth --dry-run names a mixture of experts' expert hyperparameters, and says that a
+/// Mixtral file is a llama file with experts.
+#[test]
+fn synth_dry_run_names_the_experts() {
+    let m = model();
+    let dry = |arch: &str| {
+        let args = ["synth", "--arch", arch, "--n-ff", "256", "--tokenizer-from", m.to_str().unwrap(), "--out", "unused", "--dry-run"];
+        ok(hearth(&args))
+    };
+    let v = dry("qwen2moe");
+    assert_eq!((v["n_expert"].as_u64(), v["n_expert_used"].as_u64()), (Some(8), Some(2)), "{v}");
+    assert_eq!((v["n_ff_exp"].as_u64(), v["n_ff_shexp"].as_u64()), (Some(256), Some(256)), "{v}");
+    let v = dry("qwen3moe");
+    assert_eq!((v["n_expert"].as_u64(), v["n_ff_shexp"].as_u64()), (Some(8), Some(0)), "{v}");
+    let v = dry("mixtral");
+    assert_eq!((v["arch"].as_str(), v["arch_flag"].as_str()), (Some("llama"), Some("mixtral")), "{v}");
+    assert!(v["note"].as_str().unwrap().contains("llama"), "{v}");
+    let v = dry("llama");
+    assert!(v.get("n_expert").is_none() && v.get("arch_flag").is_none(), "{v}");
+}

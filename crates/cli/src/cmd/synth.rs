@@ -530,9 +530,22 @@ pub fn run(a: Args) -> Result<()> {
     let needed = file_bytes(&meta, &tensors)?;
     let n_params: u64 = tensors.iter().map(|t| t.dims.iter().product::<u64>()).sum();
     if a.dry_run {
-        let v = serde_json::json!({"arch": arch.name(), "head_dim": head_dim, "n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
+        let mut v = serde_json::json!({"arch": arch.name(), "head_dim": head_dim, "n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
             "n_ff": d.n_ff, "n_vocab": n_vocab, "type": a.ty.name(), "output_type": out_ty.name(),
             "n_params": n_params, "file_bytes": needed});
+        if let Some(m) = cfg.moe {
+            // n_ff is then one routed expert's width; the file's expert metadata as well.
+            v["n_expert"] = m.n_expert.into();
+            v["n_expert_used"] = m.n_expert_used.into();
+            v["n_ff_exp"] = d.n_ff.into();
+            v["n_ff_shexp"] = m.n_ff_shared.into();
+        }
+        if arch == Arch::Mixtral {
+            // llama.cpp reads Mixtral as a llama file with experts, and so does the file:
+            // general.architecture is "llama".
+            v["arch_flag"] = "mixtral".into();
+            v["note"] = "Mixtral is written as general.architecture llama with expert tensors (as llama.cpp's converter does)".into();
+        }
         return print_out(&format!("{v}\n"));
     }
     let dir = match a.out.parent() {
