@@ -17,6 +17,9 @@ fn whole_layers() -> bool {
     std::env::var_os("HEARTH_WHOLE_LAYERS").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// Every layer's experts' `[gate, up, down]` file ranges ([`hearth_model::expert_ranges`]).
+type ExpertRanges = [Vec<[Range<usize>; 3]>];
+
 /// The window plan for `budget` from the file byte ranges of the units (`units`; without
 /// their experts when `experts` gives every layer's expert ranges and the experts one
 /// token uses): the one computation behind both what `--mem-budget` enforces ([`apply`])
@@ -25,7 +28,7 @@ fn whole_layers() -> bool {
 pub fn plan_units(
     p: &Plan,
     units: &[Range<usize>],
-    experts: Option<(&[Vec<[Range<usize>; 3]>], usize)>,
+    experts: Option<(&ExpertRanges, usize)>,
     budget: u64,
     disk_gbps: f64,
 ) -> Result<WindowPlan, Box<WindowPlan>> {
