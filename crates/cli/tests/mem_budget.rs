@@ -94,7 +94,10 @@ fn plan_predicts_the_window() {
     assert!(n("read_bytes_per_token") < 3_900_000_000 - (n("pinned") - 1) * 100_000_000, "{w}");
     let secs = w["token_secs"].as_f64().unwrap();
     assert!((secs - n("read_bytes_per_token") as f64 / 1e9).abs() < 1e-6, "{w}");
-    let small = plan("100MiB");
+    // Too small: the JSON names the minimum, and plan exits 1 as generate does.
+    let o = hearth(&["plan", "--shape", "7b", "-c", "128", "--membw", "20", "--disk-bw", "1", "--mem-budget", "100MiB", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let small: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(small["window"]["fits"], false);
     assert!(small["window"]["min_budget_bytes"].as_u64().unwrap() > 100 * MIB);
 }

@@ -354,3 +354,34 @@ fn a_shared_expert_runs_over_the_ring_counts_as_active_and_refuses_tensor_parall
     assert_eq!(v["n_params"].as_u64().unwrap(), 2 * v_n * e + e + 24 * layer, "{v}");
     assert_eq!((v["n_layer"].as_u64(), v["n_ff"].as_u64(), v["head_dim"].as_u64()), (Some(24), Some(1408), Some(128)), "{v}");
 }
+
+/// A NaN in a router (`ffn_gate_inp`) once routed every token to experts 0..k with NaN
+/// weights, and generation stopped at its first token without a word: now a one-line
+/// error naming the layer and the router.
+#[test]
+fn a_nan_in_a_router_is_an_error_naming_it() {
+    use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec};
+    use hearth_quant::GgmlType;
+    let m = synth("qwen3moe", 128, 2);
+    let f = GgufFile::open(&m).unwrap();
+    let specs: Vec<TensorSpec> = f.tensors().iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ty: t.ty }).collect();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-nan-router.gguf");
+    write_gguf_file(&out, f.metadata(), &specs, |i, w| {
+        let t = &f.tensors()[i];
+        let mut b = f.read_tensor(t).unwrap();
+        if t.name == "blk.1.ffn_gate_inp.weight" {
+            // Expert 0's first weight (F32), or its first block's f16 scale, a NaN.
+            match t.ty {
+                GgmlType::F32 => b[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+                _ => b[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
+            }
+        }
+        w.write_all(&b)
+    })
+    .unwrap();
+    let o = generate(&out, &[]);
+    assert_clean_error(&o, "layer 1: the router (blk.1.ffn_gate_inp.weight)");
+    assert_clean_error(&o, "router weights hold a NaN");
+    // The control: the file unaltered runs.
+    assert_eq!(tokens(&ok(generate(&m, &[]))).len(), 16);
+}

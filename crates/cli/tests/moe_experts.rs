@@ -94,11 +94,48 @@ fn too_small_a_budget_names_the_minimum_and_plan_counts_expert_slots() {
     let o = generate(&m, &["--mem-budget", &(min - 1).to_string()], &[]);
     assert_clean_error(&o, "need at least");
     assert_clean_error(&o, "+ 2 expert slots");
-    let v = ok(generate(&m, &["--mem-budget", &min.to_string()], &[]));
+    let o = generate(&m, &["--mem-budget", &min.to_string()], &[]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let v = ok(o);
     assert_eq!(v["window"]["plan"]["expert_slots"], 2, "{}", v["window"]["plan"]);
+    // At the minimum the window is one slot: counted in the singular.
+    assert!(err.contains("window of 1 slot ×") && !err.contains(" 1 slots"), "{err}");
     let o = hearth(&["plan", "-m", m.to_str().unwrap(), "--mem-budget", "64MiB", "--disk-bw", "1"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && text.contains("expert slots"), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    // The window part in plan's units (GB/MB/kB), not MiB.
+    assert!(!text.contains("MiB"), "{text}");
+}
+
+/// `hearth plan` with the flags of `generate` above (-c 256 -t 1, batch 512).
+fn plan(m: &Path, budget: u64, json: bool) -> Output {
+    let b = budget.to_string();
+    let mut args = vec!["plan", "-m", m.to_str().unwrap(), "-c", "256", "-t", "1", "--membw", "10", "--disk-bw", "1", "--mem-budget", &b];
+    if json {
+        args.push("--json");
+    }
+    hearth(&args)
+}
+
+#[test]
+fn plans_smallest_budget_is_the_one_generate_enforces() {
+    // plan once estimated a MoE file's units and expert slots from the header (about
+    // 41 kB off generate's minimum); both now plan from the file's byte ranges.
+    let m = synth("qwen3moe");
+    let min = min_budget(&m);
+    let o = plan(&m, min - 1, true);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["window"]["min_budget_bytes"].as_u64(), Some(min), "{v}");
+    // A budget too small is an error, as generate's is, naming both in exact bytes.
+    let o = plan(&m, min - 1, false);
+    assert_clean_error(&o, &format!("--mem-budget {} bytes", min - 1));
+    assert_clean_error(&o, &format!("smallest that works is {min} bytes"));
+    // The minimum works, in the singular: one window slot, 2 expert slots.
+    let o = plan(&m, min, false);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains(" 1 slot of ") && !text.contains(" 1 slots"), "{text}");
+    assert!(text.contains("2 expert slots"), "{text}");
 }
 
 #[test]

@@ -152,3 +152,55 @@ fn ring_plan_assigns_every_layer_or_says_what_is_missing() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("no layer assignment fits") && err.contains("budget"), "{err}");
 }
+
+/// The mixture-of-experts shapes synth writes (issue #21): plan takes them with their
+/// architecture (by default, or a MoE --arch), reports total vs active bytes as for a
+/// real MoE file, and its weights match synth's file; a dense --arch is refused, by
+/// synth too, naming the archs that take the shape.
+#[test]
+fn moe_shapes_plan_as_synth_writes_them() {
+    let m = model();
+    for (shape, arch, experts) in [("a2.7b", "qwen2moe", [60, 4]), ("30b-a3b", "qwen3moe", [128, 8])] {
+        let p = ok(hearth(&["plan", "--shape", shape, "--json", "--membw", "10"]));
+        assert_eq!(p["experts"], serde_json::json!(experts), "{shape}: {p}");
+        let (all, active) = (p["weights_bytes"].as_u64().unwrap(), p["bytes_per_token"].as_u64().unwrap());
+        assert!(p["expert_bytes"].as_u64().unwrap() > all / 2 && active < all / 2, "{shape}: {p}");
+        let with_arch = ok(hearth(&["plan", "--shape", shape, "--arch", arch, "--json", "--membw", "10"]));
+        assert_eq!(with_arch["weights_bytes"], p["weights_bytes"], "{shape}");
+        let synth = ok(hearth(&["synth", "--shape", shape, "--tokenizer-from", m.to_str().unwrap(), "--out", "unused", "--dry-run"]));
+        assert_eq!(synth["arch"], arch, "{synth}");
+        let file = synth["file_bytes"].as_u64().unwrap();
+        assert!((all as f64 - file as f64).abs() / (file as f64) < 0.01, "{shape}: {all} vs synth file {file}");
+        let text = hearth(&["plan", "--shape", shape, "--membw", "10"]);
+        let s = String::from_utf8_lossy(&text.stdout);
+        let line = format!("mixture of experts: {} of {} experts per token", experts[1], experts[0]);
+        assert!(text.status.success() && s.contains(&line), "{s}");
+        assert_clean_error(&hearth(&["plan", "--shape", shape, "--arch", "llama"]), arch);
+        let dense = ["synth", "--shape", shape, "--arch", "llama", "--tokenizer-from", m.to_str().unwrap(), "--out", "unused", "--dry-run"];
+        assert_clean_error(&hearth(&dense), &format!("takes --arch {arch}"));
+    }
+    // The other MoE archs take either shape (as synth writes them).
+    let p = ok(hearth(&["plan", "--shape", "a2.7b", "--arch", "mixtral", "--json", "--membw", "10"]));
+    assert_eq!(p["experts"], serde_json::json!([60, 4]));
+}
+
+/// synth --dry-run names a mixture of experts' expert hyperparameters, and says that a
+/// Mixtral file is a llama file with experts.
+#[test]
+fn synth_dry_run_names_the_experts() {
+    let m = model();
+    let dry = |arch: &str| {
+        let args = ["synth", "--arch", arch, "--n-ff", "256", "--tokenizer-from", m.to_str().unwrap(), "--out", "unused", "--dry-run"];
+        ok(hearth(&args))
+    };
+    let v = dry("qwen2moe");
+    assert_eq!((v["n_expert"].as_u64(), v["n_expert_used"].as_u64()), (Some(8), Some(2)), "{v}");
+    assert_eq!((v["n_ff_exp"].as_u64(), v["n_ff_shexp"].as_u64()), (Some(256), Some(256)), "{v}");
+    let v = dry("qwen3moe");
+    assert_eq!((v["n_expert"].as_u64(), v["n_ff_shexp"].as_u64()), (Some(8), Some(0)), "{v}");
+    let v = dry("mixtral");
+    assert_eq!((v["arch"].as_str(), v["arch_flag"].as_str()), (Some("llama"), Some("mixtral")), "{v}");
+    assert!(v["note"].as_str().unwrap().contains("llama"), "{v}");
+    let v = dry("llama");
+    assert!(v.get("n_expert").is_none() && v.get("arch_flag").is_none(), "{v}");
+}

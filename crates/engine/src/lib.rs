@@ -207,6 +207,15 @@ pub fn explain(e: hearth_parallel::ClusterError, opts: &ClusterOptions) -> anyho
     }
 }
 
+/// `n` and `word`, plural unless `n` is 1: `1 slot`, `2 slots`, `0 slots`.
+pub fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
 /// Bytes as MiB with one decimal.
 pub fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))

@@ -7,9 +7,54 @@
 
 use crate::{mib, BudgetOptions};
 use anyhow::Result;
-use hearth_memory::plan::{plan, plan_experts, plan_window, ModelSummary, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
+use hearth_memory::plan::{plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
 use hearth_memory::{ExpertCache, Window};
 use hearth_model::{Context, Model};
+use std::ops::Range;
+
+/// `HEARTH_WHOLE_LAYERS=1`: a mixture of experts streams whole layers, no expert cache.
+fn whole_layers() -> bool {
+    std::env::var_os("HEARTH_WHOLE_LAYERS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Every layer's experts' `[gate, up, down]` file ranges ([`hearth_model::expert_ranges`]).
+type ExpertRanges = [Vec<[Range<usize>; 3]>];
+
+/// The window plan for `budget` from the file byte ranges of the units (`units`; without
+/// their experts when `experts` gives every layer's expert ranges and the experts one
+/// token uses): the one computation behind both what `--mem-budget` enforces ([`apply`])
+/// and what `hearth plan -m` prints ([`plan_model`]), so plan's smallest budget is the one
+/// generate accepts. `Err`: the plan at the smallest workable budget.
+pub fn plan_units(
+    p: &Plan,
+    units: &[Range<usize>],
+    experts: Option<(&ExpertRanges, usize)>,
+    budget: u64,
+    disk_gbps: f64,
+) -> Result<WindowPlan, Box<WindowPlan>> {
+    let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
+    match experts {
+        Some((r, k)) => {
+            let es = r.iter().flatten().map(hearth_memory::experts::expert_slot_bytes).max().unwrap_or(0) as u64;
+            plan_experts(p, &sizes, es, r.iter().map(Vec::len).sum(), k, budget, disk_gbps)
+        }
+        None => plan_window(p, &sizes, budget, disk_gbps),
+    }
+}
+
+/// [`plan_units`] for the whole model on one machine, as [`apply`] plans it for
+/// `generate --mem-budget` (an expert cache for a mixture of experts unless
+/// `HEARTH_WHOLE_LAYERS` is set): `p` from the same [`PlanParams`] gives the same plan.
+pub fn plan_model(model: &Model, p: &Plan, budget: u64, disk_gbps: f64) -> Result<Result<WindowPlan, Box<WindowPlan>>> {
+    let w = &model.weights;
+    Ok(match model.config.moe.filter(|_| !whole_layers()) {
+        Some(m) => {
+            let r = hearth_model::expert_ranges(w, m.n_expert);
+            plan_units(p, &hearth_model::unit_ranges_without_experts(w)?, Some((&r, m.n_expert_used)), budget, disk_gbps)
+        }
+        None => plan_units(p, &hearth_model::unit_ranges(w)?, None, budget, disk_gbps),
+    })
+}
 
 /// With a budget, plan the window and attach it to `ctx` (or say the mapped model fits).
 /// `logits_all`: the run wants every position's logits (perplexity). Prints the decision
@@ -40,8 +85,7 @@ fn apply_units(
         PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
     let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
     let ring = ctx.ring_windows().is_some();
-    let whole_layers = std::env::var_os("HEARTH_WHOLE_LAYERS").is_some_and(|v| !v.is_empty() && v != "0");
-    let moe = model.config.moe.filter(|_| !ring && !whole_layers);
+    let moe = model.config.moe.filter(|_| !ring && !whole_layers());
     let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
     let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
     if ring {
@@ -55,13 +99,7 @@ fn apply_units(
         p.kv_cache_bytes = kv;
     }
     let expert_ranges = moe.map(|m| hearth_model::expert_ranges(&model.weights, m.n_expert));
-    let planned = match (moe, &expert_ranges) {
-        (Some(m), Some(r)) => {
-            let es = r.iter().flatten().map(hearth_memory::experts::expert_slot_bytes).max().unwrap_or(0) as u64;
-            plan_experts(&p, &sizes, es, r.iter().map(Vec::len).sum(), m.n_expert_used, budget, 0.0)
-        }
-        _ => plan_window(&p, &sizes, budget, 0.0),
-    };
+    let planned = plan_units(&p, &units, expert_ranges.as_deref().zip(moe.map(|m| m.n_expert_used)), budget, 0.0);
     let mut w = planned.map_err(|min| {
         let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
         anyhow::anyhow!(
@@ -98,16 +136,16 @@ fn apply_units(
         ctx.set_expert_source(Box::new(cache))?;
     }
     eprintln!(
-        "--mem-budget {}: window of {} slots × {} for {} units{} ({} kept, {} streamed through {} slots) + KV cache {} + scratch {} \
+        "--mem-budget {}: window of {} × {} for {}{} ({} kept, {} streamed through {}) + KV cache {} + scratch {} \
          + runtime {} = predicted peak RSS {}; {}{} read per token ({} reads){}",
         mib(budget),
-        w.slots,
+        crate::plural(w.slots, "slot"),
         mib(w.slot_bytes),
-        w.n_units,
+        crate::plural(w.n_units, "unit"),
         experts_text(&w),
         w.pinned,
         w.n_units - w.pinned,
-        w.slots - w.pinned,
+        crate::plural(w.slots - w.pinned, "slot"),
         mib(p.kv_cache_bytes),
         mib(p.scratch_bytes),
         mib(p.overhead_bytes),
@@ -126,7 +164,7 @@ fn experts_text(w: &WindowPlan) -> String {
     if w.expert_slots == 0 {
         return String::new();
     }
-    format!(" + {} expert slots × {}", w.expert_slots, mib(w.expert_slot_bytes))
+    format!(" + {} × {}", crate::plural(w.expert_slots, "expert slot"), mib(w.expert_slot_bytes))
 }
 
 /// MiB with one decimal, rounded up (a minimum the user may copy).

@@ -922,8 +922,10 @@ impl Context {
                     let mut logits = vec![0f32; moe.n_expert];
                     matmul(&self.pool, &mapped.view(router)?, &h, 1, &mut logits, quant)?;
                     let (mut ids, mut wt) = (vec![0usize; moe.n_expert_used], vec![0f32; moe.n_expert_used]);
-                    crate::moe::route(&mut logits, moe.n_expert_used, moe.norm_weights, &mut ids, &mut wt);
-                    cache.borrow_mut().prefetch(il + 1, &ids);
+                    // A NaN is reported by the next layer's own routing; no guess then.
+                    if crate::moe::route(&mut logits, moe.n_expert_used, moe.norm_weights, &mut ids, &mut wt).is_ok() {
+                        cache.borrow_mut().prefetch(il + 1, &ids);
+                    }
                 }
             }
         }

@@ -69,6 +69,10 @@ pub enum ModelError {
     /// it broke (the source names the node).
     #[error("across devices: {0}")]
     Collective(#[source] crate::split::CollectiveError),
+    /// A NaN or infinity where the forward pass cannot go on (a mixture of experts'
+    /// router logits): the message names the layer and tensor.
+    #[error("not a finite number: {0}")]
+    NotFinite(String),
 }
 
 /// Result alias.

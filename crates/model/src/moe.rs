@@ -36,7 +36,14 @@ const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0; // 2⁻¹⁴ = 6.103515625e-5
 
 /// One token's routing: `logits: [n_expert]` (overwritten by the softmax) to the `k`
 /// chosen experts' ids and weights, in rank order (largest probability first).
-pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize], weights: &mut [f32]) {
+/// `Err(e)`: expert `e`'s logit is NaN or infinite. The softmax would turn every
+/// probability into NaN, the top k would silently become experts `0..k` with NaN
+/// weights, and the NaN would reach the logits (generation then stops at its first
+/// token with no word why), so the caller reports it instead.
+pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize], weights: &mut [f32]) -> std::result::Result<(), usize> {
+    if let Some(e) = logits.iter().position(|v| !v.is_finite()) {
+        return Err(e);
+    }
     // Softmax as ggml's `soft_max_f32`: max, exp(x − max) in f32 summed in f64, times 1/sum.
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
@@ -58,11 +65,12 @@ pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize],
         weights[j] = logits[best];
     }
     if !norm {
-        return;
+        return Ok(());
     }
     // Renormalised to sum to 1 (ggml_sum_rows sums in f64, then f32 division).
     let total = (weights[..k].iter().map(|&w| w as f64).sum::<f64>() as f32).max(MIN_WEIGHT_SUM);
     weights[..k].iter_mut().for_each(|w| *w /= total);
+    Ok(())
 }
 
 impl<'a> Block<'a> {
@@ -117,7 +125,20 @@ impl<'a> Block<'a> {
         let mut chosen: Vec<(usize, usize, f32)> = Vec::with_capacity(n * k);
         let (mut ids, mut w) = (vec![0usize; k], vec![0f32; k]);
         for (t, row) in probs.chunks_exact_mut(n_expert).enumerate() {
-            route(row, k, moe.norm_weights, &mut ids, &mut w);
+            if let Err(ex) = route(row, k, moe.norm_weights, &mut ids, &mut w) {
+                // Name the culprit: a finite input means the router's own weights hold the
+                // NaN/inf; otherwise it came from an earlier layer.
+                let x = &xb[t * e..(t + 1) * e];
+                let cause = if x.iter().all(|v| v.is_finite()) {
+                    "its input is finite, so the router weights hold a NaN or infinity (a corrupt file?)"
+                } else {
+                    "its input (this layer's FFN input) already holds a NaN or infinity from an earlier step"
+                };
+                return Err(ModelError::NotFinite(format!(
+                    "layer {}: the router (blk.{}.ffn_gate_inp.weight) gave logit {} for expert {ex} of token {t} of the pass; {cause}",
+                    self.il, self.il, row[ex]
+                )));
+            }
             chosen.extend(ids.iter().zip(&w).map(|(&ex, &wt)| (ex, t, wt)));
         }
         self.trace("ffn_moe_probs", probs);
@@ -324,14 +345,24 @@ mod tests {
         // softmax([0, ln 2, ln 4, ln 3]) = [1, 2, 4, 3] / 10; top 2: experts 2 and 3.
         let mut l = [0.0, 2f32.ln(), 4f32.ln(), 3f32.ln()];
         let (mut ids, mut w) = ([0; 2], [0.0; 2]);
-        route(&mut l, 2, true, &mut ids, &mut w);
+        route(&mut l, 2, true, &mut ids, &mut w).unwrap();
         assert_eq!(ids, [2, 3]);
         assert!((w[0] - 4.0 / 7.0).abs() < 1e-6 && (w[1] - 3.0 / 7.0).abs() < 1e-6, "{w:?}");
         // Equal probabilities: the lower id first; k = n_expert keeps every expert.
         let mut l = [1.0f32; 3];
         let (mut ids, mut w) = ([0; 3], [0.0; 3]);
-        route(&mut l, 3, true, &mut ids, &mut w);
+        route(&mut l, 3, true, &mut ids, &mut w).unwrap();
         assert_eq!(ids, [0, 1, 2]);
         assert!(w.iter().all(|&v| (v - 1.0 / 3.0).abs() < 1e-6));
+    }
+
+    #[test]
+    fn route_refuses_a_nan_or_infinite_logit() {
+        // A NaN once made every probability NaN and the top k experts 0..k, silently.
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut l = [0.5, 1.0, bad, 0.25];
+            let (mut ids, mut w) = ([0; 2], [0.0; 2]);
+            assert_eq!(route(&mut l, 2, true, &mut ids, &mut w), Err(2), "{bad}");
+        }
     }
 }

@@ -15,13 +15,14 @@ pub struct Args {
     /// GGUF model file (only its header is read) [default: $HEARTH_MODEL, else the default model]
     #[arg(short, long, value_name = "PATH", conflicts_with = "shape")]
     pub model: Option<PathBuf>,
-    /// Named shape instead of a file: tiny, 1b, 7b, 13b, 70b (vocab 49152, as synth writes)
-    #[arg(long)]
-    pub shape: Option<String>,
+    /// Named shape instead of a file, as synth writes it (vocab 49152): tiny, 1b, 7b, 13b,
+    /// 70b, or the mixtures of experts 30b-a3b (Qwen3-30B-A3B) and a2.7b (Qwen1.5-MoE-A2.7B)
+    #[arg(long, value_enum)]
+    pub shape: Option<super::synth::Shape>,
     /// Architecture with --shape (as synth's --arch): its tensors, and Gemma 3's
-    /// sliding-window layers, which need only a window of KV cache
-    #[arg(long, value_enum, default_value = "llama", requires = "shape")]
-    pub arch: super::synth::ArchArg,
+    /// sliding-window layers, which need only a window of KV cache [default: as synth's]
+    #[arg(long, value_enum, requires = "shape")]
+    pub arch: Option<super::synth::ArchArg>,
     /// Weight type with --shape (as synth's --type) [default: q4_0]
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
@@ -83,8 +84,10 @@ fn gb(b: u64) -> String {
     }
 }
 
-fn mib(b: u64) -> String {
-    crate::common::mib(b)
+/// `gb(b)` and the exact bytes, for a budget the user may copy: two budgets a few kB
+/// apart print as the same `45.7 MB`.
+fn gb_exact(b: u64) -> String {
+    format!("{b} bytes ({})", gb(b))
 }
 
 /// What each sliding-window unit needs in a slot: its tensors, widened for O_DIRECT.
@@ -92,9 +95,11 @@ fn slot_sizes(units: Vec<u64>) -> Vec<u64> {
     units.iter().map(|u| u + 2 * hearth_memory::window::IO_ALIGN as u64).collect()
 }
 
-/// The `--mem-budget` plan as `generate` makes it: a window of whole layers, or for a
-/// mixture of experts a window without the experts beside an expert cache.
-fn budget_plan(p: &Plan, m: &ModelSummary, budget: u64, disk: f64) -> Result<WindowPlan, Box<WindowPlan>> {
+/// The `--mem-budget` plan of a --shape (no file: its tensors' sizes from the header
+/// table): a window of whole layers, or for a mixture of experts a window without the
+/// experts beside an expert cache. A file is planned by generate's own computation from
+/// its byte ranges instead ([`hearth_engine::window::plan_model`]).
+fn shape_budget_plan(p: &Plan, m: &ModelSummary, budget: u64, disk: f64) -> Result<WindowPlan, Box<WindowPlan>> {
     match m.experts {
         Some((n, used)) => {
             let units = slot_sizes(m.unit_bytes_without_experts());
@@ -111,15 +116,18 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut file = None;
     let (summary, n_ctx_train, what) = match &a.shape {
-        Some(s) => {
-            let shape = hearth_memory::preset(s).with_context(|| format!("unknown --shape {s:?} (tiny, 1b, 7b, 13b, 70b)"))?;
+        Some(shape) => {
+            let s = shape.name();
             let ty_name = a.ty.as_deref().unwrap_or("q4_0");
             let ty = GgmlType::from_name(ty_name).with_context(|| format!("unknown --type {ty_name:?}"))?;
             let out_name = a.output_type.as_deref().unwrap_or(ty_name);
             let out = GgmlType::from_name(out_name).with_context(|| format!("unknown --output-type {out_name:?}"))?;
-            let c = ModelSummary::config_for(a.arch.arch(), shape);
-            if c.arch.layer_tensors().iter().any(|t| matches!(t.holds, hearth_model::Holds::Router)) {
-                bail!("--shape describes a dense model: plan a mixture-of-experts file with -m (hearth synth --arch qwen2moe|qwen3moe|mixtral writes one)");
+            // The file `hearth synth --shape` writes (SmolLM2's vocabulary, synth's default).
+            let c = super::synth::shape_config(a.arch, *shape, 49152)?;
+            if c.moe.is_some() && shape.moe_arch().is_none() {
+                bail!(
+                    "--shape {s} describes a dense model: plan a mixture of experts with --shape 30b-a3b or a2.7b, or a file with -m (hearth synth --arch qwen2moe|qwen3moe|mixtral writes one)"
+                );
             }
             let m = ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, c.n_ctx_train, format!("shape {s} {} {ty}", c.arch.name()))
@@ -176,6 +184,20 @@ pub fn run(a: Args) -> Result<()> {
         available,
         membw,
     );
+    // A file's window is planned as generate plans it, from the loaded model's byte
+    // ranges (its header estimate once named a minimum ~41 kB off generate's).
+    let model = match &file {
+        Some(path) if a.mem_budget.is_some() || !p.fits => {
+            Some(hearth_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?)
+        }
+        _ => None,
+    };
+    let budget_plan = |budget: u64, disk: f64| -> Result<Result<WindowPlan, Box<WindowPlan>>> {
+        match &model {
+            Some(m) => hearth_engine::window::plan_model(m, &p, budget, disk),
+            None => Ok(shape_budget_plan(&p, &summary, budget, disk)),
+        }
+    };
     let window = match a.mem_budget {
         None => None,
         Some(budget) => {
@@ -189,8 +211,16 @@ pub fn run(a: Args) -> Result<()> {
                 }
                 (None, None) => (DEFAULT_DISK_GBPS, "assumed"),
             };
-            Some((budget_plan(&p, &summary, budget, disk), disk_src))
+            Some((budget_plan(budget, disk)?, disk_src))
         }
+    };
+    // Exit nonzero on a budget too small, as generate refuses it (after the report).
+    let too_small = |w: &WindowPlan| {
+        anyhow::anyhow!(
+            "--mem-budget {} is too small: the smallest that works is {}",
+            gb_exact(a.mem_budget.unwrap_or(0)),
+            gb_exact(w.min_budget_bytes)
+        )
     };
     if a.json {
         let mut v = serde_json::to_value(&p)?;
@@ -203,7 +233,11 @@ pub fn run(a: Args) -> Result<()> {
             };
             v["disk_source"] = serde_json::json!(src);
         }
-        return print_out(&format!("{v}\n"));
+        print_out(&format!("{v}\n"))?;
+        return match &window {
+            Some((Err(min), _)) => Err(too_small(min)),
+            _ => Ok(()),
+        };
     }
     let s = &p.shape;
     let mut o = format!("plan for {what}: n_ctx {n_ctx}, n_batch {}, {threads} threads\n\n", p.n_batch);
@@ -276,48 +310,57 @@ pub fn run(a: Args) -> Result<()> {
             gb(p.bytes_per_token - active + p.expert_bytes)
         );
     }
+    let slots = |n: usize| hearth_engine::plural(n, "slot");
+    let experts = |w: &WindowPlan| match w.expert_slots {
+        0 => String::new(),
+        n => format!(" + {} of {}", hearth_engine::plural(n, "expert slot"), gb(w.expert_slot_bytes)),
+    };
+    let mut result = Ok(());
     match window {
         None if !p.fits => {
-            let min = budget_plan(&p, &summary, 0, DEFAULT_DISK_GBPS).unwrap_or_else(|w| *w);
+            let min = budget_plan(0, DEFAULT_DISK_GBPS)?.unwrap_or_else(|w| *w);
             o += &format!(
-                "smallest --mem-budget: {} (one unit of {} + KV cache + scratch + overhead + margin)\n",
-                mib(min.min_budget_bytes),
-                mib(min.slot_bytes)
+                "smallest --mem-budget: {} (one unit of {}{} + KV cache + scratch + overhead + margin)\n",
+                gb_exact(min.min_budget_bytes),
+                gb(min.slot_bytes),
+                experts(&min)
             );
         }
         None => {}
         Some((Err(min), _)) => {
-            o +=
-                &format!(
+            o += &format!(
                 "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {}{} + KV cache + scratch + overhead + margin)\n",
-                mib(a.mem_budget.unwrap_or(0)), mib(min.min_budget_bytes), mib(min.slot_bytes),
-                if min.expert_slots > 0 { format!(" + {} expert slots of {}", min.expert_slots, mib(min.expert_slot_bytes)) } else { String::new() }
+                gb_exact(a.mem_budget.unwrap_or(0)),
+                gb_exact(min.min_budget_bytes),
+                gb(min.slot_bytes),
+                experts(&min)
             );
+            result = Err(too_small(&min));
         }
         Some((Ok(w), src)) => {
             o += &format!(
-                "\nwindow for --mem-budget {}: {} slots of {} for {} units: {} kept, {} streamed through {} slots\n",
-                mib(w.budget_bytes),
-                w.slots,
-                mib(w.slot_bytes),
+                "\nwindow for --mem-budget {}: {} of {} for {} units: {} kept, {} streamed through {}\n",
+                gb(w.budget_bytes),
+                slots(w.slots),
+                gb(w.slot_bytes),
                 w.n_units,
                 w.pinned,
                 w.n_units - w.pinned,
-                w.slots - w.pinned
+                slots(w.slots - w.pinned)
             );
-            o += &format!("  window      {:>12}  {} slots · {}\n", mib(w.window_bytes), w.slots, mib(w.slot_bytes));
+            o += &format!("  window      {:>12}  {} · {}\n", gb(w.window_bytes), slots(w.slots), gb(w.slot_bytes));
             if w.expert_slots > 0 {
                 o += &format!(
-                    "  experts     {:>12}  {} expert slots · {} (one expert of one layer each; read on a miss, not counted below)\n",
-                    mib(w.expert_slots as u64 * w.expert_slot_bytes),
-                    w.expert_slots,
-                    mib(w.expert_slot_bytes)
+                    "  experts     {:>12}  {} · {} (one expert of one layer each; read on a miss, not counted below)\n",
+                    gb(w.expert_slots as u64 * w.expert_slot_bytes),
+                    hearth_engine::plural(w.expert_slots, "expert slot"),
+                    gb(w.expert_slot_bytes)
                 );
             }
             o += &format!(
                 "  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n",
-                mib(w.peak_rss_bytes),
-                mib(w.margin_bytes)
+                gb(w.peak_rss_bytes),
+                gb(w.margin_bytes)
             );
             if w.read_bytes_per_token == 0 {
                 o += "  every unit stays resident: read once, then decode runs at memory speed\n";
@@ -331,5 +374,6 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    print_out(&o)
+    print_out(&o)?;
+    result
 }

@@ -78,6 +78,45 @@ impl Shape {
     }
 }
 
+impl Shape {
+    /// The mixture of experts a MoE shape is the shape of (`None`: a dense shape, which
+    /// any --arch takes, a MoE one with 8 experts of --n-ff, 2 per token).
+    pub fn moe_arch(self) -> Option<ArchArg> {
+        match self {
+            Shape::A3b => Some(ArchArg::Qwen3moe),
+            Shape::A2_7b => Some(ArchArg::Qwen2moe),
+            _ => None,
+        }
+    }
+
+    /// The `--shape` value, e.g. `30b-a3b`.
+    pub fn name(self) -> String {
+        self.to_possible_value().expect("no skipped variants").get_name().to_string()
+    }
+}
+
+/// `--arch`, or the shape's own architecture when it is a mixture of experts (else llama).
+pub fn arch_for(arch: Option<ArchArg>, shape: Shape) -> Result<ArchArg> {
+    let Some(model) = shape.moe_arch() else { return Ok(arch.unwrap_or(ArchArg::Llama)) };
+    match arch {
+        None => Ok(model),
+        Some(a) if matches!(a, ArchArg::Qwen2moe | ArchArg::Qwen3moe | ArchArg::Mixtral) => Ok(a),
+        // Experts are the point of these shapes: a dense model of one expert's width
+        // is not what the user asked for.
+        Some(a) => {
+            let others: Vec<String> =
+                [ArchArg::Qwen2moe, ArchArg::Qwen3moe, ArchArg::Mixtral].into_iter().filter(|&o| o != model).map(ArchArg::name).collect();
+            bail!(
+                "--shape {} is a mixture of experts: it takes --arch {} (its own, the default) or {}, not --arch {}",
+                shape.name(),
+                model.name(),
+                others.join(" or "),
+                a.name()
+            )
+        }
+    }
+}
+
 /// `--arch` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArchArg {
@@ -100,6 +139,11 @@ pub enum ArchArg {
 }
 
 impl ArchArg {
+    /// The `--arch` value, e.g. `qwen3moe`.
+    pub fn name(self) -> String {
+        self.to_possible_value().expect("no skipped variants").get_name().to_string()
+    }
+
     /// The architecture.
     pub fn arch(self) -> Arch {
         match self {
@@ -133,9 +177,10 @@ fn parse_type(s: &str) -> Result<GgmlType, String> {
 /// Flags of `hearth synth`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Architecture of the file
-    #[arg(long, value_enum, default_value = "llama")]
-    pub arch: ArchArg,
+    /// Architecture of the file [default: the shape's for 30b-a3b (qwen3moe) and a2.7b
+    /// (qwen2moe), else llama]
+    #[arg(long, value_enum)]
+    pub arch: Option<ArchArg>,
     /// Named shape; --n-embd etc. override single values of it
     #[arg(long, value_enum, default_value = "tiny")]
     pub shape: Shape,
@@ -357,7 +402,25 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
     Ok(())
 }
 
-pub fn run(a: Args) -> Result<()> {
+/// The configuration `hearth synth --arch <arch> --shape <shape>` writes with no other
+/// flags, for a vocabulary of `n_vocab` (`hearth plan --shape` plans that file): parsed
+/// as synth's own flags, so the two never differ.
+pub fn shape_config(arch: Option<ArchArg>, shape: Shape, n_vocab: u64) -> Result<ModelConfig> {
+    #[derive(clap::Parser)]
+    struct Synth {
+        #[command(flatten)]
+        a: Args,
+    }
+    let mut argv = vec!["synth".to_string(), "--shape".into(), shape.name(), "--out".into(), "unused.gguf".into()];
+    if let Some(arch) = arch {
+        argv.extend(["--arch".into(), arch.name()]);
+    }
+    let a = <Synth as clap::Parser>::try_parse_from(argv)?.a;
+    Ok(config(&a, n_vocab)?.0)
+}
+
+/// The file's configuration from the flags (and its dims, n_ff one expert's width).
+fn config(a: &Args, n_vocab: u64) -> Result<(ModelConfig, Dims)> {
     let base = a.shape.dims();
     let d = Dims {
         n_embd: a.n_embd.unwrap_or(base.n_embd),
@@ -376,7 +439,7 @@ pub fn run(a: Args) -> Result<()> {
     if !head_dim.is_multiple_of(2) {
         bail!("head size {head_dim} (--head-dim, or --n-embd / --n-head) must be even for RoPE");
     }
-    let arch = a.arch.arch();
+    let arch = arch_for(a.arch, a.shape)?.arch();
     let moe = match arch {
         Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Mixtral => {
             let (n_expert, n_expert_used) = match a.shape {
@@ -418,6 +481,24 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.rope_scale.is_finite() && a.rope_scale >= 1.0) {
         bail!("--rope-scale {} must be at least 1", a.rope_scale);
     }
+    let us = |v: u64| v as usize;
+    let mut cfg =
+        ModelConfig::for_shape(arch, us(d.n_embd), us(d.n_layer), us(d.n_head), us(d.n_head_kv), us(head_dim), us(d.n_ff), us(n_vocab));
+    cfg.n_ctx_train = us(a.context_length);
+    cfg.moe = moe;
+    match a.rope_scaling {
+        ScalingArg::None => {}
+        ScalingArg::Linear => (cfg.rope.scaling, cfg.rope.freq_scale) = (RopeScaling::Linear, 1.0 / a.rope_scale),
+        ScalingArg::Yarn => {
+            (cfg.rope.scaling, cfg.rope.freq_scale, cfg.rope.n_ctx_orig) = (RopeScaling::Yarn, 1.0 / a.rope_scale, us(a.rope_orig_ctx))
+        }
+    }
+    Ok((cfg, d))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    // A shape/arch mismatch is refused before the tokenizer is looked for.
+    arch_for(a.arch, a.shape)?;
     let out_ty = a.output_type.unwrap_or(a.ty);
     for (flag, ty) in [("--type", a.ty), ("--output-type", out_ty)] {
         let probe = vec![0f32; ty.block_size()];
@@ -431,18 +512,8 @@ pub fn run(a: Args) -> Result<()> {
     let tok_path = resolve_model(a.tokenizer_from.as_ref())?;
     let src = GgufFile::open(&tok_path).with_context(|| format!("reading the tokenizer from {}", tok_path.display()))?;
     let n_vocab = src.get_array("tokenizer.ggml.tokens").with_context(|| format!("{} has no tokenizer", tok_path.display()))?.len() as u64;
-
-    let us = |v: u64| v as usize;
-    let mut cfg = ModelConfig::for_shape(arch, us(d.n_embd), us(d.n_layer), us(d.n_head), us(d.n_head_kv), us(head_dim), us(d.n_ff), us(n_vocab));
-    cfg.n_ctx_train = us(a.context_length);
-    cfg.moe = moe;
-    match a.rope_scaling {
-        ScalingArg::None => {}
-        ScalingArg::Linear => (cfg.rope.scaling, cfg.rope.freq_scale) = (RopeScaling::Linear, 1.0 / a.rope_scale),
-        ScalingArg::Yarn => {
-            (cfg.rope.scaling, cfg.rope.freq_scale, cfg.rope.n_ctx_orig) = (RopeScaling::Yarn, 1.0 / a.rope_scale, us(a.rope_orig_ctx))
-        }
-    }
+    let (cfg, d) = config(&a, n_vocab)?;
+    let (arch, head_dim) = (cfg.arch, cfg.head_dim);
     let name = format!("hearth-synth {arch} {} {}", shape_label(&a, &d), a.ty.name().to_uppercase());
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.name().into())),
@@ -459,9 +530,22 @@ pub fn run(a: Args) -> Result<()> {
     let needed = file_bytes(&meta, &tensors)?;
     let n_params: u64 = tensors.iter().map(|t| t.dims.iter().product::<u64>()).sum();
     if a.dry_run {
-        let v = serde_json::json!({"arch": arch.name(), "head_dim": head_dim, "n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
+        let mut v = serde_json::json!({"arch": arch.name(), "head_dim": head_dim, "n_embd": d.n_embd, "n_layer": d.n_layer, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
             "n_ff": d.n_ff, "n_vocab": n_vocab, "type": a.ty.name(), "output_type": out_ty.name(),
             "n_params": n_params, "file_bytes": needed});
+        if let Some(m) = cfg.moe {
+            // n_ff is then one routed expert's width; the file's expert metadata as well.
+            v["n_expert"] = m.n_expert.into();
+            v["n_expert_used"] = m.n_expert_used.into();
+            v["n_ff_exp"] = d.n_ff.into();
+            v["n_ff_shexp"] = m.n_ff_shared.into();
+        }
+        if arch == Arch::Mixtral {
+            // llama.cpp reads Mixtral as a llama file with experts, and so does the file:
+            // general.architecture is "llama".
+            v["arch_flag"] = "mixtral".into();
+            v["note"] = "Mixtral is written as general.architecture llama with expert tensors (as llama.cpp's converter does)".into();
+        }
         return print_out(&format!("{v}\n"));
     }
     let dir = match a.out.parent() {
