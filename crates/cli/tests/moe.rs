@@ -385,3 +385,36 @@ fn a_nan_in_a_router_is_an_error_naming_it() {
     // The control: the file unaltered runs.
     assert_eq!(tokens(&ok(generate(&m, &[]))).len(), 16);
 }
+
+/// The planner's scratch covers what a mixture of experts' prefill grows a context's
+/// buffers to, a shared expert wider than the routed ones included (its gate and up rows
+/// reuse the experts' scratch, larger): `hearth_memory::plan::scratch_bytes` against
+/// `Context::buffers` after a full batch. (It once counted neither the experts' gate/up
+/// rows nor the shared expert's: 3·n_batch·n_ff_exp and more floats short.)
+#[test]
+fn planned_scratch_covers_a_moe_prefill() {
+    use hearth_memory::plan::{scratch_bytes, ModelSummary, PlanParams};
+    let m = model();
+    for (arch, extra) in [("qwen3moe", &["--head-dim", "32", "--n-ff-exp", "64"][..]), ("qwen2moe", &["--n-ff-exp", "64", "--n-ff-shexp", "512"])] {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-scratch-{arch}.gguf"));
+        let mut args = vec!["synth", "--arch", arch, "--n-embd", "128", "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", "256"];
+        args.extend(["--n-expert", "8", "--n-expert-used", "2", "--type", "q8_0", "--seed", "5", "-t", "2"]);
+        args.extend(extra);
+        args.extend(["--tokenizer-from", m.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        let o = hearth(&args);
+        assert!(o.status.success(), "{arch}: {}", String::from_utf8_lossy(&o.stderr));
+        let model = Arc::new(Model::load(&out).unwrap());
+        let (n_ctx, n_batch) = (256, 64);
+        let mut ctx = Context::new(model.clone(), n_ctx, n_batch, 1).unwrap();
+        let prompt: Vec<u32> = (0..n_batch as u32).map(|i| 200 + 7 * i).collect();
+        ctx.eval(&prompt, Logits::Last).unwrap();
+        let b = ctx.buffers();
+        let used = b.activations_bytes + b.logits_bytes + b.quantized_activations_bytes + b.per_thread_bytes;
+        let summary = ModelSummary::from_gguf(&model.file).unwrap();
+        let p = PlanParams { n_ctx, n_batch, n_threads: 1, cache_type: hearth_model::CacheType::F16, logits_all: false };
+        let planned = scratch_bytes(&summary, p) as usize;
+        assert!(used <= planned, "{arch}: buffers grew to {used} bytes, the plan counts {planned} ({b:?})");
+        // And not far above (the plan is a prediction, not a bound to pad).
+        assert!(planned - used < 64 << 10, "{arch}: plan {planned} vs {used} bytes");
+    }
+}

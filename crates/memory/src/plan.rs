@@ -307,13 +307,30 @@ impl ModelSummary {
         per.values().copied().max().unwrap_or(0)
     }
 
-    /// Largest activation-quantization buffer `matmul` grows to: `n_batch` rows of
-    /// `vec_dot_type(ty)` for a layer matrix's input width, or one row for the output
-    /// head (only the last token's logits are computed).
+    /// Largest activation-quantization buffer `matmul` grows to: `n_batch` rows (a
+    /// mixture of experts: up to `max(n_batch, n_expert_used)` gathered rows) of
+    /// `vec_dot_type(ty)` for a layer matrix's input width, or one row for the output head
+    /// (only the last token's logits are computed); each row with the 4-byte block sums
+    /// the one-row-per-lane kernels take (`act_block_sums`, every 32 columns), and 64 bytes
+    /// of cache-line alignment for the buffer and each distinct input of one call (a MoE
+    /// pass gathers one per expert). One call may quantize its input into two forms (a
+    /// shared expert's f32 gate logit beside its quantized gate and up), so a row counts
+    /// the widest matrix of each activation type.
     fn quant_scratch_bytes(&self, n_batch: usize) -> u64 {
-        let arb = |t: &TensorSummary| vec_dot_type(t.ty).row_bytes(t.cols).unwrap_or(0);
-        let layers = self.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.n_dims == 2).map(arb).max().unwrap_or(0);
-        (n_batch as u64 * layers).max(self.output().map_or(0, arb))
+        let arb = |t: &TensorSummary| vec_dot_type(t.ty).row_bytes(t.cols).unwrap_or(0) + 4 * (t.cols / 32);
+        let mut widest: BTreeMap<&'static str, u64> = BTreeMap::new();
+        // Matrices, and the shared expert's gate, a matrix of one row stored as a vector.
+        let multiplied = |t: &&TensorSummary| t.n_dims >= 2 || t.name.ends_with(".ffn_gate_inp_shexp.weight");
+        for t in self.tensors.iter().filter(|t| t.name.starts_with("blk.")).filter(multiplied) {
+            let w = widest.entry(vec_dot_type(t.ty).name()).or_insert(0);
+            *w = (*w).max(arb(t));
+        }
+        let layers: u64 = widest.values().sum();
+        let (rows, inputs) = match self.experts {
+            Some((n_expert, k)) => (n_batch.max(k), 1 + n_expert.min(n_batch.max(k))),
+            None => (n_batch, 1),
+        };
+        (rows as u64 * layers).max(self.output().map_or(0, arb)) + 64 * inputs as u64
     }
 }
 
@@ -345,8 +362,12 @@ pub fn scratch_bytes(m: &ModelSummary, p: PlanParams) -> u64 {
     let logits = 4 * s.n_vocab as u64 * if p.logits_all { p.n_ctx.max(1) as u64 } else { 1 };
     let acc = (p.n_threads.max(1) * AttnScratch::bytes(s.head_dim, p.cache_type == CacheType::F16)) as u64;
     // A mixture of experts' pass (`Block::moe_ffn`): router probabilities and sums
-    // `[n_batch, n_expert + n_embd]`, an expert's input and output rows `2·[n_batch, n_embd]`.
-    let moe = m.experts.map_or(0, |(n_expert, _)| 4 * (nb * (n_expert + 3 * s.n_embd)) as u64);
+    // `[n_batch, n_expert + n_embd]`, and the experts' gathered rows (with a shared
+    // expert's wider ones: `ffn_down_shexp`'s columns), as the forward pass sizes them.
+    let n_ff_shared = m.tensors.iter().find(|t| t.name.ends_with(".ffn_down_shexp.weight")).map_or(0, |t| t.cols as usize);
+    let moe = m.experts.map_or(0, |(n_expert, k)| {
+        4 * (nb * (n_expert + s.n_embd) + hearth_model::moe_scratch_len(nb, s.n_embd, s.n_ff, k, n_ff_shared)) as u64
+    });
     act + logits + m.quant_scratch_bytes(nb) + acc + moe
 }
 
@@ -505,11 +526,12 @@ mod tests {
         let m = ModelSummary::from_shape(shape, GgmlType::Q4_1, GgmlType::Q4_1).unwrap();
         let pl = plan(&m, p(512, 512), 1 << 40, 10.0);
         assert_eq!(pl.kv_cache_bytes, 11_796_480);
-        // 5760 f32 per row; q8_1 rows of 1536 (n_ff) are 48 blocks of 36 bytes; 2 threads'
-        // attention scratch (one-row f16 accumulator and the blockwise tile buffers).
+        // 5760 f32 per row; q8_1 rows of 1536 (n_ff) are 48 blocks of 36 bytes and 48 block
+        // sums of 4, plus a cache line of alignment; 2 threads' attention scratch (one-row
+        // f16 accumulator and the blockwise tile buffers).
         let attn = AttnScratch::bytes(64, true) as u64;
         assert!(attn >= 64 * 2);
-        assert_eq!(pl.scratch_bytes, 4 * 512 * 5760 + 4 * 49152 + 512 * 48 * 36 + 2 * attn);
+        assert_eq!(pl.scratch_bytes, 4 * 512 * 5760 + 4 * 49152 + 512 * 48 * (36 + 4) + 64 + 2 * attn);
         assert!(pl.fits && pl.headroom_bytes > 0);
         // Batch is clamped to the context.
         assert_eq!(plan(&m, p(16, 512), 0, 10.0).n_batch, 16);

@@ -46,6 +46,7 @@ pub use error::{ModelError, Result};
 pub use experts::{expert_ranges, ExpertSource, ExpertStats};
 pub use kv_cache::{CacheType, KvCache, KvLayout};
 pub use model::Model;
+pub use moe::gathered_len as moe_scratch_len;
 pub use ring::{RingLink, RingWindows};
 pub use source::{split_rows, unit_ranges, unit_ranges_without_experts, LayerSource, SourceStats, Unit};
 pub use split::{keys as shard_keys, slice_matrix, Collective, CollectiveError, TensorSplit};

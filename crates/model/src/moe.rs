@@ -73,6 +73,31 @@ pub(crate) fn route(logits: &mut [f32], k: usize, norm: bool, ids: &mut [usize],
     Ok(())
 }
 
+/// f32s a pass of `n` tokens grows a block's `gathered` scratch to (`Block::moe_ffn`): the
+/// routed experts' runs of up to `max(n, k)` (expert, token) pairs, their gathered inputs
+/// and outputs `[pairs, n_embd]` each and their gate, up and gathered SwiGLU `[pairs, n_ff]`
+/// each (`n_ff` one expert's width); then, where the layer has a shared expert of
+/// `n_ff_shared` rows (0: none), its gate and up `[n, n_ff_shared]`, output `[n, n_embd]` and
+/// gate logits `[n]` in the same buffer. The memory planner counts the larger of the two.
+pub fn gathered_len(n: usize, n_embd: usize, n_ff: usize, k: usize, n_ff_shared: usize) -> usize {
+    routed_len(n, n_embd, n_ff, k).max(shared_len(n, n_embd, n_ff_shared))
+}
+
+/// The routed experts' part of [`gathered_len`].
+fn routed_len(n: usize, n_embd: usize, n_ff: usize, k: usize) -> usize {
+    let cap = n.max(k);
+    2 * cap * n_embd + 3 * cap * n_ff
+}
+
+/// The shared expert's part of [`gathered_len`] (0 without one).
+fn shared_len(n: usize, n_embd: usize, n_ff_shared: usize) -> usize {
+    if n_ff_shared == 0 {
+        0
+    } else {
+        n * (2 * n_ff_shared + n_embd + 1)
+    }
+}
+
 impl<'a> Block<'a> {
     /// `xb = moe(xb)` for the pass's `n` tokens, `xb: [n, n_embd]`: each token's
     /// `Σ_j w_j · W_down,e_j · (silu(W_gate,e_j · x) ⊙ W_up,e_j · x)` over its routed experts,
@@ -149,7 +174,7 @@ impl<'a> Block<'a> {
         // dispatches (every gate and up, then every down) rather than three per expert:
         // a decode step's `k` small experts stream as one matvec would.
         let cap = n.max(k);
-        gathered.resize(2 * cap * e + 3 * cap * ff, 0.0);
+        gathered.resize(routed_len(n, e, ff, k), 0.0);
         let (x_in, rest) = gathered.split_at_mut(cap * e);
         let (y, rest) = rest.split_at_mut(cap * e);
         let (g, rest) = rest.split_at_mut(cap * ff);
@@ -200,7 +225,7 @@ impl<'a> Block<'a> {
     /// routed part. Not under tensor parallelism (refused by `set_tensor_split`).
     fn shared_expert(&mut self, s: &crate::SharedExpert, xb: &[f32], acc: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
         let (n, e, ff) = (self.n, self.c.n_embd, s.gate.rows);
-        scratch.resize(n * (2 * ff + e + 1), 0.0);
+        scratch.resize(shared_len(n, e, ff), 0.0);
         let (g, rest) = scratch.split_at_mut(n * ff);
         let (u, rest) = rest.split_at_mut(n * ff);
         let (y, logit) = rest.split_at_mut(n * e);
