@@ -365,23 +365,29 @@ fn a_nan_in_a_router_is_an_error_naming_it() {
     let m = synth("qwen3moe", 128, 2);
     let f = GgufFile::open(&m).unwrap();
     let specs: Vec<TensorSpec> = f.tensors().iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ty: t.ty }).collect();
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-nan-router.gguf");
-    write_gguf_file(&out, f.metadata(), &specs, |i, w| {
-        let t = &f.tensors()[i];
-        let mut b = f.read_tensor(t).unwrap();
-        if t.name == "blk.1.ffn_gate_inp.weight" {
-            // Expert 0's first weight (F32), or its first block's f16 scale, a NaN.
-            match t.ty {
-                GgmlType::F32 => b[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
-                _ => b[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
+    // A copy of the file with a NaN as the first weight (F32) or first block scale (f16) of `name`.
+    let with_nan = |name: &str| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-nan-{name}.gguf"));
+        write_gguf_file(&out, f.metadata(), &specs, |i, w| {
+            let t = &f.tensors()[i];
+            let mut b = f.read_tensor(t).unwrap();
+            if t.name == name {
+                match t.ty {
+                    GgmlType::F32 => b[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+                    _ => b[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
+                }
             }
-        }
-        w.write_all(&b)
-    })
-    .unwrap();
-    let o = generate(&out, &[]);
+            w.write_all(&b)
+        })
+        .unwrap();
+        out
+    };
+    let o = generate(&with_nan("blk.1.ffn_gate_inp.weight"), &[]);
     assert_clean_error(&o, "layer 1: the router (blk.1.ffn_gate_inp.weight)");
     assert_clean_error(&o, "router weights hold a NaN");
+    // Past the last router (here token 0's row of the output head) no router sees it: the
+    // logits' check names it (a NaN logit was sampled silently, often as the end).
+    assert_clean_error(&generate(&with_nan("output.weight"), &[]), "the output logits hold NaN (token id 0");
     // The control: the file unaltered runs.
     assert_eq!(tokens(&ok(generate(&m, &[]))).len(), 16);
 }

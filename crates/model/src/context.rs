@@ -999,6 +999,16 @@ impl Context {
                 *x = (*x * (1.0 / cap)).tanh() * cap;
             }
         }
+        // A NaN or infinity here (a corrupt weight past the last check, an overflow) would
+        // be sampled as some token, often the end of generation, with no word why.
+        if let Some(i) = s.logits[out_row * v..(out_row + m) * v].iter().position(|x| !x.is_finite()) {
+            return Err(ModelError::NotFinite(format!(
+                "the output logits hold {} (token id {} of row {} of this pass): a NaN or infinity from the weights (a corrupt file?) or an overflow in the forward pass",
+                s.logits[out_row * v + i],
+                i % v,
+                i / v
+            )));
+        }
         Ok(())
     }
 }
