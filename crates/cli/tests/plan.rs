@@ -204,3 +204,21 @@ fn synth_dry_run_names_the_experts() {
     let v = dry("llama");
     assert!(v.get("n_expert").is_none() && v.get("arch_flag").is_none(), "{v}");
 }
+
+/// A budget whose expert cache holds some of a mixture of experts' experts: the plan says
+/// decode reads the ones it misses, not that it "runs at memory speed" (it did: only the
+/// window's units were in its token time); with room for all of them it may say so.
+#[test]
+fn a_partial_expert_cache_is_not_memory_speed() {
+    let text = |budget: &str| {
+        let o = hearth(&["plan", "--shape", "30b-a3b", "--mem-budget", budget, "--membw", "10"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    for budget in ["1GiB", "4GiB"] {
+        let t = text(budget);
+        assert!(!t.contains("memory speed") && t.contains("misses (not estimated)") && t.contains("+ experts"), "{budget}: {t}");
+    }
+    let t = text("40GiB");
+    assert!(t.contains("6144 of the 6144") && t.contains("memory speed"), "{t}");
+}

@@ -349,24 +349,34 @@ pub fn run(a: Args) -> Result<()> {
                 slots(w.slots - w.pinned)
             );
             o += &format!("  window      {:>12}  {} · {}\n", gb(w.window_bytes), slots(w.slots), gb(w.slot_bytes));
+            // Every layer's experts, and whether the cache holds them all (else each token
+            // reads the ones it misses, which the plan does not estimate: it depends on
+            // how the router spreads tokens; generate reports the hit rate).
+            let all_experts = summary.experts.map_or(0, |(n, _)| n * summary.shape.n_layer);
+            let misses = w.expert_slots > 0 && w.expert_slots < all_experts;
             if w.expert_slots > 0 {
                 o += &format!(
-                    "  experts     {:>12}  {} · {} (one expert of one layer each; read on a miss, not counted below)\n",
+                    "  experts     {:>12}  {} · {} (one expert of one layer each, {} of the {all_experts}; read on a miss)\n",
                     gb(w.expert_slots as u64 * w.expert_slot_bytes),
                     hearth_engine::plural(w.expert_slots, "expert slot"),
-                    gb(w.expert_slot_bytes)
+                    gb(w.expert_slot_bytes),
+                    w.expert_slots
                 );
             }
             o += &format!(
-                "  peak RSS    {:>12}  = KV cache + scratch + overhead + window ({} kept free as margin)\n",
+                "  peak RSS    {:>12}  = KV cache + scratch + overhead + window{} ({} kept free as margin)\n",
                 gb(w.peak_rss_bytes),
+                if w.expert_slots > 0 { " + experts" } else { "" },
                 gb(w.margin_bytes)
             );
-            if w.read_bytes_per_token == 0 {
+            let missed = if misses { ", plus the experts each token misses (not estimated)" } else { "" };
+            if w.read_bytes_per_token == 0 && !misses {
                 o += "  every unit stays resident: read once, then decode runs at memory speed\n";
+            } else if w.read_bytes_per_token == 0 {
+                o += "  token time  every unit stays resident; decode reads only the experts each token misses (not estimated)\n";
             } else {
                 o += &format!(
-                    "  token time  {:>10.2} s  = max({} read per token / {:.2} GB/s ({src}), compute at the decode bound)\n",
+                    "  token time  {:>10.2} s  = max({} read per token{missed} / {:.2} GB/s ({src}), compute at the decode bound)\n",
                     w.token_secs,
                     gb(w.read_bytes_per_token),
                     w.disk_gbps
