@@ -43,7 +43,7 @@ pub enum Shape {
     #[value(name = "70b")]
     B70,
     /// Qwen3-30B-A3B: n_embd 2048, 48 layers, 32 heads of 128, 4 KV heads, 128 experts of
-    /// 768 (8 per token); for --arch qwen3moe (--n-layer cuts it to fit)
+    /// 768 (8 per token); for --arch qwen3moe (synth's --n-layer cuts it to fit)
     #[value(name = "30b-a3b")]
     A3b,
     /// Qwen1.5-MoE-A2.7B: n_embd 2048, 24 layers, 16 heads, 16 KV heads, 60 experts of 1408

@@ -14,10 +14,10 @@ pub struct Args {
     /// GGUF file (a full model or a vocab-only file)
     #[arg(short, long)]
     pub model: Option<PathBuf>,
-    /// Text to tokenize
+    /// Text to tokenize (or --file)
     #[arg(long, conflicts_with = "file", required_unless_present = "file")]
     pub text: Option<String>,
-    /// File to tokenize (`-` for stdin), as `generate -f`
+    /// File to tokenize (`-` for stdin), as `generate -f` (or --text)
     #[arg(short = 'f', long, value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Add BOS/EOS as the model's metadata says
