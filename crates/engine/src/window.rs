@@ -87,7 +87,6 @@ fn apply_units(
     let ring = ctx.ring_windows().is_some();
     let moe = model.config.moe.filter(|_| !ring && !whole_layers());
     let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
-    let sizes: Vec<u64> = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).collect();
     if ring {
         // Only this device's layers and their KV cache.
         p.kv_cache_bytes = ctx.kv_bytes() as u64;
@@ -125,7 +124,7 @@ fn apply_units(
     }
     if ring && w.slots < w.n_units {
         w.pinned = 0;
-        w.read_bytes_per_token = sizes.iter().sum();
+        w.read_bytes_per_token = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).sum();
     }
     // Drop the mapping's pages (header, norms) before the window's slots fill up, so the
     // two never count together in the peak.

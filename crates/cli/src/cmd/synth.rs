@@ -91,8 +91,13 @@ impl Shape {
 
     /// The `--shape` value, e.g. `30b-a3b`.
     pub fn name(self) -> String {
-        self.to_possible_value().expect("no skipped variants").get_name().to_string()
+        flag_value(self)
     }
+}
+
+/// A `--shape` or `--arch` value as typed on the command line.
+fn flag_value(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value().expect("no skipped variants").get_name().to_string()
 }
 
 /// `--arch`, or the shape's own architecture when it is a mixture of experts (else llama).
@@ -141,7 +146,7 @@ pub enum ArchArg {
 impl ArchArg {
     /// The `--arch` value, e.g. `qwen3moe`.
     pub fn name(self) -> String {
-        self.to_possible_value().expect("no skipped variants").get_name().to_string()
+        flag_value(self)
     }
 
     /// The architecture.
