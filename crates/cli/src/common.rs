@@ -39,7 +39,7 @@ pub struct ModelArgs {
 }
 
 /// A context ready to run, with what `--mem-budget` and `--workers` set up.
-pub use hearth_engine::Prepared;
+pub use hearth_engine::{mib, Prepared};
 
 /// `--cache-type` values (clap lists them and rejects others).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,10 +248,6 @@ pub fn read_text(path: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
-/// Bytes as MiB with one decimal.
-pub fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
-}
 
 /// Parse `true|false|1|0|yes|no`.
 pub fn parse_bool(s: &str) -> Result<bool, String> {

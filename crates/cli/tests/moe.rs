@@ -1,8 +1,8 @@
 //! Mixture-of-experts files (`hearth synth --arch qwen3moe|qwen2moe|mixtral`, Q8_0, tiny) in the
 //! modes around the forward pass: batch invariance (eight sequences in one pass, prefills
 //! grouped by expert, give each sequence's logits bit for bit as when it runs alone),
-//! `hearth serve` batching eight requests, the pipelined ring and a `--mem-budget` window
-//! (whole layers streamed) and tensor parallelism (each expert split by rows) giving one
+//! `hearth serve` batching eight requests, the pipelined ring (with a ring worker under a
+//! `--mem-budget`: an expert cache), a `--mem-budget` window and tensor parallelism (each expert split by rows) giving one
 //! machine's tokens. A shared expert (qwen2moe): batch invariance, the ring, plan and
 //! bench counting it as active every token, tensor parallelism refused (issue #21).
 //! (Agreement with llama.cpp: `arch_reference.rs`.)
@@ -19,9 +19,14 @@ use std::sync::Arc;
 /// A Q8_0 file of `arch` (`qwen3moe`, `qwen2moe` or `mixtral`): 8 experts, 2 per token,
 /// `n_layer` layers of width `n_embd` (qwen2moe: and a shared expert 128 wide).
 fn synth(arch: &str, n_embd: u32, n_layer: u32) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-{arch}-{n_embd}x{n_layer}.gguf"));
-    let (e, l) = (n_embd.to_string(), n_layer.to_string());
-    let mut args = vec!["synth", "--arch", arch, "--n-embd", &e, "--n-layer", &l, "--n-head", "4", "--n-head-kv", "2", "--n-ff", "256"];
+    synth_ff(arch, n_embd, n_layer, 256)
+}
+
+/// [`synth`] with experts `n_ff` wide (mixtral).
+fn synth_ff(arch: &str, n_embd: u32, n_layer: u32, n_ff: u32) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-{arch}-{n_embd}x{n_layer}-{n_ff}.gguf"));
+    let (e, l, f) = (n_embd.to_string(), n_layer.to_string(), n_ff.to_string());
+    let mut args = vec!["synth", "--arch", arch, "--n-embd", &e, "--n-layer", &l, "--n-head", "4", "--n-head-kv", "2", "--n-ff", &f];
     args.extend(["--n-expert", "8", "--n-expert-used", "2", "--type", "q8_0", "--seed", "5", "-t", "2"]);
     if arch == "qwen3moe" {
         args.extend(["--head-dim", "32", "--n-ff-exp", "64"]);
@@ -183,6 +188,38 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     assert_clean_error(&o, "a mixture-of-experts model has no shard files yet (issue #21)");
     let cached = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
     assert_eq!(cached, 0, "a shard was cached in {}", cache.display());
+}
+
+#[test]
+fn a_ring_worker_under_a_budget_keeps_experts_not_layers() {
+    // 8 layers of 512 with experts 1024 wide: 13.6 MB of experts a layer (161 MiB in
+    // all). The budgeted worker runs layers 4..8 (54 MiB) under 64 MiB: its window holds
+    // the four blocks without their experts, and an expert cache the rest.
+    let m = synth_ff("mixtral", 512, 8, 1024);
+    let single = tokens(&ok(generate(&m, &[])));
+    let run = |env: &[(&str, &str)]| {
+        let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-ring-budget-worker.log");
+        let a = Worker::start(&m, &[]);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.envs(env.iter().copied());
+        let b = Worker::spawn_cmd(
+            cmd,
+            &["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap(), "--mem-budget", "64MiB"],
+            std::fs::File::create(&log).unwrap().into(),
+        );
+        let v = ok(generate(&m, &["--workers", &addrs(&[&a, &b]), "--parallel", "ring", "--layer-window", "2,2,4"]));
+        drop(b);
+        (v, std::fs::read_to_string(&log).unwrap())
+    };
+    let (v, err) = run(&[]);
+    assert_eq!(tokens(&v), single, "{err}");
+    // It kept experts (it once streamed whole layers on a ring device), and read the ones
+    // each token missed.
+    assert!(err.contains("expert slots ×") && err.contains("the experts missed"), "{err}");
+    assert!(v["ring"]["devices"][2]["disk_wait_ms"].as_f64().unwrap() > 0.0, "{}", v["ring"]);
+    // Control: the cache handing out the next expert's bytes changes the tokens.
+    let (v, err) = run(&[("HEARTH_TEST_WRONG_EXPERT", "1")]);
+    assert_ne!(tokens(&v), single, "{err}");
 }
 
 #[test]

@@ -136,6 +136,12 @@ fn plans_smallest_budget_is_the_one_generate_enforces() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && text.contains(" 1 slot of ") && !text.contains(" 1 slots"), "{text}");
     assert!(text.contains("2 expert slots"), "{text}");
+    // A larger budget (more expert slots) names the same minimum in --json (it once
+    // counted its own slots into the minimum, which then grew with the budget).
+    let o = plan(&m, min + (8 << 20), true);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["window"]["expert_slots"].as_u64().unwrap() > 2, "{v}");
+    assert_eq!(v["window"]["min_budget_bytes"].as_u64(), Some(min), "{v}");
 }
 
 #[test]

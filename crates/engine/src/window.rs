@@ -85,19 +85,31 @@ fn apply_units(
         PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
     let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
     let ring = ctx.ring_windows().is_some();
-    let moe = model.config.moe.filter(|_| !ring && !whole_layers());
+    let moe = model.config.moe.filter(|_| !whole_layers());
     let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
     if ring {
-        // Only this device's layers and their KV cache.
+        // Only this device's layers (experts included: mapped, it holds them all) and
+        // their KV cache.
+        let mapped: u64 = ctx.units(head)?.iter().map(|r| r.len() as u64).sum();
         p.kv_cache_bytes = ctx.kv_bytes() as u64;
-        p.peak_rss_bytes = units.iter().map(|r| r.len() as u64).sum::<u64>() + p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
+        p.peak_rss_bytes = mapped + p.kv_cache_bytes + p.scratch_bytes + p.overhead_bytes;
     } else if ctx.n_slots() > 1 {
         // A server's slots: one sequence's KV cache each.
         let kv = p.kv_cache_bytes * ctx.n_slots() as u64;
         p.peak_rss_bytes += kv - p.kv_cache_bytes;
         p.kv_cache_bytes = kv;
     }
-    let expert_ranges = moe.map(|m| hearth_model::expert_ranges(&model.weights, m.n_expert));
+    // Every layer's experts, none for the layers another ring device runs (the cache
+    // is sized over this device's experts, and never asked for the others).
+    let expert_ranges = moe.map(|m| {
+        let mut r = hearth_model::expert_ranges(&model.weights, m.n_expert);
+        for (il, layer) in r.iter_mut().enumerate() {
+            if !ctx.owns_layer(il) {
+                layer.clear();
+            }
+        }
+        r
+    });
     let planned = plan_units(&p, &units, expert_ranges.as_deref().zip(moe.map(|m| m.n_expert_used)), budget, 0.0);
     let mut w = planned.map_err(|min| {
         let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
@@ -163,7 +175,12 @@ fn experts_text(w: &WindowPlan) -> String {
     if w.expert_slots == 0 {
         return String::new();
     }
-    format!(" + {} × {}", crate::plural(w.expert_slots, "expert slot"), mib(w.expert_slot_bytes))
+    // A tiny model's expert slot is a few KiB: "0.0 MiB" would say nothing.
+    let size = match w.expert_slot_bytes {
+        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => mib(b),
+    };
+    format!(" + {} × {size}", crate::plural(w.expert_slots, "expert slot"))
 }
 
 /// MiB with one decimal, rounded up (a minimum the user may copy).

@@ -725,13 +725,18 @@ pub fn plan_experts(
     let all = units.len() as u64 * slot;
     let ring = if free >= all + k_bytes { all } else if free >= 2 * slot + k_bytes { 2 * slot } else { slot };
     let slots = (free.saturating_sub(ring) / expert_slot.max(1)).min(n_experts as u64) as usize;
+    // The smallest plan: one unit slot and `k` expert slots. Its minimum is every
+    // plan's `min_budget_bytes`, whatever the budget (a plan at a larger budget counts
+    // its own expert slots as fixed, and would name a minimum that grows with it).
+    let small = plan_window(&with(k), units, 0, 0.0).unwrap_or_else(|e| *e);
+    let min_budget = small.min_budget_bytes;
     let mark = |mut w: WindowPlan, slots: usize| {
         w.expert_slots = slots;
         w.expert_slot_bytes = expert_slot;
+        w.min_budget_bytes = min_budget;
         w
     };
     if slots < k {
-        let small = plan_window(&with(k), units, 0, 0.0).unwrap_or_else(|e| *e);
         return Err(Box::new(mark(small, k)));
     }
     match plan_window(&with(slots), units, budget, disk_gbps) {
@@ -765,6 +770,11 @@ mod expert_tests {
         assert_eq!((ok.slots, ok.expert_slots), (1, 4));
         assert!(plan_experts(&p, &units, es, 64, 4, small.min_budget_bytes - 1, 0.0).is_err());
         // A budget above everything keeps every expert.
-        assert_eq!(plan_experts(&p, &units, es, 64, 4, fixed + (1 << 30), 0.0).unwrap().expert_slots, 64);
+        let big = plan_experts(&p, &units, es, 64, 4, fixed + (1 << 30), 0.0).unwrap();
+        assert_eq!(big.expert_slots, 64);
+        // Every plan names the same minimum, whatever its budget and slots.
+        for w in [&w, &ok, &big] {
+            assert_eq!(w.min_budget_bytes, small.min_budget_bytes, "{w:?}");
+        }
     }
 }

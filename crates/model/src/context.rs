@@ -65,6 +65,22 @@ struct Scratch {
     attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
 }
 
+/// The read-ahead's guess of the next layer's experts (decode under an expert cache):
+/// its normed input `[n_embd]`, router logits `[n_expert]`, and the top `n_expert_used`.
+struct NextExperts {
+    h: Vec<f32>,
+    logits: Vec<f32>,
+    ids: Vec<usize>,
+    wt: Vec<f32>,
+}
+
+impl NextExperts {
+    fn new(n_embd: usize, moe: crate::config::Moe) -> Self {
+        let k = moe.n_expert_used;
+        NextExperts { h: vec![0.0; n_embd], logits: vec![0.0; moe.n_expert], ids: vec![0; k], wt: vec![0.0; k] }
+    }
+}
+
 /// Bytes held by one [`Context`]'s buffers, by category (its own allocation counters;
 /// compare with the process's anonymous RSS). Shapes as in `Scratch`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -318,9 +334,9 @@ impl Context {
         let Some(moe) = self.model.config.moe else {
             return Err(ModelError::Context("an expert source needs a mixture-of-experts model".into()));
         };
-        if self.n_past.iter().any(|&n| n > 0) || self.split.is_some() || self.ring.is_some() {
+        if self.n_past.iter().any(|&n| n > 0) || self.split.is_some() {
             return Err(ModelError::Context(
-                "an expert source must be set before the first evaluation, without a tensor split or a ring".into(),
+                "an expert source must be set before the first evaluation, without a tensor split".into(),
             ));
         }
         if experts.slots() < moe.n_expert_used {
@@ -454,8 +470,14 @@ impl Context {
         let c = &self.model.config;
         let w = &self.model.weights;
         let all = if without_experts { crate::source::unit_ranges_without_experts(w)? } else { crate::source::unit_ranges(w)? };
-        let own = (0..c.n_layer).filter(|&il| self.layer_unit[il] != usize::MAX).map(|il| all[il].clone());
+        let own = (0..c.n_layer).filter(|&il| self.owns_layer(il)).map(|il| all[il].clone());
         Ok(own.chain(if head { all[c.n_layer..].to_vec() } else { Vec::new() }).collect())
+    }
+
+    /// Whether this context runs layer `il`: every layer, except on a pipelined-ring
+    /// device ([`Self::set_ring`]), which runs its windows' layers only.
+    pub fn owns_layer(&self, il: usize) -> bool {
+        self.layer_unit.get(il).is_some_and(|&u| u != usize::MAX)
     }
 
     /// This device's ring windows, when it runs a pipelined ring ([`Self::set_ring`]).
@@ -865,6 +887,8 @@ impl Context {
         let rope_factors = rope_factors.or(w.rope_freqs.as_deref());
         let block = c.arch.block();
         let mapped = Unit { bytes: file.as_bytes(), base: 0 };
+        // The read-ahead's buffers (below), made once a pass when it first runs.
+        let mut guess: Option<NextExperts> = None;
         for il in layers {
             let l = &w.layers[il];
             let unit = match self.source.as_mut() {
@@ -915,16 +939,16 @@ impl Context {
             // starts reading the ones it lacks while the next layer's attention computes.
             // The router's bytes come from the mapping (n_expert rows: a few hundred KiB a
             // layer stay resident), since the next layer's unit may not be loaded yet.
-            if let (1, None, Some(cache), Some(moe)) = (n, comm.as_ref(), self.experts.as_ref(), c.moe) {
+            // (On a ring device, only when it runs the next layer too.)
+            let own_next = self.layer_unit.get(il + 1).is_some_and(|&u| u != usize::MAX);
+            if let (1, None, Some(cache), Some(moe), true) = (n, comm.as_ref(), self.experts.as_ref(), c.moe, own_next) {
                 if let Some((next, router)) = w.layers.get(il + 1).and_then(|l| Some((l, l.router.as_ref()?))) {
-                    let mut h = vec![0f32; e];
-                    ops::rmsnorm(&x[..e], next.v(crate::arch::Vector::FfnNorm), c.rms_eps, &mut h);
-                    let mut logits = vec![0f32; moe.n_expert];
-                    matmul(&self.pool, &mapped.view(router)?, &h, 1, &mut logits, quant)?;
-                    let (mut ids, mut wt) = (vec![0usize; moe.n_expert_used], vec![0f32; moe.n_expert_used]);
+                    let g = guess.get_or_insert_with(|| NextExperts::new(e, moe));
+                    ops::rmsnorm(&x[..e], next.v(crate::arch::Vector::FfnNorm), c.rms_eps, &mut g.h);
+                    matmul(&self.pool, &mapped.view(router)?, &g.h, 1, &mut g.logits, quant)?;
                     // A NaN is reported by the next layer's own routing; no guess then.
-                    if crate::moe::route(&mut logits, moe.n_expert_used, moe.norm_weights, &mut ids, &mut wt).is_ok() {
-                        cache.borrow_mut().prefetch(il + 1, &ids);
+                    if crate::moe::route(&mut g.logits, moe.n_expert_used, moe.norm_weights, &mut g.ids, &mut g.wt).is_ok() {
+                        cache.borrow_mut().prefetch(il + 1, &g.ids);
                     }
                 }
             }
