@@ -419,14 +419,37 @@ fn a_nan_in_a_router_is_an_error_naming_it() {
         .unwrap();
         out
     };
-    let o = generate(&with_nan("blk.1.ffn_gate_inp.weight"), &[]);
+    let bad = with_nan("blk.1.ffn_gate_inp.weight");
+    let o = generate(&bad, &[]);
     assert_clean_error(&o, "layer 1: the router (blk.1.ffn_gate_inp.weight)");
     assert_clean_error(&o, "router weights hold a NaN");
+    // Served, every request fails with the reason, and after three failed passes in a
+    // row `/health` says so with a 503 (it stayed "ok" while no request could succeed).
+    let srv = Server::start_model(&bad, &[]);
+    let health = || srv.request("GET", "/health", None, "");
+    assert_eq!(health().0, 200, "before any request: {}", health().1);
+    for i in 0..3 {
+        let (status, v) = srv.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 4}));
+        assert!(status >= 500 && v["error"]["message"].as_str().unwrap().contains("router weights hold a NaN"), "{status} {v}");
+        let (code, body) = health();
+        assert_eq!(code, if i < 2 { 200 } else { 503 }, "after {} failed requests: {body}", i + 1);
+    }
+    let v: serde_json::Value = serde_json::from_str(&health().1).unwrap();
+    assert_eq!((v["status"].as_str(), v["failed_passes_in_a_row"].as_u64()), (Some("error"), Some(3)), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("blk.1.ffn_gate_inp.weight"), "{v}");
+    assert!(srv.get("/metrics").contains("hearth_failed_passes_total 3"));
+    drop(srv);
     // Past the last router (here token 0's row of the output head) no router sees it: the
     // logits' check names it (a NaN logit was sampled silently, often as the end).
     assert_clean_error(&generate(&with_nan("output.weight"), &[]), "the output logits hold NaN (token id 0");
-    // The control: the file unaltered runs.
+    // The control: the file unaltered runs, and is healthy after as many requests.
     assert_eq!(tokens(&ok(generate(&m, &[]))).len(), 16);
+    let srv = Server::start_model(&m, &[]);
+    for _ in 0..3 {
+        assert_eq!(srv.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 4})).0, 200);
+    }
+    let (code, body) = srv.request("GET", "/health", None, "");
+    assert_eq!(code, 200, "{body}");
 }
 
 /// The planner's scratch covers what a mixture of experts' prefill grows a context's

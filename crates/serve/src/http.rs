@@ -82,6 +82,13 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     if let Some(c) = m.cluster.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
         v["cluster"] = c.json();
     }
+    // Every recent forward pass failed: not healthy (503), with the reason.
+    if let Some((n, why)) = m.failing() {
+        v["status"] = "error".into();
+        v["failed_passes_in_a_row"] = n.into();
+        v["error"] = why.into();
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(v)).into_response();
+    }
     Json(v).into_response()
 }
 

@@ -80,7 +80,19 @@ pub struct Metrics {
     pub cluster: std::sync::Arc<Mutex<Option<crate::cluster::ClusterState>>>,
     /// Time to compute a constrained sequence's token mask and apply it (per token).
     pub constraint_mask: Histogram,
+    /// Forward passes that failed (a lost device is not one: the engine is set up again).
+    failed_passes: AtomicU64,
+    /// Of them, those since the last pass that worked (`/health`).
+    failed_in_a_row: AtomicU64,
+    /// The last failure's message (`/health`).
+    last_failure: Mutex<Option<String>>,
 }
+
+/// Failed forward passes in a row, with none working between, after which `/health`
+/// answers 503: one bad request (a prompt that overflows, a client gone) is not a sick
+/// engine, but a model whose every pass fails (a NaN in its weights) is, and a load
+/// balancer should stop sending it requests.
+pub const UNHEALTHY_AFTER_FAILED_PASSES: u64 = 3;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -101,6 +113,9 @@ impl Default for Metrics {
             tpot: Histogram::new(SECONDS),
             cluster: Default::default(),
             constraint_mask: Histogram::new(MASK_SECONDS),
+            failed_passes: AtomicU64::new(0),
+            failed_in_a_row: AtomicU64::new(0),
+            last_failure: Mutex::new(None),
         }
     }
 }
@@ -110,6 +125,26 @@ impl Metrics {
     pub fn request(&self, endpoint: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         *m.entry((endpoint.to_string(), status)).or_default() += 1;
+    }
+
+    /// A forward pass worked.
+    pub fn pass_ok(&self) {
+        self.failed_in_a_row.store(0, Ordering::Relaxed);
+    }
+
+    /// A forward pass failed with `why`.
+    pub fn pass_failed(&self, why: &str) {
+        self.failed_passes.fetch_add(1, Ordering::Relaxed);
+        self.failed_in_a_row.fetch_add(1, Ordering::Relaxed);
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
+    }
+
+    /// `Some((passes failed in a row, the last failure))` once at least
+    /// [`UNHEALTHY_AFTER_FAILED_PASSES`] have failed with none working since.
+    pub fn failing(&self) -> Option<(u64, String)> {
+        let n = self.failed_in_a_row.load(Ordering::Relaxed);
+        let last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (n >= UNHEALTHY_AFTER_FAILED_PASSES).then(|| (n, last.unwrap_or_default()))
     }
 
     /// The Prometheus text exposition.
@@ -131,6 +166,7 @@ impl Metrics {
             ("hearth_speculative_accepted_tokens_total", "counter", "Speculative decoding: guesses the model sampled itself.", get(&self.accepted_tokens)),
             ("hearth_cancelled_total", "counter", "Sequences cancelled because the client disconnected.", get(&self.cancelled)),
             ("hearth_steps_total", "counter", "Forward passes (scheduler steps).", get(&self.steps)),
+            ("hearth_failed_passes_total", "counter", "Forward passes that failed (their sequences got an error).", get(&self.failed_passes)),
             ("hearth_queue_depth", "gauge", "Requests waiting for a KV cache slot.", get(&self.queue_depth)),
             ("hearth_active_sequences", "gauge", "Sequences holding a KV cache slot.", get(&self.active)),
         ] {

@@ -251,6 +251,7 @@ fn run(
                 metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
                 let event = match ctx.eval_hidden(slot, &job.prompt) {
                     Ok(h) => {
+                        metrics.pass_ok();
                         cache.keep(slot, &job.prompt); // its K/V are the input's: a prefix to reuse
                         let mut vector = pooling.pool(&h, model.config.n_embd);
                         hearth_model::embed::normalize(&mut vector);
@@ -263,7 +264,11 @@ fn run(
                             deferred.push(job);
                             break;
                         }
-                        None => Event::Failed(format!("the forward pass failed: {e}")),
+                        None => {
+                            let msg = format!("the forward pass failed: {e}");
+                            metrics.pass_failed(&msg);
+                            Event::Failed(msg)
+                        }
                     },
                 };
                 let _ = job.events.send(event);
@@ -370,7 +375,10 @@ fn run(
         metrics.batch_tokens.observe((ctx.n_batch() - budget) as f64);
         metrics.batch_sequences.observe(segs.len() as f64);
         let logits = match ctx.eval_batch(&segs) {
-            Ok(l) => l,
+            Ok(l) => {
+                metrics.pass_ok();
+                l
+            }
             Err(e) => {
                 if let Some(f) = replan.as_ref().and_then(|(r, _)| r.failed(&e)) {
                     lost = Some(f);
@@ -378,6 +386,7 @@ fn run(
                 }
                 // Fail this step's sequences; the others go on.
                 let msg = format!("the forward pass failed: {e}");
+                metrics.pass_failed(&msg);
                 let mut failed: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
                 failed.sort_unstable();
                 for &i in failed.iter().rev() {
