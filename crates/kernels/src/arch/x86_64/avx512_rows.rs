@@ -162,10 +162,8 @@ impl Group {
         }
         Group {
             idx: _mm512_loadu_si512(idx.as_ptr() as *const _),
-            // One group ahead: 16 rows are a long unit, and two to four ahead
-            // (the 256-bit kernels' rule) lost 5-10% of SmolLM2 Q8_0 decode at
-            // 2 threads on the Zen 4 host.
-            next: super::prefetch_units_ahead(p, r0, LANES, 1),
+            // About 32 kB ahead, capped by the panel (`groups_ahead`).
+            next: super::prefetch_units_ahead(p, r0, LANES, groups_ahead(p)),
             r0,
             n: LANES.min(p.n_rows - r0),
         }
@@ -181,6 +179,38 @@ impl Group {
     #[inline(always)]
     pub(super) fn listed(&self, p: &Panel<'_>) -> Listed<LANES> {
         Listed::new(p.w.as_ptr(), p.row_stride, self.r0, p.n_rows)
+    }
+}
+
+/// Row groups ahead of the current one that [`Group::new`] prefetches: about
+/// `PREFETCH_AHEAD` (32 kB) of weights in whole groups, 1 to `MAX_UNITS_AHEAD`, and at
+/// most an eighth of the panel's groups.
+///
+/// Why: one group ahead (the rule until session 25) is 55 kB for a dense 7B down
+/// projection but only 6.9 kB for a Qwen3-30B-A3B expert's 768-column down (432-byte
+/// rows), too little in flight: those downs streamed 22-27% slower per byte than a dense
+/// down. About 32 kB ahead: the 8 experts' downs 13.2 -> 16.1 GiB/s at 1 thread and
+/// 25.9 -> 32.5 at 2, the whole expert FFN 14.2 -> 16.3 and 26.3 -> 29.4 (`cargo bench -p
+/// hearth-kernels --bench matmul -- moe_ffn`, Zen 4, medians of 3 alternating runs;
+/// docs/BENCHMARKS.md). The cap by panel keeps short panels (SmolLM2's 576-row
+/// matrices, split among threads in panels of a few groups) at one group ahead: there
+/// the prefetch past a panel's end fetches rows another thread reads, and 4 groups
+/// ahead lost 6-9% of SmolLM2 Q8_0 decode at 2 threads.
+#[inline(always)]
+fn groups_ahead(p: &Panel<'_>) -> usize {
+    let by_bytes = super::PREFETCH_AHEAD.div_ceil((LANES * p.row_stride).max(1)).clamp(1, super::MAX_UNITS_AHEAD);
+    by_bytes.min((p.n_rows / LANES / 8).max(1))
+}
+
+/// Groups `1..ahead` of the panel into L2 before its first group runs: each group then
+/// prefetches the one `ahead` past it, so without this those first ones would come
+/// unprefetched at every panel's start.
+#[inline(always)]
+unsafe fn prefetch_panel_start(p: &Panel<'_>, ahead: usize) {
+    let group = LANES * p.row_stride;
+    let end = (ahead * group).min(p.n_rows * p.row_stride);
+    for at in (group.min(end)..end).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T1>(p.w.as_ptr().add(at) as *const i8);
     }
 }
 
@@ -219,6 +249,7 @@ unsafe fn tile<F: RowFmt, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, row
 /// The whole panel: 16-row groups × tiles of up to 16 tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn run<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
+    prefetch_panel_start(p, groups_ahead(p));
     for r0 in (0..p.n_rows).step_by(LANES) {
         let g = Group::new(p, r0);
         if g.n == LANES {
