@@ -171,8 +171,10 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "sum"]));
     assert_eq!(tokens(&v).len(), 16);
     assert_eq!(v["tensor_parallel"]["allreduces"], 8 * 3 * v["tensor_parallel"]["passes"].as_u64().unwrap());
-    // A worker without the file would need a shard file, which MoE has not yet: refused
-    // before anything is cut or sent (issue #21).
+    // A worker without the file gets its shard file (each expert's cut of the stacked
+    // gate, up and down, end to end; the router whole) from the coordinator, once, and
+    // caches it; a worker under a budget cuts its own and streams it. Both give one
+    // machine's tokens (a MoE model had no shard files: both were refused).
     let sha = String::from_utf8_lossy(&std::process::Command::new("sha256sum").arg(&m).output().unwrap().stdout)
         .split_whitespace()
         .next()
@@ -180,14 +182,24 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
         .to_string();
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shard-cache");
     let _ = std::fs::remove_dir_all(&cache);
-    let w = Worker::spawn(
+    let no_file = Worker::spawn(
         &["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()],
         std::process::Stdio::null(),
     );
-    let o = generate(&m, &["--workers", &w.addr]);
-    assert_clean_error(&o, "a mixture-of-experts model has no shard files yet (issue #21)");
-    let cached = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
-    assert_eq!(cached, 0, "a shard was cached in {}", cache.display());
+    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shard-budget-worker.log");
+    let budgeted = Worker::spawn(
+        &["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap(), "--mem-budget", "47MiB", "--shard-cache", cache.to_str().unwrap()],
+        std::fs::File::create(&log).unwrap().into(),
+    );
+    let o = generate(&m, &["--workers", &addrs(&[&no_file, &budgeted]), "--tp-schedule", "gather"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(tokens(&ok(o)), single, "shard files: {err}");
+    assert!(err.contains("has no copy of its shard: sending it"), "{err}");
+    let shards = std::fs::read_dir(&cache).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "gguf")).count();
+    assert_eq!(shards, 2, "one shard file per worker in {}", cache.display());
+    drop(budgeted);
+    let wlog = std::fs::read_to_string(&log).unwrap();
+    assert!(wlog.contains("--mem-budget 47.0 MiB: window of") && wlog.contains("streamed"), "{wlog}");
 }
 
 #[test]

@@ -85,7 +85,9 @@ fn apply_units(
         PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
     let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
     let ring = ctx.ring_windows().is_some();
-    let moe = model.config.moe.filter(|_| !whole_layers());
+    // A tensor-parallel worker's shard file streams whole (shard) layers, experts included:
+    // an expert cache does not combine with a tensor split yet.
+    let moe = model.config.moe.filter(|_| !whole_layers() && model.shard.is_none());
     let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
     if ring {
         // Only this device's layers (experts included: mapped, it holds them all) and

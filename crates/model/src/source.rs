@@ -156,7 +156,9 @@ fn ranges(w: &Weights, without_experts: bool) -> Result<Vec<Range<usize>>> {
         let ms = if experts { &ms[..4] } else { &ms[..] };
         // A shared expert is ordinary layer weights: in the unit either way.
         let shared = l.shared.iter().flat_map(|s| s.tensors());
-        let ts: Vec<&TensorRef> = ms.iter().copied().chain(l.router.as_ref()).chain(shared).collect();
+        // (A shard file's empty cuts, e.g. a node without KV heads, are placeholders of
+        // 0 bytes at offset 0, not part of the block.)
+        let ts: Vec<&TensorRef> = ms.iter().copied().chain(l.router.as_ref()).chain(shared).filter(|t| t.size > 0).collect();
         let lo = ts.iter().map(|t| t.offset).min().unwrap_or(0);
         let hi = ts.iter().map(|t| t.offset + t.size).max().unwrap_or(0);
         let sum: usize = ts.iter().map(|t| t.size).sum();

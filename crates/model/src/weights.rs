@@ -206,9 +206,6 @@ impl Weights {
         if f.tensors().is_empty() {
             return Err(ModelError::VocabOnly);
         }
-        if shard.is_some() && c.moe.is_some() {
-            return Err(ModelError::Weights("a mixture-of-experts model has no shard files yet (issue #21): for tensor parallelism its workers map the model file (no --model-sha256, no worker --mem-budget)".into()));
-        }
         let n_expert = c.moe.map_or(0, |m| m.n_expert);
         let (e, v) = (c.n_embd, c.n_vocab);
         let whole = crate::TensorSplit::whole(c);
@@ -239,7 +236,7 @@ impl Weights {
                 if t.optional && f.tensor(&name).is_none() {
                     continue;
                 }
-                if let Holds::Matrix(m) = t.holds {
+                if let Holds::Matrix(m) | Holds::Experts(m) = t.holds {
                     let (rows, cols) = shapes[m as usize];
                     if shard.is_some() && (rows == 0 || cols == 0) {
                         // A shard file leaves out this node's empty cuts.

@@ -120,7 +120,8 @@ pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
     // A MoE layer's gate, up and down are stacked experts (`n_expert` × the shape a node
     // splits): the node holds its rows of every expert.
     let n_expert = model.config.moe.map_or(1, |m| m.n_expert) as u64;
-    let per_matrix = |i: usize| if i >= hearth_model::Mat::Gate as usize { n_expert } else { 1 };
+    // (A shard file's stacked experts are already every expert's cut: counted as stored.)
+    let per_matrix = |i: usize| if i >= hearth_model::Mat::Gate as usize && model.shard.is_none() { n_expert } else { 1 };
     model
         .weights
         .layers
@@ -723,13 +724,6 @@ impl std::io::Write for ShardSink<'_> {
 fn send_shard(peer: &mut Peer, model: &Model, split: &TensorSplit, sha: &[u8; 32], progress: bool) -> Result<(), ClusterError> {
     use std::io::Write;
     let node = peer.node();
-    if model.config.moe.is_some() {
-        // Refuse before cutting or sending anything (the worker would refuse the file).
-        return Err(ClusterError::Plan(format!(
-            "node {node} has no copy of the model file (a worker started with --model-sha256): \
-             a mixture-of-experts model has no shard files yet (issue #21); start that worker with the model file (-m)"
-        )));
-    }
     let t = std::time::Instant::now();
     if progress {
         eprintln!(

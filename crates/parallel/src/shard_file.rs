@@ -6,7 +6,8 @@
 //! ([`hearth_model::shard_keys`]: the source file's SHA-256 and the split), every
 //! block's vectors (norms, biases) and its seven matrices already cut to the node's rows
 //! and columns (named as in the model, shapes of the cut; fused matrices stored as
-//! separate ones), `output_norm.weight` and any RoPE factors. It has
+//! separate ones; a mixture of experts' stacked gate, up and down as every expert's cut,
+//! end to end, with its router whole), `output_norm.weight` and any RoPE factors. It has
 //! no embedding and no output head. Loading it with `hearth_model::Model::load` gives a
 //! model whose `shard` is the split; `Context::set_tensor_split` then uses the matrices
 //! as they are.
@@ -64,7 +65,11 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
     enum Src<'a> {
         Copy(String),
         Cut(&'a hearth_model::TensorRef, std::ops::Range<usize>, std::ops::Range<usize>),
+        // Stacked experts: each expert's cut, laid end to end (a 3-D tensor of the cut's
+        // shape × n_expert, as `Context::set_tensor_split` lays out its own copy).
+        Experts(&'a hearth_model::LayerWeights, hearth_model::Mat, std::ops::Range<usize>, std::ops::Range<usize>),
     }
+    let n_expert = c.moe.map_or(0, |m| m.n_expert);
     let mut specs = Vec::new();
     let mut srcs = Vec::new();
     let copy_spec = |name: &str| -> Result<TensorSpec, ModelError> {
@@ -79,7 +84,14 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
             match lt.holds {
                 // A node without KV heads (or FFN rows) has empty cuts: GGUF has no
                 // zero-sized tensors, so they are left out (the loader expects that).
-                hearth_model::Holds::Matrix(m) if shapes[m as usize].0.is_empty() || shapes[m as usize].1.is_empty() => {}
+                hearth_model::Holds::Matrix(m) | hearth_model::Holds::Experts(m)
+                    if shapes[m as usize].0.is_empty() || shapes[m as usize].1.is_empty() => {}
+                hearth_model::Holds::Experts(m) => {
+                    let (rows, cols) = shapes[m as usize].clone();
+                    let t = l.matrix(m);
+                    specs.push(TensorSpec { name, dims: vec![cols.len() as u64, rows.len() as u64, n_expert as u64], ty: t.ty });
+                    srcs.push(Src::Experts(l, m, rows, cols));
+                }
                 hearth_model::Holds::Matrix(m) => {
                     let (rows, cols) = shapes[m as usize].clone();
                     let t = l.matrix(m);
@@ -109,6 +121,15 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
                 Ok(())
             }),
             Src::Cut(t, rows, cols) => slice_matrix(f, t, rows.clone(), cols.clone(), &mut buf),
+            Src::Experts(l, m, rows, cols) => {
+                buf.clear();
+                let mut one = Vec::new();
+                (0..n_expert).try_for_each(|e| {
+                    slice_matrix(f, &l.expert(*m, e, n_expert), rows.clone(), cols.clone(), &mut one)?;
+                    buf.extend_from_slice(&one);
+                    Ok::<(), ModelError>(())
+                })
+            }
         };
         match got {
             Ok(()) => w.write_all(&buf),
