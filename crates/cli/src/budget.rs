@@ -14,7 +14,10 @@ pub struct BudgetArgs {
     /// (K/M/G and KiB/MiB/GiB are powers of 1024, KB/MB/GB of 1000). When the model does
     /// not fit mapped, its layers are streamed from disk through a window of as many
     /// layers as the budget holds, read ahead while the current one computes; fails with
-    /// the smallest workable budget when even one layer does not fit.
+    /// the smallest workable budget when even one layer does not fit. A mixture of experts
+    /// keeps experts instead (an expert cache: the layers without their experts, and as
+    /// many experts as the rest holds, the ones each token misses read from disk). A ring
+    /// worker budgets only its own layers, checked when a coordinator's session starts.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     pub mem_budget: Option<u64>,
     /// Drop the model file from the page cache before loading, so reads come from disk

@@ -58,6 +58,11 @@ enum Command {
     /// --workers): a tensor-parallel share of every block, or whole layers of a pipelined ring.
     Worker(cmd::worker::Args),
     /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
+    ///
+    /// Endpoints: /v1/chat/completions, /v1/completions (streaming with "stream": true),
+    /// /v1/embeddings, /v1/models, /health (200 {"status":"ok"}; 503 with the error once
+    /// three forward passes in a row have failed) and /metrics (Prometheus). See
+    /// docs/SERVE.md.
     Serve(cmd::serve::Args),
 }
 

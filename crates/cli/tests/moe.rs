@@ -227,7 +227,7 @@ fn a_ring_worker_under_a_budget_keeps_experts_not_layers() {
     assert_eq!(tokens(&v), single, "{err}");
     // It kept experts (it once streamed whole layers on a ring device), and read the ones
     // each token missed.
-    assert!(err.contains("expert slots ×") && err.contains("the experts missed"), "{err}");
+    assert!(err.contains("expert slots ×") && err.contains("the experts each token misses"), "{err}");
     assert!(v["ring"]["devices"][2]["disk_wait_ms"].as_f64().unwrap() > 0.0, "{}", v["ring"]);
     // Control: the cache handing out the next expert's bytes changes the tokens.
     let (v, err) = run(&[("HEARTH_TEST_WRONG_EXPERT", "1")]);

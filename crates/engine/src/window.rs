@@ -117,7 +117,7 @@ fn apply_units(
         let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };
         anyhow::anyhow!(
             "--mem-budget {} is too small: KV cache {} + scratch {} + runtime {} + one unit of {}{} + a margin of {} \
-             (16 MiB + budget/32, for error in the runtime estimate) need at least {} ({} bytes) \
+             (16 MiB + 1/32 of that minimum, for error in the runtime estimate) need at least {} ({} bytes) \
              (or lower {}{q8}{})",
             mib(budget),
             mib(p.kv_cache_bytes),
@@ -148,23 +148,27 @@ fn apply_units(
         let cache = ExpertCache::open(model.file.path(), r, w.expert_slots, b.read_mode)?;
         ctx.set_expert_source(Box::new(cache))?;
     }
+    // What a token reads: the streamed units, and with an expert cache the experts missed.
+    let read = match (w.read_bytes_per_token, w.expert_slots > 0) {
+        (0, true) => "only the experts each token misses".to_string(),
+        (b, true) => format!("{} + the experts each token misses", mib(b)),
+        (b, false) => mib(b),
+    };
     eprintln!(
         "--mem-budget {}: window of {} × {} for {}{} ({} kept, {} streamed through {}) + KV cache {} + scratch {} \
-         + runtime {} = predicted peak RSS {}; {}{} read per token ({} reads){}",
+         + runtime {} = predicted peak RSS {}; {read} read per token ({} reads){}",
         mib(budget),
         crate::plural(w.slots, "slot"),
         mib(w.slot_bytes),
         crate::plural(w.n_units, "unit"),
         experts_text(&w),
-        w.pinned,
+        crate::plural(w.pinned, "unit"),
         w.n_units - w.pinned,
         crate::plural(w.slots - w.pinned, "slot"),
         mib(p.kv_cache_bytes),
         mib(p.scratch_bytes),
         mib(p.overhead_bytes),
         mib(w.peak_rss_bytes),
-        mib(w.read_bytes_per_token),
-        if w.expert_slots > 0 { " + the experts missed" } else { "" },
         if window.is_direct() { "O_DIRECT" } else { "buffered" },
         if w.slots == 1 { "; one slot: no read-ahead, every layer waits for its read" } else { "" },
     );

@@ -228,14 +228,14 @@ pub fn run(a: Args) -> Result<()> {
         dec.finish(); // an incomplete last character is not printed as U+FFFD
         writeln!(stdout).context("writing to stdout")?;
         eprintln!(
-            "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms ({} threads, stop: {:?})\n\
+            "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms ({}, stop: {:?})\n\
              {}",
             t.prompt_tokens,
             t.prefill_tok_s(),
             out.tokens.len(),
             t.decode_tok_s(),
             t.ttft_ms,
-            a.model.threads(),
+            hearth_engine::plural(a.model.threads(), "thread"),
             out.stop,
             mem.human(),
         );

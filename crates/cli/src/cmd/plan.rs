@@ -44,7 +44,9 @@ pub struct Args {
     /// Memory read bandwidth in GB/s [default: measured, 256 MiB buffer]
     #[arg(long, value_name = "GBPS")]
     pub membw: Option<f64>,
-    /// Plan a sliding window for this memory budget (as generate's --mem-budget), e.g. 1GiB
+    /// Plan a sliding window for this memory budget (as generate's --mem-budget), e.g. 1GiB;
+    /// for a mixture of experts, the expert cache beside it. Exits 1 naming the smallest
+    /// workable budget (--json: `window.min_budget_bytes`) when it is too small
     #[arg(long, value_name = "BYTES", value_parser = crate::budget::parse_size)]
     pub mem_budget: Option<u64>,
     /// Disk read bandwidth in GB/s for the window's token time [default: measured on the

@@ -163,12 +163,13 @@ pub fn run(a: Args) -> Result<()> {
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
     eprintln!(
-        "hearth serve: {model_id}, {groups} engine(s) × {slots} slots × {} positions (KV cache {:.1} MiB per engine), {} tokens per step, \
-         {} threads each, embeddings pooled by {}{}{}{}",
+        "hearth serve: {model_id}, {groups} engine(s) × {} × {} positions (KV cache {:.1} MiB per engine), {} tokens per step, \
+         {} each, embeddings pooled by {}{}{}{}",
+        hearth_engine::plural(slots, "slot"),
         ctx.n_ctx(),
         ctx.kv_bytes() as f64 / (1 << 20) as f64,
         ctx.n_batch(),
-        ctx.n_threads(),
+        hearth_engine::plural(ctx.n_threads(), "thread"),
         pooling.name(),
         if a.model.pin { format!(", pinned to CPUs {cpus:?}") } else { String::new() },
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" },

@@ -131,7 +131,8 @@ pub fn run(a: Args) -> Result<()> {
     let threads = threads_or_default(a.threads);
     // The line tests and scripts wait for (stdout, flushed).
     crate::common::print_out(&format!(
-        "hearth worker listening on {addr} ({what}, {threads} threads{})\n",
+        "hearth worker listening on {addr} ({what}, {}{})\n",
+        hearth_engine::plural(threads, "thread"),
         if key.is_some() { ", cluster key required" } else { "" }
     ))?;
 
