@@ -65,6 +65,13 @@ struct Scratch {
     attn_acc: Vec<Mutex<AttnScratch>>, // per-thread attention accumulator [head_dim] (f16 for an f16 V cache, else f32)
 }
 
+/// Whether layer `il` is run here, by `layer_unit` (`usize::MAX`: another ring device's
+/// layer; past the last layer: none). [`Context::owns_layer`], for the forward pass
+/// while `self` is borrowed in parts.
+fn owns(layer_unit: &[usize], il: usize) -> bool {
+    layer_unit.get(il).is_some_and(|&u| u != usize::MAX)
+}
+
 /// The read-ahead's guess of the next layer's experts (decode under an expert cache):
 /// its normed input `[n_embd]`, router logits `[n_expert]`, and the top `n_expert_used`.
 struct NextExperts {
@@ -405,11 +412,7 @@ impl Context {
                         Some(moe) if i >= crate::arch::Mat::Gate as usize => {
                             use crate::arch::Mat;
                             let mat = [Mat::Gate, Mat::Up, Mat::Down][i - Mat::Gate as usize];
-                            let mut one = Vec::new();
-                            for e in 0..moe.n_expert {
-                                crate::split::slice_matrix(file, &l.expert(mat, e, moe.n_expert), rows.clone(), cols.clone(), &mut one)?;
-                                out.extend_from_slice(&one);
-                            }
+                            crate::split::slice_experts(file, l, mat, moe.n_expert, rows, cols, out)?;
                         }
                         _ => crate::split::slice_matrix(file, t, rows, cols, out)?,
                     }
@@ -477,7 +480,7 @@ impl Context {
     /// Whether this context runs layer `il`: every layer, except on a pipelined-ring
     /// device ([`Self::set_ring`]), which runs its windows' layers only.
     pub fn owns_layer(&self, il: usize) -> bool {
-        self.layer_unit.get(il).is_some_and(|&u| u != usize::MAX)
+        owns(&self.layer_unit, il)
     }
 
     /// This device's ring windows, when it runs a pipelined ring ([`Self::set_ring`]).
@@ -940,7 +943,7 @@ impl Context {
             // The router's bytes come from the mapping (n_expert rows: a few hundred KiB a
             // layer stay resident), since the next layer's unit may not be loaded yet.
             // (On a ring device, only when it runs the next layer too.)
-            let own_next = self.layer_unit.get(il + 1).is_some_and(|&u| u != usize::MAX);
+            let own_next = owns(&self.layer_unit, il + 1);
             if let (1, None, Some(cache), Some(moe), true) = (n, comm.as_ref(), self.experts.as_ref(), c.moe, own_next) {
                 if let Some((next, router)) = w.layers.get(il + 1).and_then(|l| Some((l, l.router.as_ref()?))) {
                     let g = guess.get_or_insert_with(|| NextExperts::new(e, moe));

@@ -49,7 +49,7 @@ pub use model::Model;
 pub use moe::gathered_len as moe_scratch_len;
 pub use ring::{RingLink, RingWindows};
 pub use source::{split_rows, unit_ranges, unit_ranges_without_experts, LayerSource, SourceStats, Unit};
-pub use split::{keys as shard_keys, slice_matrix, Collective, CollectiveError, TensorSplit};
+pub use split::{keys as shard_keys, slice_experts, slice_matrix, Collective, CollectiveError, TensorSplit};
 pub use weights::{file_tensors, layer_table, LayerWeights, SharedExpert, TensorRef, Weights, MATMUL_TYPES};
 mod generate;
 pub use generate::{generate, generate_speculative, generate_with, perplexity, Generation, Perplexity, StopReason, Timings};

@@ -171,6 +171,28 @@ impl TensorSplit {
     }
 }
 
+/// Rows `rows` × columns `cols` of every expert of layer `l`'s stacked matrix `m`
+/// (`n_expert` experts), each cut as [`slice_matrix`] cuts it, laid end to end in `out`
+/// (whatever it held is replaced): a tensor-parallel node's copy of a mixture of experts'
+/// gate, up or down, and the 3-D tensor a shard file stores for it.
+pub fn slice_experts(
+    file: &GgufFile,
+    l: &crate::LayerWeights,
+    m: crate::Mat,
+    n_expert: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    out.clear();
+    let mut one = Vec::new();
+    for e in 0..n_expert {
+        slice_matrix(file, &l.expert(m, e, n_expert), rows.clone(), cols.clone(), &mut one)?;
+        out.extend_from_slice(&one);
+    }
+    Ok(())
+}
+
 /// Rows `rows` × columns `cols` (whole blocks) of matrix `t` of `file`, as a compact
 /// `[rows.len(), cols.len()]` matrix of `t`'s type, read with `pread` a few MiB at a
 /// time into `out` (whatever it held is replaced).

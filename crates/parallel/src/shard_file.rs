@@ -16,7 +16,7 @@
 //! `.sha256` file beside it holding the shard's own hash, checked before every use.
 
 use hearth_gguf::{write_gguf, TensorSpec, Value};
-use hearth_model::{shard_keys, slice_matrix, Model, ModelError, TensorSplit};
+use hearth_model::{shard_keys, slice_experts, slice_matrix, Model, ModelError, TensorSplit};
 use sha2::{Digest, Sha256};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -121,15 +121,7 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
                 Ok(())
             }),
             Src::Cut(t, rows, cols) => slice_matrix(f, t, rows.clone(), cols.clone(), &mut buf),
-            Src::Experts(l, m, rows, cols) => {
-                buf.clear();
-                let mut one = Vec::new();
-                (0..n_expert).try_for_each(|e| {
-                    slice_matrix(f, &l.expert(*m, e, n_expert), rows.clone(), cols.clone(), &mut one)?;
-                    buf.extend_from_slice(&one);
-                    Ok::<(), ModelError>(())
-                })
-            }
+            Src::Experts(l, m, rows, cols) => slice_experts(f, l, *m, n_expert, rows.clone(), cols.clone(), &mut buf),
         };
         match got {
             Ok(()) => w.write_all(&buf),
