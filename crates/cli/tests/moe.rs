@@ -4,7 +4,7 @@
 //! `hearth serve` batching eight requests, the pipelined ring (with a ring worker under a
 //! `--mem-budget`: an expert cache), a `--mem-budget` window and tensor parallelism (each expert split by rows) giving one
 //! machine's tokens. A shared expert (qwen2moe): batch invariance, the ring, plan and
-//! bench counting it as active every token, tensor parallelism refused (issue #21).
+//! bench counting it as active every token, tensor parallelism cutting it as a dense FFN.
 //! (Agreement with llama.cpp: `arch_reference.rs`.)
 
 mod common;
@@ -350,7 +350,7 @@ fn hostile_expert_metadata_and_shapes_are_clean_errors() {
 }
 
 #[test]
-fn a_shared_expert_runs_over_the_ring_counts_as_active_and_refuses_tensor_parallelism() {
+fn a_shared_expert_runs_over_the_ring_and_tensor_parallel_and_counts_as_active() {
     let m = synth("qwen2moe", 128, 4);
     let single = tokens(&ok(generate(&m, &[])));
     assert_eq!(single.len(), 16);
@@ -358,8 +358,51 @@ fn a_shared_expert_runs_over_the_ring_counts_as_active_and_refuses_tensor_parall
     let workers = addrs(&[&ws[0], &ws[1]]);
     let v = ok(generate(&m, &["--workers", &workers, "--parallel", "ring", "--layer-window", "1,2,1"]));
     assert_eq!(tokens(&v), single, "ring");
-    // Tensor parallelism does not split a shared expert yet: a one-line error.
-    assert_clean_error(&generate(&m, &["--workers", &workers]), "shared expert");
+    // Tensor parallelism cuts the shared expert as a dense FFN (its rows in proportion
+    // to each node's rows of the routed experts; it was refused). The gather schedule is
+    // exact: one machine's tokens; the sum schedule reassociates (rounding) and runs.
+    // Control: these tokens depend on the shared expert (the same greedy run in process
+    // gives them with it, others without it), so a node's part left out would show.
+    let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "gather"]));
+    assert_eq!(tokens(&v), single, "tensor parallel, gather schedule");
+    let v = ok(generate(&m, &["--workers", &workers, "--tp-schedule", "sum"]));
+    assert_eq!(tokens(&v).len(), 16);
+    let greedy = |strip: bool| {
+        let mut model = Model::load(&m).unwrap();
+        if strip {
+            model.weights.layers.iter_mut().for_each(|l| l.shared = None);
+        }
+        let model = Arc::new(model);
+        let prompt = model.tokenizer.encode("The three primary colors are red, blue and", true, true);
+        let mut ctx = Context::new(model, 256, 64, 1).unwrap();
+        let mut logits = ctx.eval(&prompt, Logits::Last).unwrap().to_vec();
+        let mut toks = Vec::new();
+        for _ in 0..16 {
+            toks.push(argmax(&logits) as u64);
+            logits = ctx.eval(&[argmax(&logits)], Logits::Last).unwrap().to_vec();
+        }
+        toks
+    };
+    assert_eq!(greedy(false), single, "in process, with the shared expert");
+    assert_ne!(greedy(true), single, "control: without the shared expert the tokens differ");
+    // Workers without the file get shard files holding their cut of it.
+    let sha = String::from_utf8_lossy(&std::process::Command::new("sha256sum").arg(&m).output().unwrap().stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shexp-shard-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let no_file: Vec<Worker> = (0..2)
+        .map(|_| {
+            let args = ["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()];
+            Worker::spawn(&args, std::process::Stdio::null())
+        })
+        .collect();
+    let o = generate(&m, &["--workers", &addrs(&[&no_file[0], &no_file[1]]), "--tp-schedule", "gather"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(tokens(&ok(o)), single, "shard files: {err}");
+    assert!(err.contains("has no copy of its shard: sending it"), "{err}");
 
     // plan and bench: the shared expert's matrices (2-D) are active every token, the
     // routed experts (3-D) 2 of 8.

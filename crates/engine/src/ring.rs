@@ -229,22 +229,34 @@ pub fn model_cost(m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64) -> ModelCos
     let layers = m.shape.n_layer.max(1);
     let layer_bytes = m.largest_layer_bytes();
     let is_layer = |n: &str| n.starts_with("blk.");
-    let layer_params: u64 = m
+    // A mixture of experts: a token reads `n_expert_used / n_expert` of the stacked
+    // experts (3-D tensors), the rest of the layer whole.
+    let share = match m.experts {
+        Some((n, used)) if n > 0 => used as f64 / n as f64,
+        _ => 1.0,
+    };
+    let active = |t: &hearth_memory::TensorSummary| if t.n_dims == 3 { t.bytes as f64 * share } else { t.bytes as f64 };
+    let expert_layer_bytes = m.expert_bytes() / layers as u64;
+    let active_layer_bytes = layer_bytes - expert_layer_bytes.min(layer_bytes) + (expert_layer_bytes as f64 * share) as u64;
+    let layer_params: f64 = m
         .tensors
         .iter()
         .filter(|t| t.name.starts_with("blk.0."))
-        .map(|t| t.bytes * t.ty.block_size() as u64 / t.ty.type_size().max(1) as u64)
+        .map(|t| active(t) * t.ty.block_size() as f64 / t.ty.type_size().max(1) as f64)
         .sum();
-    // The layers' dominant type names the matmul rate to use.
+    // The type of most of the bytes a token reads in the layers names the matmul rate to use.
     let mut by_type = std::collections::BTreeMap::<String, u64>::new();
-    for t in m.tensors.iter().filter(|t| is_layer(&t.name) && t.n_dims == 2) {
-        *by_type.entry(t.ty.name().to_lowercase()).or_default() += t.bytes;
+    for t in m.tensors.iter().filter(|t| is_layer(&t.name) && t.n_dims >= 2) {
+        *by_type.entry(t.ty.name().to_lowercase()).or_default() += active(t) as u64;
     }
     let weight_type = by_type.into_iter().max_by_key(|(_, b)| *b).map(|(t, _)| t).unwrap_or_else(|| "q4_0".into());
     ModelCost {
         n_layer: layers,
         layer_bytes,
-        layer_flops: 2.0 * layer_params as f64,
+        active_layer_bytes,
+        expert_layer_bytes,
+        expert_active_share: share,
+        layer_flops: 2.0 * layer_params,
         kv_bytes_per_layer_token: 2 * kv_row_bytes,
         n_ctx: n_ctx as u64,
         act_bytes: 4 * m.shape.n_embd as u64,

@@ -55,6 +55,8 @@ pub(crate) struct Acts<'a> {
 pub(crate) struct Share {
     /// `[rows, cols]` of each matrix as this node computes with it (by [`Mat`] index).
     pub shapes: [(Range<usize>, Range<usize>); 7],
+    /// `[rows, cols]` of a shared expert's gate, up and down (`TensorSplit::shared_shapes`).
+    pub shared: [(Range<usize>, Range<usize>); 3],
     /// Query heads.
     pub n_head: usize,
     /// KV heads.
@@ -185,9 +187,13 @@ impl<'a> Block<'a> {
     /// columns of the tensor in the unit (or the whole tensor when it already has that
     /// shape: a shard file's matrices are stored cut).
     fn view(&self, m: Mat, rows: Range<usize>, cols: Range<usize>) -> Result<WeightView<'a>> {
-        let t = self.l.matrix(m);
-        Ok(match self.own {
-            Some(b) => WeightView::new(t.ty, &b.m[m as usize], rows.len(), cols.len())?,
+        self.view_of(self.l.matrix(m), self.own.map(|b| &b.m[m as usize][..]), rows, cols)
+    }
+
+    /// [`Self::view`] of tensor `t`, whose compact copy (if this node has one) is `own`.
+    pub(crate) fn view_of(&self, t: &crate::TensorRef, own: Option<&'a [u8]>, rows: Range<usize>, cols: Range<usize>) -> Result<WeightView<'a>> {
+        Ok(match own {
+            Some(b) => WeightView::new(t.ty, b, rows.len(), cols.len())?,
             None if t.rows == rows.len() && t.cols == cols.len() => self.unit.view(t)?,
             None => self.unit.view(t)?.rows(rows).cols(cols)?,
         })

@@ -172,6 +172,8 @@ struct RingState {
 pub(crate) struct ShardBlock {
     /// By [`crate::arch::Mat`] index.
     pub m: [Vec<u8>; 7],
+    /// A shared expert's gate, up and down (empty without one).
+    pub shared: [Vec<u8>; 3],
 }
 
 struct SplitState {
@@ -380,18 +382,14 @@ impl Context {
                 return Err(ModelError::Context(format!("this shard file holds {own:?}, not the split {split:?}")));
             }
         }
-        if c.moe.is_some_and(|m| m.n_ff_shared > 0) && split != TensorSplit::whole(c) {
-            return Err(ModelError::Context(
-                "tensor parallelism of a mixture of experts with a shared expert (qwen2moe) is not supported yet (issue #21): run it on one machine or over a ring (--parallel ring)".into(),
-            ));
-        }
         split.validate(c, &self.model.weights)?;
         // Every exchange of a pass must fit one message: cap the batch to it.
         let widest = if split.gather_rows.is_some() { c.n_embd.max(c.q_dim()).max(c.n_ff) } else { c.n_embd };
         // A MoE layer's gather exchanges a run of up to max(n, n_expert_used) (expert,
         // token) pairs' SwiGLU rows (`Block::moe_ffn`), and its router logits.
         let widest = match c.moe {
-            Some(m) => widest.max(m.n_expert).max(if split.gather_rows.is_some() { m.n_expert_used * c.n_ff } else { 0 }),
+            // (and a shared expert's gather exchanges its SwiGLU rows, `n_ff_shared` a token).
+            Some(m) => widest.max(m.n_expert).max(if split.gather_rows.is_some() { (m.n_expert_used * c.n_ff).max(m.n_ff_shared) } else { 0 }),
             None => widest,
         };
         self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
@@ -417,7 +415,13 @@ impl Context {
                         _ => crate::split::slice_matrix(file, t, rows, cols, out)?,
                     }
                 }
-                shard.push(ShardBlock { m });
+                let mut shared: [Vec<u8>; 3] = Default::default();
+                if let Some(sh) = &l.shared {
+                    for ((t, (rows, cols)), out) in [&sh.gate, &sh.up, &sh.down].into_iter().zip(split.shared_shapes(c)).zip(&mut shared) {
+                        crate::split::slice_matrix(file, t, rows, cols, out)?;
+                    }
+                }
+                shard.push(ShardBlock { m, shared });
             }
         }
         self.split = Some(SplitState { split, shard, comm });
@@ -873,6 +877,7 @@ impl Context {
         let part = self.split.as_ref().map_or(&whole, |sp| &sp.split);
         let share = Share {
             shapes: part.matrix_shapes(c),
+            shared: part.shared_shapes(c),
             n_head: part.n_head(c),
             n_head_kv: part.kv_heads.len(),
             gather: part.gather_rows.clone(),

@@ -204,9 +204,15 @@ impl<'a> Block<'a> {
                 }
             }
         }
-        // Tensor parallel: partial sums (sum schedule) or disjoint rows (gather) summed.
+        // Tensor parallel: partial sums (sum schedule) or disjoint rows (gather) summed,
+        // this node's part of a shared expert's output added first, so that one exchange
+        // sums both.
+        let split = self.comm.is_some();
+        if let Some(s) = l.shared.as_ref().filter(|_| split) {
+            self.shared_expert(s, xb, acc, gathered)?;
+        }
         self.allreduce(acc)?;
-        if let Some(s) = &l.shared {
+        if let Some(s) = l.shared.as_ref().filter(|_| !split) {
             self.trace("ffn_moe_out", acc);
             self.shared_expert(s, xb, acc, gathered)?;
         }
@@ -222,29 +228,57 @@ impl<'a> Block<'a> {
     /// sum). The gate logit, gate and up are one pool dispatch (the input quantized once).
     /// Its weights are the layer unit's (an expert cache holds routed experts only); a
     /// token's rows depend on its own row alone, so batch invariance holds as for the
-    /// routed part. Not under tensor parallelism (refused by `set_tensor_split`).
+    /// routed part.
+    ///
+    /// Tensor parallelism cuts it as a dense FFN is cut (`Share::shared`): this node's
+    /// rows of its gate and up, then its columns of the down (sum schedule: a partial
+    /// product, `acc` summed by the caller's exchange) or, gather schedule, every node's
+    /// SwiGLU rows gathered (one exchange) and whole dot products for its output rows.
+    /// Every node computes the gate logit itself (each has the whole input), so each
+    /// scales its part alike.
     fn shared_expert(&mut self, s: &crate::SharedExpert, xb: &[f32], acc: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
-        let (n, e, ff) = (self.n, self.c.n_embd, s.gate.rows);
-        scratch.resize(shared_len(n, e, ff), 0.0);
-        let (g, rest) = scratch.split_at_mut(n * ff);
-        let (u, rest) = rest.split_at_mut(n * ff);
-        let (y, logit) = rest.split_at_mut(n * e);
-        let (w_gi, w_g, w_u, w_d) =
-            (self.unit.view(&s.gate_inp)?, self.unit.view(&s.gate)?, self.unit.view(&s.up)?, self.unit.view(&s.down)?);
-        let mut jobs = [
-            MatJob { w: &w_gi, x: xb, n_tokens: n, out: logit },
-            MatJob { w: &w_g, x: xb, n_tokens: n, out: g },
-            MatJob { w: &w_u, x: xb, n_tokens: n, out: u },
-        ];
+        let (n, e) = (self.n, self.c.n_embd);
+        let [(rows, cols), _, (out_rows, down_cols)] = self.share.shared.clone();
+        let (fl, w_out) = (rows.len(), out_rows.len());
+        let all = if self.share.gather.is_some() { down_cols.len() } else { 0 };
+        scratch.resize(shared_len(n, e, fl).max(n * (2 * fl + all + w_out + 1)), 0.0);
+        let (g, rest) = scratch.split_at_mut(n * fl);
+        let (u, rest) = rest.split_at_mut(n * fl);
+        let (g_all, rest) = rest.split_at_mut(n * all);
+        let (y, rest) = rest.split_at_mut(n * w_out);
+        let logit = &mut rest[..n];
+        let own = self.own.map(|b| &b.shared);
+        let w_gi = self.unit.view(&s.gate_inp)?;
+        let mut jobs = vec![MatJob { w: &w_gi, x: xb, n_tokens: n, out: logit }];
+        let (w_g, w_u);
+        if fl > 0 {
+            w_g = self.view_of(&s.gate, own.map(|o| &o[0][..]), rows.clone(), cols.clone())?;
+            w_u = self.view_of(&s.up, own.map(|o| &o[1][..]), rows.clone(), cols)?;
+            jobs.push(MatJob { w: &w_g, x: xb, n_tokens: n, out: g });
+            jobs.push(MatJob { w: &w_u, x: xb, n_tokens: n, out: u });
+        }
         matmul_many(self.pool, &mut jobs, self.quant)?;
+        drop(jobs);
         self.trace("ffn_shexp_gate_inp", logit);
-        self.glu(ops::swiglu, g, u, ff);
-        matmul(self.pool, &w_d, g, n, y, self.quant)?;
+        self.glu(ops::swiglu, g, u, fl);
+        // The down's input: this node's SwiGLU rows, or (gather) every node's.
+        let h: &[f32] = if all > 0 {
+            crate::block::place(g, g_all, n, &rows, all);
+            self.allreduce(g_all)?;
+            g_all
+        } else {
+            g
+        };
+        if w_out == 0 || h.is_empty() {
+            return Ok(()); // nothing of the output is this node's to add
+        }
+        let w_d = self.view_of(&s.down, own.map(|o| &o[2][..]), out_rows.clone(), down_cols)?;
+        matmul(self.pool, &w_d, h, n, y, self.quant)?;
         self.trace("ffn_shexp", y);
-        for ((sum, y), &z) in acc.chunks_exact_mut(e).zip(y.chunks_exact(e)).zip(logit.iter()) {
+        for ((sum, y), &z) in acc.chunks_exact_mut(e).zip(y.chunks_exact(w_out)).zip(logit.iter()) {
             // ggml_mul by the sigmoid, then the add into the routed sum.
             let gate = 1.0 / (1.0 + (-z).exp());
-            for (a, &v) in sum.iter_mut().zip(y) {
+            for (a, &v) in sum[out_rows.clone()].iter_mut().zip(y) {
                 *a += v * gate;
             }
         }

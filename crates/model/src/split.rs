@@ -91,8 +91,10 @@ impl TensorSplit {
         }
         let bad = |why: String| Err(ModelError::Context(format!("invalid tensor split {self:?}: {why}")));
         let (q, f) = (self.q_rows(c), self.ffn_rows.clone());
+        let s = self.shared_rows(c);
         for l in &w.layers {
-            for (t, r) in [(&l.wo, &q), (&l.w_down, &f)] {
+            let shared = l.shared.as_ref().map(|sh| (&sh.down, &s));
+            for (t, r) in [(&l.wo, &q), (&l.w_down, &f)].into_iter().chain(shared) {
                 let bs = t.ty.block_size();
                 if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) {
                     return bad(format!("columns {r:?} of {} are not whole {}-element blocks of {}", t.name, bs, t.ty.name()));
@@ -168,6 +170,34 @@ impl TensorSplit {
             None => ((e.clone(), q.clone()), (e.clone(), f.clone())),
         };
         [(q, e.clone()), (kv.clone(), e.clone()), (kv, e.clone()), wo, (f.clone(), e.clone()), (f, e), down]
+    }
+
+    /// Rows of a mixture of experts' shared expert (`ffn_gate_shexp`/`ffn_up_shexp`, =
+    /// columns of `ffn_down_shexp`) this node computes: its share of `0..n_ff` scaled to
+    /// `0..n_ff_shared`, each boundary rounded down to a whole quantization block (256
+    /// elements when `n_ff_shared` is a multiple of 256, else 32 when a multiple of 32),
+    /// so the sum schedule's column cut of the down falls on block boundaries. The
+    /// nodes' FFN rows partition `0..n_ff` and the boundary map is monotone with
+    /// `n_ff ↦ n_ff_shared`, so these partition `0..n_ff_shared`, in proportion to each
+    /// node's share of the routed experts' rows. Empty without a shared expert.
+    pub fn shared_rows(&self, c: &ModelConfig) -> Range<usize> {
+        let fs = c.moe.map_or(0, |m| m.n_ff_shared);
+        let align = [256, 32, 1].into_iter().find(|a| fs.is_multiple_of(*a)).unwrap_or(1);
+        let at = |b: usize| if b >= c.n_ff { fs } else { b * fs / c.n_ff.max(1) / align * align };
+        at(self.ffn_rows.start)..at(self.ffn_rows.end)
+    }
+
+    /// `[rows, cols]` of the shared expert's gate, up and down as this node computes
+    /// with them (as [`Self::matrix_shapes`] cuts `ffn_gate`, `ffn_up` and `ffn_down`,
+    /// with [`Self::shared_rows`]).
+    pub fn shared_shapes(&self, c: &ModelConfig) -> [(Range<usize>, Range<usize>); 3] {
+        let (s, e) = (self.shared_rows(c), 0..c.n_embd);
+        let all = 0..c.moe.map_or(0, |m| m.n_ff_shared);
+        let down = match &self.gather_rows {
+            Some(r) => (r.clone(), all),
+            None => (e.clone(), s.clone()),
+        };
+        [(s.clone(), e.clone()), (s, e), down]
     }
 }
 

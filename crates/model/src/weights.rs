@@ -210,6 +210,8 @@ impl Weights {
         let (e, v) = (c.n_embd, c.n_vocab);
         let whole = crate::TensorSplit::whole(c);
         let shapes = shard.unwrap_or(&whole).matrix_shapes(c).map(|(r, c)| (r.len(), c.len()));
+        // The shared expert's gate, up and down (a shard file's are cut, as the FFN's are).
+        let shared_shapes = shard.unwrap_or(&whole).shared_shapes(c).map(|(r, c)| (r.len(), c.len()));
         let (token_embd, output) = if shard.is_some() {
             let none = TensorRef { name: "(none in a shard file)".into(), ty: GgmlType::F32, offset: 0, size: 0, rows: 0, cols: e };
             (none.clone(), none)
@@ -251,13 +253,18 @@ impl Weights {
                         shared[0] = Some(TensorRef { rows: 1, cols: e, ..flat(f, &name, checked(f, &name, vec![e as u64])?)? })
                     }
                     Holds::Shared(m) => {
-                        let (rows, cols) = m.shared_shape(c);
                         let slot = match m {
                             Mat::Gate => 1,
                             Mat::Up => 2,
                             _ => 3,
                         };
-                        shared[slot] = Some(matrix(f, &name, rows, cols)?);
+                        let (rows, cols) = shared_shapes[slot - 1];
+                        shared[slot] = Some(if shard.is_some() && (rows == 0 || cols == 0) {
+                            // A shard file leaves out this node's empty cuts.
+                            TensorRef { name: name.clone(), ty: GgmlType::F32, offset: 0, size: 0, rows, cols }
+                        } else {
+                            matrix(f, &name, rows, cols)?
+                        });
                     }
                     Holds::Experts(m) => mats[m as usize] = Some(experts(f, &name, shapes[m as usize], n_expert)?),
                     Holds::Matrix(m) => mats[m as usize] = Some(matrix(f, &name, shapes[m as usize].0, shapes[m as usize].1)?),

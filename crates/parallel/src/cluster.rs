@@ -122,11 +122,17 @@ pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
     let n_expert = model.config.moe.map_or(1, |m| m.n_expert) as u64;
     // (A shard file's stacked experts are already every expert's cut: counted as stored.)
     let per_matrix = |i: usize| if i >= hearth_model::Mat::Gate as usize && model.shard.is_none() { n_expert } else { 1 };
+    // A shared expert (qwen2moe): its gate, up and down cut as the FFN is.
+    let shared = split.shared_shapes(&model.config);
     model
         .weights
         .layers
         .iter()
-        .flat_map(|l| l.matrices().into_iter().zip(&shapes).enumerate().map(|(i, (t, s))| per_matrix(i) * share(t, s)))
+        .map(|l| {
+            let mats: u64 = l.matrices().into_iter().zip(&shapes).enumerate().map(|(i, (t, s))| per_matrix(i) * share(t, s)).sum();
+            let sh = l.shared.as_ref().map_or(0, |sh| [&sh.gate, &sh.up, &sh.down].into_iter().zip(&shared).map(|(t, s)| share(t, s)).sum());
+            mats + sh
+        })
         .sum()
 }
 
@@ -548,7 +554,7 @@ pub fn serve_session(
     let model = match session_model(&mut peer, worker, &split) {
         Ok(m) => m,
         Err(e) => {
-            peer.report(Some(me), &format!("node {me}: {e}"));
+            peer.report(Some(me), &e.to_string());
             return Err(e);
         }
     };
@@ -565,7 +571,7 @@ pub fn serve_session(
     let mut ctx = match opened {
         Ok(c) => c,
         Err(e) => {
-            peer.report(Some(me), &format!("node {me}: {e}"));
+            peer.report(Some(me), &e.to_string());
             return Err(e.into());
         }
     };
@@ -575,7 +581,7 @@ pub fn serve_session(
     let collective = StarCollective::new(star.clone());
     let counters = collective.counters();
     if let Err(e) = ctx.set_tensor_split(split.clone(), Box::new(collective)) {
-        lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
+        lock(&star).peers_mut()[0].report(Some(me), &e.to_string());
         return Err(e.into());
     }
     let ready = Message::Ready { kv_bytes: ctx.kv_bytes() as u64, weight_bytes: shard_weight_bytes(model, &split) };
@@ -615,7 +621,7 @@ pub fn serve_session(
         if let Err(e) = r {
             // A failed allreduce already told the coordinator; anything else is ours.
             if !matches!(e, hearth_model::ModelError::Collective(_)) {
-                lock(&star).peers_mut()[0].report(Some(me), &format!("node {me}: {e}"));
+                lock(&star).peers_mut()[0].report(Some(me), &e.to_string());
             }
             return Err(e.into());
         }

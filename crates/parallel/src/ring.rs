@@ -446,7 +446,7 @@ pub fn serve_ring(
     timeout: Duration,
 ) -> Result<SessionEnd, ClusterError> {
     let fail = |control: &mut Peer, e: ClusterError| {
-        control.report(Some(me), &format!("node {me}: {e}"));
+        control.report(Some(me), &e.to_string());
         Err(e)
     };
     let WorkerModel::File { model, .. } = worker else {

@@ -7,7 +7,8 @@
 //! block's vectors (norms, biases) and its seven matrices already cut to the node's rows
 //! and columns (named as in the model, shapes of the cut; fused matrices stored as
 //! separate ones; a mixture of experts' stacked gate, up and down as every expert's cut,
-//! end to end, with its router whole), `output_norm.weight` and any RoPE factors. It has
+//! end to end, with its router whole; a shared expert cut as the FFN is, its gate input
+//! whole), `output_norm.weight` and any RoPE factors. It has
 //! no embedding and no output head. Loading it with `hearth_model::Model::load` gives a
 //! model whose `shard` is the split; `Context::set_tensor_split` then uses the matrices
 //! as they are.
@@ -76,7 +77,7 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
         let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.into()))?;
         Ok(TensorSpec { name: name.into(), dims: t.dims.clone(), ty: t.ty })
     };
-    let shapes = split.matrix_shapes(c);
+    let (shapes, shared) = (split.matrix_shapes(c), split.shared_shapes(c));
     let table = hearth_model::layer_table(c, true);
     for (i, l) in model.weights.layers.iter().enumerate() {
         for lt in &table {
@@ -97,6 +98,19 @@ pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: 
                     let t = l.matrix(m);
                     specs.push(TensorSpec { name, dims: vec![cols.len() as u64, rows.len() as u64], ty: t.ty });
                     srcs.push(Src::Cut(t, rows, cols));
+                }
+                // A shared expert (qwen2moe) is cut as the FFN is (`TensorSplit::shared_shapes`).
+                hearth_model::Holds::Shared(m) => {
+                    let sh = l.shared.as_ref().ok_or_else(|| ModelError::MissingTensor(name.clone()))?;
+                    let (t, (rows, cols)) = match m {
+                        hearth_model::Mat::Gate => (&sh.gate, shared[0].clone()),
+                        hearth_model::Mat::Up => (&sh.up, shared[1].clone()),
+                        _ => (&sh.down, shared[2].clone()),
+                    };
+                    if !rows.is_empty() && !cols.is_empty() {
+                        specs.push(TensorSpec { name, dims: vec![cols.len() as u64, rows.len() as u64], ty: t.ty });
+                        srcs.push(Src::Cut(t, rows, cols));
+                    }
                 }
                 _ if f.tensor(&name).is_none() => {}
                 _ => {

@@ -103,7 +103,15 @@ pub struct ModelCost {
     pub n_layer: usize,
     /// Weight bytes of one layer.
     pub layer_bytes: u64,
-    /// FLOPs of one layer for one token (2 × parameters per layer).
+    /// Bytes of one layer a decoded token reads: `layer_bytes`, with a mixture of
+    /// experts' stacked experts counted at [`Self::expert_active_share`] of their bytes.
+    pub active_layer_bytes: u64,
+    /// Bytes of one layer's stacked experts (0 for a dense model).
+    pub expert_layer_bytes: u64,
+    /// The share of a layer's experts one token routes to, `n_expert_used / n_expert`
+    /// (1 for a dense model).
+    pub expert_active_share: f64,
+    /// FLOPs of one layer for one token (2 × the parameters a token uses).
     pub layer_flops: f64,
     /// KV cache bytes of one layer for one token of context.
     pub kv_bytes_per_layer_token: u64,
@@ -123,6 +131,22 @@ impl ModelCost {
     /// KV cache of one layer at `n_ctx`, bytes.
     pub fn kv_layer_bytes(&self) -> u64 {
         self.kv_bytes_per_layer_token * self.n_ctx
+    }
+
+    /// Whether the layers hold a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.expert_layer_bytes > 0
+    }
+
+    /// Bytes a decoded token reads from disk on a device whose `n` layers are `spill`
+    /// bytes over its budget. Dense: all of them (every token reads every layer). A
+    /// mixture of experts: under a budget hearth keeps experts, not whole layers (an
+    /// expert cache, `hearth_memory::ExpertCache`), so of the experts that do not fit a
+    /// token reads only those it routes to, `expert_active_share` of them with routing
+    /// spread evenly, and any spill beyond the experts (their attention) whole.
+    pub fn spill_read_bytes(&self, spill: u64, n: usize) -> f64 {
+        let experts = spill.min(n as u64 * self.expert_layer_bytes);
+        experts as f64 * self.expert_active_share + (spill - experts) as f64
     }
 }
 
@@ -188,7 +212,7 @@ fn layer_ms(model: &ModelCost, dev: &DeviceProfile) -> Option<f64> {
     if gbps <= 0.0 || !gbps.is_finite() {
         return None;
     }
-    let bytes_ms = model.layer_bytes as f64 / (gbps * 1e6);
+    let bytes_ms = model.active_layer_bytes as f64 / (gbps * 1e6);
     let flops_ms = if gflops > 0.0 { model.layer_flops / (gflops * 1e6) } else { 0.0 };
     Some(bytes_ms.max(flops_ms))
 }
@@ -260,13 +284,14 @@ pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[u
         // resident, or spilling and re-reading the excess every token
         let spill_option = match (spill, per_byte) {
             (0, _) => Some((0.0, need)),
-            (s, Some(pb)) => Some((s as f64 * pb, need - s)),
+            (s, Some(pb)) => Some((model.spill_read_bytes(s, n) * pb, need - s)),
             (_, None) => None,
         };
-        // streaming: two windows resident, the next one prefetched while the token is elsewhere
+        // streaming: two windows resident, the next one prefetched while the token is
+        // elsewhere (not for a mixture of experts: its budget holds experts, not windows)
         let stream_resident = need - n as u64 * model.layer_bytes + 2 * windows[i] as u64 * model.layer_bytes;
         let stream_option = match per_byte {
-            Some(pb) if spill > 0 && stream_resident <= d.budget_bytes => {
+            Some(pb) if spill > 0 && stream_resident <= d.budget_bytes && !model.is_moe() => {
                 let load = (windows[i] as u64 * model.layer_bytes) as f64 * pb;
                 let other: f64 = round_ms.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, &r)| r).sum::<f64>() + hops_ms;
                 Some((k as f64 * (load - other).max(0.0), stream_resident))
@@ -353,12 +378,15 @@ fn solve_fixed(model: &ModelCost, devices: &[DeviceSpec], k: usize, ring: &[usiz
         let disk = disk_ms_per_byte(&d.profile);
         let extra = if i == 0 { model.extra_bytes as f64 / GIB } else { 0.0 };
         let budget = d.budget_bytes as f64 / GIB;
-        // Streaming never beats holding everything for k ≤ 2 (two windows are all of it).
-        let can_stream = disk.is_some() && k >= 3;
+        // Streaming never beats holding everything for k ≤ 2 (two windows are all of it);
+        // a mixture of experts' budget holds experts instead.
+        let can_stream = disk.is_some() && k >= 3 && !model.is_moe();
         // b = 1: streaming with prefetch; b = 0: resident or spilling
         let b = vars.add(variable().integer().min(0.0).max(if can_stream { 1.0 } else { 0.0 }));
         let si = vars.add(variable().min(0.0).max(if disk.is_some() { f64::INFINITY } else { 0.0 }));
-        objective += kf * t * wi + disk.unwrap_or(0.0) * GIB * si;
+        // (A mixture of experts reads about the routed share of its spill: exact for a
+        // spill of experts, which `predict` then checks.)
+        objective += kf * t * wi + disk.unwrap_or(0.0) * GIB * model.expert_active_share * si;
         let m_spill = kf * per_layer_gib * big_w as f64 + extra + 1.0;
         constraints.push(constraint!(si >= kf * per_layer_gib * wi + extra - budget - m_spill * b));
         constraints.push(constraint!(kf * kv_gib * wi + extra <= budget));
@@ -582,6 +610,9 @@ mod tests {
         ModelCost {
             n_layer,
             layer_bytes: layer_mb * MB,
+            active_layer_bytes: layer_mb * MB,
+            expert_layer_bytes: 0,
+            expert_active_share: 1.0,
             layer_flops: 2.0 * (layer_mb * MB) as f64 * 2.0, // ~2 params per byte (4-bit)
             kv_bytes_per_layer_token: 4096,
             n_ctx: 4096,
@@ -803,6 +834,41 @@ mod tests {
         assert!(a.per_device[2].resident_bytes <= GB);
         eprintln!("best k = 1: {best_k1:.2} ms\n{}", a.explanation);
         assert_eq!(a.predicted_ms_per_token, brute_force(&m, &devices).unwrap());
+    }
+
+    #[test]
+    fn a_moe_device_short_of_ram_reads_only_its_routed_experts() {
+        // 24 layers of 600 MiB, 560 MiB of them experts of which a token routes to 1/16
+        // (Qwen3-30B-A3B's 8 of 128): 75 MiB read per layer per token. Two devices of 6 GiB
+        // and 4 GiB, disks at 2 GB/s: 4 GiB of layers cannot be held.
+        let mut m = model(24, 600);
+        (m.expert_layer_bytes, m.expert_active_share) = (560 * MB, 1.0 / 16.0);
+        m.active_layer_bytes = 40 * MB + 35 * MB;
+        m.layer_flops = 2.0 * m.active_layer_bytes as f64 * 2.0;
+        (m.n_ctx, m.extra_bytes) = (0, 0);
+        let devices = vec![device("a", 10.0, 6 * GB, 2.0, 1.0, 1000.0), device("b", 10.0, 4 * GB, 2.0, 1.0, 1000.0)];
+        let a = solve(&m, &devices).unwrap();
+        let best = brute_force(&m, &devices).unwrap();
+        assert!((a.predicted_ms_per_token - best).abs() < 1e-9, "brute force {best}: {}", a.explanation);
+        assert!(a.per_device.iter().all(|p| !p.streaming), "an expert cache, not windows: {}", a.explanation);
+        // Compute: the bytes a token reads (75 MiB a layer at 10 GB/s), not the layer's 600.
+        let layer_ms = 75.0 * MB as f64 / 10e6;
+        let n: Vec<usize> = a.windows.iter().map(|w| w * a.k).collect();
+        for (p, &n) in a.per_device.iter().zip(&n) {
+            assert!((p.compute_ms - n as f64 * layer_ms).abs() < 1e-6, "{}", a.explanation);
+        }
+        // Disk: of the experts that do not fit, only the routed 1/16 each token.
+        let spill: u64 = n.iter().zip(&devices).map(|(&n, d)| (n as u64 * 600 * MB).saturating_sub(d.budget_bytes)).sum();
+        assert!(spill >= 4 * GB, "{}", a.explanation);
+        let disk: f64 = a.per_device.iter().map(|p| p.disk_ms).sum();
+        assert!((disk - spill as f64 / 16.0 / 2e6).abs() < 1e-6, "disk {disk} ms for {spill} bytes spilled: {}", a.explanation);
+        // Control: the same layers as whole-layer reads (a dense model's view) re-read
+        // every spilled byte, 16 times the disk time.
+        let mut whole = m.clone();
+        (whole.expert_layer_bytes, whole.expert_active_share) = (0, 1.0);
+        let (_, dense) = predict(&whole, &devices, a.k, &a.windows).unwrap();
+        let dense_disk: f64 = dense.iter().map(|p| p.disk_ms).sum();
+        assert!((dense_disk - 16.0 * disk).abs() < 1e-6, "{dense_disk} vs {disk}");
     }
 
     #[test]
