@@ -173,8 +173,9 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     assert_eq!(v["tensor_parallel"]["allreduces"], 8 * 3 * v["tensor_parallel"]["passes"].as_u64().unwrap());
     // A worker without the file gets its shard file (each expert's cut of the stacked
     // gate, up and down, end to end; the router whole) from the coordinator, once, and
-    // caches it; a worker under a budget cuts its own and streams it. Both give one
-    // machine's tokens (a MoE model had no shard files: both were refused).
+    // caches it; a worker under a budget cuts its own and keeps an expert cache of cuts
+    // over it (it streamed whole shard blocks). Both give one machine's tokens (a MoE
+    // model had no shard files: both were refused).
     let sha = String::from_utf8_lossy(&std::process::Command::new("sha256sum").arg(&m).output().unwrap().stdout)
         .split_whitespace()
         .next()
@@ -199,7 +200,8 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     assert_eq!(shards, 2, "one shard file per worker in {}", cache.display());
     drop(budgeted);
     let wlog = std::fs::read_to_string(&log).unwrap();
-    assert!(wlog.contains("--mem-budget 47.0 MiB: window of") && wlog.contains("streamed"), "{wlog}");
+    assert!(wlog.contains("--mem-budget 47.0 MiB: window of") && wlog.contains("expert slots ×"), "{wlog}");
+    assert!(wlog.contains("only the experts each token misses read per token"), "{wlog}");
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! A memory budget (`--mem-budget`): when the mapped model does not fit, its layers are
 //! streamed from disk through a sliding window (`hearth_memory::Window`) of as many
 //! layers as the budget holds, read ahead while the current one computes. A mixture of
-//! experts on one machine keeps experts instead (`hearth_memory::ExpertCache`): the window
-//! holds the blocks without their experts, and the rest of the budget is expert slots.
+//! experts keeps experts instead (`hearth_memory::ExpertCache`; on one machine, a ring
+//! device's own layers, or a tensor-parallel worker's shard file of expert cuts): the
+//! window holds the blocks without their experts, and the rest of the budget is expert
+//! slots.
 //! `HEARTH_WHOLE_LAYERS=1` streams whole layers instead (the baseline to compare with).
 
 use crate::{mib, BudgetOptions};
@@ -85,9 +87,12 @@ fn apply_units(
         PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
     let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
     let ring = ctx.ring_windows().is_some();
-    // A tensor-parallel worker's shard file streams whole (shard) layers, experts included:
-    // an expert cache does not combine with a tensor split yet.
-    let moe = model.config.moe.filter(|_| !whole_layers() && model.shard.is_none());
+    // A tensor-parallel worker's shard file holds each expert's cut end to end, so its
+    // cache keeps cuts; a node without FFN rows holds no expert bytes: nothing to cache.
+    let moe = model.config.moe.filter(|m| {
+        let held = || hearth_model::expert_ranges(&model.weights, m.n_expert).iter().flatten().flatten().any(|r| !r.is_empty());
+        !whole_layers() && (model.shard.is_none() || held())
+    });
     let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
     if ring {
         // Only this device's layers (experts included: mapped, it holds them all) and

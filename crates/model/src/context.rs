@@ -371,7 +371,7 @@ impl Context {
                 "tensor parallelism serves one sequence: it cannot be combined with several KV cache slots".into(),
             ));
         }
-        if self.source.is_some() && self.model.shard.is_none() {
+        if (self.source.is_some() || self.experts.is_some()) && self.model.shard.is_none() {
             return Err(ModelError::Context(
                 "tensor parallelism with a sliding window (--mem-budget) needs a shard file: a window over the model file would read whole blocks".into(),
             ));
