@@ -74,9 +74,21 @@ pub struct Args {
 /// Disk bandwidth assumed for a --shape without --disk-bw (GB/s): a SATA SSD.
 const DEFAULT_DISK_GBPS: f64 = 0.5;
 
-/// Bytes in decimal units, two or three significant digits at any size (a tiny file's
-/// per-token bytes printed as GB rounded to "0.00 GB").
+/// A memory size in binary units (GiB, MiB, KiB), as `generate` and `serve` print peak RSS
+/// and `--mem-budget` takes it, so a predicted size compares with a measured one as it is.
 fn gb(b: u64) -> String {
+    let b = b as f64;
+    match b {
+        b if b >= (1u64 << 30) as f64 => format!("{:.2} GiB", b / (1u64 << 30) as f64),
+        b if b >= (1u64 << 20) as f64 => format!("{:.1} MiB", b / (1u64 << 20) as f64),
+        b if b >= 1024.0 => format!("{:.1} KiB", b / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+/// Bytes in decimal units (GB, MB, kB), for bytes read per token beside a bandwidth in
+/// GB/s (the decode bound is their ratio).
+fn dec(b: u64) -> String {
     let b = b as f64;
     match b {
         b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
@@ -86,8 +98,8 @@ fn gb(b: u64) -> String {
     }
 }
 
-/// `gb(b)` and the exact bytes, for a budget the user may copy: two budgets a few kB
-/// apart print as the same `45.7 MB`.
+/// `gb(b)` and the exact bytes, for a budget the user may copy: two budgets a few KiB
+/// apart print as the same `45.7 MiB`.
 fn gb_exact(b: u64) -> String {
     format!("{b} bytes ({})", gb(b))
 }
@@ -297,19 +309,19 @@ pub fn run(a: Args) -> Result<()> {
         "decode bound: {:.1} tok/s = {:.1} GB/s ({membw_src}) / {} per token (layer matrices{} + output head; KV reads add up to {} at a full context)\n",
         p.decode_tok_s_bound,
         membw,
-        gb(p.bytes_per_token),
+        dec(p.bytes_per_token),
         if p.experts.is_some() { " (of the experts, the routed ones')" } else { "" },
-        gb(p.kv_cache_bytes)
+        dec(p.kv_cache_bytes)
     );
     if let Some((n, used)) = p.experts {
         // bytes_per_token counts the routed experts' share (ModelSummary::bytes_per_token).
         let active = (p.expert_bytes as u128 * used as u128 / n.max(1) as u128) as u64;
         o += &format!(
             "mixture of experts: {used} of {n} experts per token read {} of the {} of expert weights: {} per token active, {} in all\n",
-            gb(active),
-            gb(p.expert_bytes),
-            gb(p.bytes_per_token),
-            gb(p.bytes_per_token - active + p.expert_bytes)
+            dec(active),
+            dec(p.expert_bytes),
+            dec(p.bytes_per_token),
+            dec(p.bytes_per_token - active + p.expert_bytes)
         );
     }
     let slots = |n: usize| hearth_engine::plural(n, "slot");
@@ -380,7 +392,7 @@ pub fn run(a: Args) -> Result<()> {
                 o += &format!(
                     "  token time  {:>10.2} s  = max({} read per token{missed} / {:.2} GB/s ({src}), compute at the decode bound)\n",
                     w.token_secs,
-                    gb(w.read_bytes_per_token),
+                    dec(w.read_bytes_per_token),
                     w.disk_gbps
                 );
             }
