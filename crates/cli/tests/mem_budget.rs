@@ -62,6 +62,12 @@ fn a_budget_too_small_names_the_minimum() {
         let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "hi", &format!("--mem-budget={bad}")]);
         assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--mem-budget"), "{bad}");
     }
+    // A worker refuses at start a budget no session could run under (below the runtime
+    // and the window's margin); it said so only when a coordinator came. (A budget above
+    // that starts and listens: the tensor-parallel and ring tests run workers under 47
+    // and 64 MiB.)
+    let out = hearth(&["worker", "--listen", "127.0.0.1:0", "-m", m.to_str().unwrap(), "--mem-budget", "30MiB"]);
+    assert_clean_error(&out, "--mem-budget 30.0 MiB can never hold a session of this model: the runtime alone is");
 }
 
 #[test]

@@ -95,6 +95,27 @@ fn ring_profile(
     }
 }
 
+/// Refuse, at start, a `--mem-budget` no session could run under: below the runtime and
+/// the window's fixed margin, which every plan needs whatever the coordinator's context
+/// size, split or layers (`hearth_memory::plan`). What a session needs beyond them (its KV
+/// cache, scratch and weights) is checked when it starts, when those are known.
+fn never_fits(model: &Model, budget: u64) -> Result<()> {
+    use hearth_memory::plan::{plan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, WINDOW_MARGIN_BASE};
+    let summary = ModelSummary::from_gguf(&model.file)?;
+    let tiny = PlanParams { n_ctx: 1, n_batch: 1, n_threads: 1, cache_type: hearth_model::CacheType::Q8_0, logits_all: false };
+    let runtime = plan(&summary, tiny, 0, DEFAULT_MEMBW_GBPS).overhead_bytes;
+    if budget < runtime + WINDOW_MARGIN_BASE {
+        anyhow::bail!(
+            "--mem-budget {} can never hold a session of this model: the runtime alone is {} and the window keeps a margin of {} \
+             (a session also needs its KV cache, scratch and at least one unit of weights)",
+            hearth_engine::mib(budget),
+            hearth_engine::mib(runtime),
+            hearth_engine::mib(WINDOW_MARGIN_BASE)
+        );
+    }
+    Ok(())
+}
+
 pub fn run(a: Args) -> Result<()> {
     let key = read_key(a.cluster_key.as_deref(), a.cluster_key_file.as_deref())?;
     let shard_dir = hearth_parallel::shard_file::cache_dir(a.shard_cache.as_deref());
@@ -109,6 +130,9 @@ pub fn run(a: Args) -> Result<()> {
             let path = resolve_model(a.model.as_ref())?;
             a.budget.before_load(&path)?;
             let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+            if let Some(b) = a.budget.mem_budget {
+                never_fits(&model, b)?;
+            }
             let sha = hearth_parallel::model_hash::file_sha256(&path).with_context(|| format!("hashing {}", path.display()))?;
             // With a budget the share is cut into a shard file, which a window can stream.
             let dir = if a.budget.mem_budget.is_some() {
