@@ -205,6 +205,49 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
 }
 
 #[test]
+fn budgeted_workers_at_their_fewest_expert_slots_or_without_experts_give_one_machines_tokens() {
+    // A new-user pass found three budget cases failing (session 26): the gather schedule
+    // with a worker whose cache held 2-3 experts (it cut its expert runs by its slots, the
+    // others did not: "protocol error: expected partial ... got ..."), the sum schedule
+    // with a budgeted worker given no FFN rows (its empty expert cuts were read as one
+    // expert's rows: "kernel: out length ..."), and a ring head running no layers under
+    // --mem-budget ("too small" above the minimum it named).
+    let m = synth("qwen2moe", 128, 4);
+    let single = tokens(&ok(generate(&m, &[])));
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-fewest-slots-cache");
+    let budgeted = |b: &str, log: &str| {
+        let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(log);
+        let args = ["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap(), "--mem-budget", b, "--shard-cache", cache.to_str().unwrap()];
+        (Worker::spawn(&args, std::fs::File::create(&log).unwrap().into()), log)
+    };
+    // The smallest budget the worker's share takes: it has k = 2 expert slots.
+    let (w, _) = budgeted("40MiB", "moe-fewest-40.log");
+    let o = generate(&m, &["--workers", &w.addr, "--tp-schedule", "gather"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let min = err.split("need at least ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or_else(|| panic!("{err}")).to_string();
+    drop(w);
+    let (w, log) = budgeted(&format!("{min}MiB"), "moe-fewest-min.log");
+    let plain = Worker::start(&m, &[]);
+    for schedule in ["gather", "sum"] {
+        let v = ok(generate(&m, &["--workers", &w.addr, "--tp-schedule", schedule]));
+        if schedule == "gather" {
+            assert_eq!(tokens(&v), single, "gather with a worker at {min} MiB");
+        }
+        // The budgeted worker last with no weight: no FFN rows, no KV heads, no expert bytes.
+        let v = ok(generate(&m, &["--workers", &addrs(&[&plain, &w]), "--node-weights", "1,1,0", "--tp-schedule", schedule]));
+        if schedule == "gather" {
+            assert_eq!(tokens(&v), single, "gather with an idle budgeted worker");
+        }
+    }
+    drop(w);
+    let wlog = std::fs::read_to_string(&log).unwrap();
+    assert!(wlog.contains("+ 2 expert slots ×"), "{wlog}");
+    // A ring head running no layers under a budget: nothing of experts to cache.
+    let v = ok(generate(&m, &["--workers", &addrs(&[&plain]), "--parallel", "ring", "--layer-window", "0,4", "--mem-budget", "60MiB"]));
+    assert_eq!(tokens(&v), single, "ring head with no layers under --mem-budget");
+}
+
+#[test]
 fn a_ring_worker_under_a_budget_keeps_experts_not_layers() {
     // 8 layers of 512 with experts 1024 wide: 13.6 MB of experts a layer (161 MiB in
     // all). The budgeted worker runs layers 4..8 (54 MiB) under 64 MiB: its window holds

@@ -105,7 +105,12 @@ pub fn apply(
     let pred = |i: usize| assignment.as_ref().map(|a| a.per_device[i].clone());
     let mut devices = vec![RingDevice { name: "this machine".into(), window: windows[0], predicted: pred(0) }];
     devices.extend(group.workers.iter().map(|w| RingDevice { name: w.addr.clone(), window: w.window, predicted: pred(w.node) }));
-    eprintln!("pipelined ring over {} devices: k = {k} rounds of {per_round} layers (activations pass in f32):", devices.len());
+    eprintln!(
+        "pipelined ring over {}: k = {} of {} (activations pass in f32):",
+        crate::plural(devices.len(), "device"),
+        crate::plural(k, "round"),
+        crate::plural(per_round, "layer")
+    );
     let layers =
         |rounds: &[std::ops::Range<usize>]| rounds.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ");
     eprintln!("  device 0 (this machine): {} layers per round, layers {}", windows[0], layers(&group.windows.rounds));

@@ -102,10 +102,16 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<
     let idle = nodes.iter().filter(|s| s.kv_heads.is_empty() && s.ffn_rows.is_empty()).count();
     let ffn_only = nodes.iter().filter(|s| s.kv_heads.is_empty() && !s.ffn_rows.is_empty()).count();
     if ffn_only > 0 {
-        eprintln!("  ({ffn_only} node(s) without a KV head: KV heads are not replicated; such nodes compute only their FFN share)");
+        let they = if ffn_only == 1 { "it computes only its" } else { "they compute only their" };
+        eprintln!("  ({} without a KV head: KV heads are not replicated; {they} FFN share)", crate::plural(ffn_only, "node"));
     }
     if idle > 0 {
-        eprintln!("  ({idle} node(s) of weight 0 compute nothing but still take part in every exchange)");
+        // (A small weight can round to no rows: "of weight 0" would not be what was given.)
+        let (does, takes) = if idle == 1 { ("computes", "takes") } else { ("compute", "take") };
+        eprintln!(
+            "  ({} with no KV heads and no FFN rows {does} nothing but still {takes} part in every exchange)",
+            crate::plural(idle, "node")
+        );
     }
     let handle = group.collective.handle();
     let workers = group.workers.iter().map(|w| w.0.clone()).collect();

@@ -89,10 +89,20 @@ fn apply_units(
     let ring = ctx.ring_windows().is_some();
     // A tensor-parallel worker's shard file holds each expert's cut end to end, so its
     // cache keeps cuts; a node without FFN rows holds no expert bytes: nothing to cache.
-    let moe = model.config.moe.filter(|m| {
-        let held = || hearth_model::expert_ranges(&model.weights, m.n_expert).iter().flatten().flatten().any(|r| !r.is_empty());
-        !whole_layers() && (model.shard.is_none() || held())
+    // Every layer's experts this context runs (none for the layers another ring device
+    // runs: the cache is sized over this device's experts and never asked for the others),
+    // and no cache at all when it runs no expert bytes (a ring head with no layers, a
+    // tensor-parallel node without FFN rows).
+    let owned_experts = model.config.moe.filter(|_| !whole_layers()).and_then(|m| {
+        let mut r = hearth_model::expert_ranges(&model.weights, m.n_expert);
+        for (il, layer) in r.iter_mut().enumerate() {
+            if !ctx.owns_layer(il) {
+                layer.clear();
+            }
+        }
+        r.iter().flatten().flatten().any(|x| !x.is_empty()).then_some((r, m))
     });
+    let moe = owned_experts.as_ref().map(|(_, m)| *m);
     let units = if moe.is_some() { ctx.units_without_experts(head)? } else { ctx.units(head)? };
     if ring {
         // Only this device's layers (experts included: mapped, it holds them all) and
@@ -106,17 +116,7 @@ fn apply_units(
         p.peak_rss_bytes += kv - p.kv_cache_bytes;
         p.kv_cache_bytes = kv;
     }
-    // Every layer's experts, none for the layers another ring device runs (the cache
-    // is sized over this device's experts, and never asked for the others).
-    let expert_ranges = moe.map(|m| {
-        let mut r = hearth_model::expert_ranges(&model.weights, m.n_expert);
-        for (il, layer) in r.iter_mut().enumerate() {
-            if !ctx.owns_layer(il) {
-                layer.clear();
-            }
-        }
-        r
-    });
+    let expert_ranges = owned_experts.map(|(r, _)| r);
     let planned = plan_units(&p, &units, expert_ranges.as_deref().zip(moe.map(|m| m.n_expert_used)), budget, 0.0);
     let mut w = planned.map_err(|min| {
         let q8 = if ctx.cache_type() == hearth_model::CacheType::Q8_0 { "" } else { ", or --cache-type q8_0" };

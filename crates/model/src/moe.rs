@@ -186,7 +186,14 @@ impl<'a> Block<'a> {
         // Under a memory budget a run also holds at most the expert cache's slots of
         // distinct experts (all loaded at once), so a long prefill pass needs no cut to
         // the slot count: each run streams its experts once for all of its tokens.
-        let max_experts = self.expert_cache.map_or(usize::MAX, |c| c.borrow().slots());
+        // Under the gather schedule every run is an exchange, so every node must cut the
+        // runs alike whatever its own cache holds: at most `n_expert_used` experts (every
+        // expert cache holds that many, `Context::set_expert_source`).
+        let max_experts = match self.expert_cache {
+            _ if self.comm.is_some() && self.share.gather.is_some() => moe.n_expert_used,
+            Some(c) => c.borrow().slots(),
+            None => usize::MAX,
+        };
         let mut groups = chosen.chunk_by(|a, b| a.0 == b.0).peekable();
         while groups.peek().is_some() {
             let mut run: Vec<&[(usize, usize, f32)]> = Vec::new();
@@ -327,6 +334,12 @@ impl<'a> Block<'a> {
         let e = self.c.n_embd;
         let ffl = self.share.shapes[Mat::Gate as usize].0.clone();
         let (fl, w_out) = (ffl.len(), self.share.shapes[Mat::Down as usize].0.len());
+        let pairs: usize = run.iter().map(|grp| grp.len()).sum();
+        if fl == 0 && self.share.gather.is_none() {
+            // Sum schedule on a node without FFN rows: its part of every expert is empty.
+            y[..pairs * w_out].fill(0.0);
+            return Ok(());
+        }
         // Under a memory budget an expert cache's slots (all of the run's experts loaded
         // in one call); else the mapping's, the layer unit's or this node's copy's bytes.
         let mut cache = self.expert_cache.map(std::cell::RefCell::borrow_mut);
@@ -369,7 +382,7 @@ impl<'a> Block<'a> {
         }
         matmul_many(self.pool, &mut jobs, self.quant)?;
         drop(jobs);
-        let pairs = at;
+        debug_assert_eq!(pairs, at);
         self.glu(ops::swiglu, &mut g[..pairs * fl], &u[..pairs * fl], fl);
         // The down projections' input: this node's SwiGLU rows, or every node's.
         let (h, hw): (&[f32], usize) = if self.share.gather.is_some() {

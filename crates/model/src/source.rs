@@ -27,6 +27,11 @@ pub struct Unit<'a> {
 impl<'a> Unit<'a> {
     /// A view of tensor `t`, which must lie inside this unit.
     pub fn view(&self, t: &TensorRef) -> Result<WeightView<'a>> {
+        if t.size == 0 {
+            // A shard file's empty cut (a node without rows or columns of a matrix): a
+            // 0-byte placeholder at offset 0, in no unit; its view is empty wherever.
+            return Ok(WeightView::new(t.ty, &[], t.rows, t.cols)?);
+        }
         let start = t.offset.checked_sub(self.base);
         let data = start.and_then(|s| self.bytes.get(s..s + t.size)).ok_or_else(|| {
             ModelError::Weights(format!(

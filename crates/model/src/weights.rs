@@ -241,7 +241,9 @@ impl Weights {
                 if let Holds::Matrix(m) | Holds::Experts(m) = t.holds {
                     let (rows, cols) = shapes[m as usize];
                     if shard.is_some() && (rows == 0 || cols == 0) {
-                        // A shard file leaves out this node's empty cuts.
+                        // A shard file leaves out this node's empty cuts (stacked experts:
+                        // `n_expert` of them, as `experts` reads a real one).
+                        let rows = if matches!(t.holds, Holds::Experts(_)) { rows * n_expert } else { rows };
                         mats[m as usize] = Some(TensorRef { name, ty: GgmlType::F32, offset: 0, size: 0, rows, cols });
                         continue;
                     }

@@ -497,8 +497,14 @@ pub fn solve(model: &ModelCost, devices: &[DeviceSpec]) -> Result<Assignment, So
     Ok(Assignment { k, windows, predicted_ms_per_token: ms, per_device, explanation })
 }
 
+/// GiB with one decimal, or MiB below 1 GiB (a small model's budgets and layers would
+/// all print as "0.0 GiB").
 fn gib(bytes: f64) -> String {
-    format!("{:.1} GiB", bytes / GIB)
+    if bytes >= GIB {
+        format!("{:.1} GiB", bytes / GIB)
+    } else {
+        format!("{:.1} MiB", bytes / (1u64 << 20) as f64)
+    }
 }
 
 /// Says what memory is missing where, when nothing fits.

@@ -104,6 +104,12 @@ fn gb_exact(b: u64) -> String {
     format!("{b} bytes ({})", gb(b))
 }
 
+/// A smallest workable budget: exact bytes, and MiB rounded *up*, so that the figure typed
+/// back as `--mem-budget` works (rounded to nearest it could fall a few KiB short).
+fn min_exact(b: u64) -> String {
+    format!("{b} bytes ({:.1} MiB)", (b as f64 / (1u64 << 20) as f64 * 10.0).ceil() / 10.0)
+}
+
 /// What each sliding-window unit needs in a slot: its tensors, widened for O_DIRECT.
 fn slot_sizes(units: Vec<u64>) -> Vec<u64> {
     units.iter().map(|u| u + 2 * hearth_memory::window::IO_ALIGN as u64).collect()
@@ -233,7 +239,7 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::anyhow!(
             "--mem-budget {} is too small: the smallest that works is {}",
             gb_exact(a.mem_budget.unwrap_or(0)),
-            gb_exact(w.min_budget_bytes)
+            min_exact(w.min_budget_bytes)
         )
     };
     if a.json {
@@ -335,7 +341,7 @@ pub fn run(a: Args) -> Result<()> {
             let min = budget_plan(0, DEFAULT_DISK_GBPS)?.unwrap_or_else(|w| *w);
             o += &format!(
                 "smallest --mem-budget: {} (one unit of {}{} + KV cache + scratch + overhead + margin)\n",
-                gb_exact(min.min_budget_bytes),
+                min_exact(min.min_budget_bytes),
                 gb(min.slot_bytes),
                 experts(&min)
             );
@@ -345,7 +351,7 @@ pub fn run(a: Args) -> Result<()> {
             o += &format!(
                 "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {}{} + KV cache + scratch + overhead + margin)\n",
                 gb_exact(a.mem_budget.unwrap_or(0)),
-                gb_exact(min.min_budget_bytes),
+                min_exact(min.min_budget_bytes),
                 gb(min.slot_bytes),
                 experts(&min)
             );
