@@ -242,6 +242,14 @@ fn budgeted_workers_at_their_fewest_expert_slots_or_without_experts_give_one_mac
     drop(w);
     let wlog = std::fs::read_to_string(&log).unwrap();
     assert!(wlog.contains("+ 2 expert slots ×"), "{wlog}");
+    // And it stays under its budget: its shard shares the loaded model's tokenizer (two
+    // of SmolLM2's vocabulary, about 17 MiB each, took it over).
+    let budget: f64 = min.parse().unwrap();
+    let peaks: Vec<f64> = wlog
+        .lines()
+        .filter_map(|l| l.split("worker peak RSS this session ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(peaks.len() == 4 && peaks.iter().all(|&p| p <= budget), "peaks {peaks:?} MiB under a {budget} MiB budget: {wlog}");
     // A ring head running no layers under a budget: nothing of experts to cache.
     let v = ok(generate(&m, &["--workers", &addrs(&[&plain]), "--parallel", "ring", "--layer-window", "0,4", "--mem-budget", "60MiB"]));
     assert_eq!(tokens(&v), single, "ring head with no layers under --mem-budget");

@@ -15,8 +15,9 @@ pub struct Model {
     pub file: Arc<GgufFile>,
     /// Hyperparameters.
     pub config: ModelConfig,
-    /// Tokenizer from the file's metadata.
-    pub tokenizer: Tokenizer,
+    /// Tokenizer from the file's metadata (shared with the model a shard was cut from:
+    /// [`Self::from_file_with_tokenizer`]).
+    pub tokenizer: Arc<Tokenizer>,
     /// Tensor references.
     pub weights: Weights,
     /// For a shard file: the node's share its matrices already are (see
@@ -32,13 +33,21 @@ impl Model {
 
     /// Build from an already opened file.
     pub fn from_file(file: Arc<GgufFile>) -> Result<Self> {
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
+        Self::from_file_with_tokenizer(file, tokenizer)
+    }
+
+    /// [`Self::from_file`] with `tokenizer` instead of one built from the file's metadata:
+    /// a worker's shard file (which carries its model's metadata) next to the model it was
+    /// cut from, so the process holds one tokenizer (on a 49K vocabulary about 17 MiB) and
+    /// not two under its memory budget.
+    pub fn from_file_with_tokenizer(file: Arc<GgufFile>, tokenizer: Arc<Tokenizer>) -> Result<Self> {
         let config = ModelConfig::from_gguf(&file)?;
         let shard = crate::TensorSplit::from_shard_file(&file)?;
         if let Some(s) = &shard {
             s.check_ranges(&config)?;
         }
         let weights = Weights::load(&file, &config, shard.as_ref())?;
-        let tokenizer = Tokenizer::from_gguf(&file)?;
         Ok(Self { file, config, tokenizer, weights, shard })
     }
 

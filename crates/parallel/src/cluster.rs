@@ -647,7 +647,14 @@ fn session_model(peer: &mut Peer, worker: &WorkerModel, split: &TensorSplit) -> 
             (sha256, path)
         }
     };
-    let model = Model::load(&path)?;
+    let model = match worker {
+        // The shard carries its model's metadata: share the loaded model's tokenizer.
+        WorkerModel::File { model, .. } => {
+            let file = hearth_gguf::GgufFile::open(&path).map_err(hearth_model::ModelError::from)?;
+            Model::from_file_with_tokenizer(Arc::new(file), model.tokenizer.clone())?
+        }
+        WorkerModel::Shards { .. } => Model::load(&path)?,
+    };
     let source = model.file.get(hearth_model::shard_keys::SOURCE_SHA256).and_then(|v| v.as_str()).unwrap_or("");
     if model.shard.as_ref() != Some(split) || source != crate::wire::hex(sha) {
         let _ = std::fs::remove_file(&path);
