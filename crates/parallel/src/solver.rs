@@ -37,8 +37,9 @@
 //!   measured, its memory read bandwidth; `peak_i` is the measured prefill GFLOP/s of
 //!   that type (decode is bandwidth-bound, so the byte term normally wins).
 //! - `kv_layer = kv_bytes_per_layer_token · n_ctx`: the KV cache of one layer, sized for
-//!   the context. The KV cache and the non-layer part must stay resident in every regime;
-//!   only layer weights may live on disk. A device with no measured disk
+//!   the context. The KV cache and the embedding must stay resident in every regime;
+//!   only layer weights and, on device 0, the output head (streamed in row chunks under a
+//!   budget) may live on disk. A device with no measured disk
 //!   (`disk_seq_read_gbps ≤ 0`) must hold all its layers.
 //! - *Resident / spill*: a device whose layers fit holds them all and never touches the
 //!   disk. One whose layers do not fit may re-read the part that does not fit from disk
@@ -74,7 +75,7 @@
 //! subject to Σ w_i = L/k,  w_0 ≥ 0,  w_i ≥ 1 (i ∈ S \ {0}),  integer
 //!            b_i ∈ {0, 1}  (1 = streaming; fixed to 0 without a disk or when k ≤ 2)
 //!            s_i ≥ need_i(w_i) − budget_i − M·b_i,  s_i ≥ 0       (spilled GiB; 0 without a disk)
-//!            k·w_i·kv_layer + [i = 0]·extra ≤ budget_i             (KV and head stay resident)
+//!            k·w_i·kv_layer + [i = 0]·(extra − head) ≤ budget_i    (KV and embedding stay resident)
 //!            2·w_i·layer + k·w_i·kv_layer + [i = 0]·extra ≤ budget_i + M·(1 − b_i)
 //!            u_i ≥ w_i·layer/disk_i − Σ_{j≠i} t_j·w_j − H − M·(1 − b_i),  u_i ≥ 0   (stall per round)
 //!            z ≥ k·t_i·w_i                                         (tie-break: balance)
@@ -239,6 +240,17 @@ fn disk_ms_per_byte(dev: &DeviceProfile) -> Option<f64> {
     (dev.disk_seq_read_gbps > 0.0).then(|| 1.0 / (dev.disk_seq_read_gbps * 1e6))
 }
 
+/// Bytes of device `i`'s non-layer part that may live on disk: the output head on device 0
+/// (under a budget hearth streams it in row chunks like a layer, `hearth_model::head_chunks`),
+/// re-read every token. The embedding and the KV cache stay resident.
+fn head_spill(model: &ModelCost, i: usize) -> u64 {
+    if i == 0 {
+        model.head_bytes.min(model.extra_bytes)
+    } else {
+        0
+    }
+}
+
 /// Bytes device `i` must hold for `n` layers (weights + KV, plus the head on device 0).
 fn need_bytes(model: &ModelCost, i: usize, n: usize) -> u64 {
     let extra = if i == 0 { model.extra_bytes } else { 0 };
@@ -277,8 +289,8 @@ pub fn predict(model: &ModelCost, devices: &[DeviceSpec], k: usize, windows: &[u
         let n = k * windows[i];
         let need = need_bytes(model, i, n);
         let spill = need.saturating_sub(d.budget_bytes);
-        if spill > n as u64 * model.layer_bytes {
-            return None; // KV cache or head does not fit
+        if spill > n as u64 * model.layer_bytes + head_spill(model, i) {
+            return None; // the KV cache (or the embedding) does not fit
         }
         let per_byte = disk_ms_per_byte(&d.profile);
         // resident, or spilling and re-reading the excess every token
@@ -389,7 +401,8 @@ fn solve_fixed(model: &ModelCost, devices: &[DeviceSpec], k: usize, ring: &[usiz
         objective += kf * t * wi + disk.unwrap_or(0.0) * GIB * model.expert_active_share * si;
         let m_spill = kf * per_layer_gib * big_w as f64 + extra + 1.0;
         constraints.push(constraint!(si >= kf * per_layer_gib * wi + extra - budget - m_spill * b));
-        constraints.push(constraint!(kf * kv_gib * wi + extra <= budget));
+        let resident_extra = extra - head_spill(model, i) as f64 / GIB;
+        constraints.push(constraint!(kf * kv_gib * wi + resident_extra <= budget));
         constraints.push(constraint!(z >= kf * t * wi));
         if can_stream {
             let pb = disk.unwrap_or(0.0);
@@ -568,7 +581,8 @@ fn explain(
 ) -> String {
     let sum = |f: fn(&DevicePrediction) -> f64| per.iter().map(f).sum::<f64>();
     let mut s = format!(
-        "k = {k} round(s) of {} layers, windows {windows:?}: {ms:.2} ms/token = {:.2} compute + {:.2} disk + {:.2} network\n",
+        "k = {k} {} of {} layers, windows {windows:?}: {ms:.2} ms/token = {:.2} compute + {:.2} disk + {:.2} network\n",
+        if k == 1 { "round" } else { "rounds" },
         model.n_layer / k,
         sum(|p| p.compute_ms),
         sum(|p| p.disk_ms),
@@ -875,6 +889,21 @@ mod tests {
         let (_, dense) = predict(&whole, &devices, a.k, &a.windows).unwrap();
         let dense_disk: f64 = dense.iter().map(|p| p.disk_ms).sum();
         assert!((dense_disk - 16.0 * disk).abs() < 1e-6, "{dense_disk} vs {disk}");
+    }
+
+    #[test]
+    fn device_0_may_stream_its_output_head() {
+        // A 300 MiB head on a device 0 with 200 MiB: it streams the head (re-read every
+        // token) and gives its layers to the other device. Control: a model whose non-layer
+        // part cannot be streamed (no head bytes: all embedding) fits nowhere.
+        let mut m = model(4, 100);
+        (m.extra_bytes, m.head_bytes, m.n_ctx) = (300 * MB, 300 * MB, 0);
+        let devices = vec![device("small", 10.0, 200 * MB, 1.0, 1.0, 1000.0), device("big", 10.0, 8 * GB, 1.0, 1.0, 1000.0)];
+        let a = solve(&m, &devices).unwrap();
+        assert_eq!(a.windows, vec![0, 4], "{}", a.explanation);
+        assert!((a.per_device[0].disk_ms - (100 * MB) as f64 / 1e6).abs() < 1e-6, "{}", a.explanation);
+        m.head_bytes = 0;
+        assert!(matches!(solve(&m, &devices), Err(SolveError::Infeasible(_))));
     }
 
     #[test]
