@@ -33,8 +33,10 @@ impl Model {
 
     /// Build from an already opened file.
     pub fn from_file(file: Arc<GgufFile>) -> Result<Self> {
+        // The config first: its checks (e.g. an absurd layer count) come before any work.
+        let config = ModelConfig::from_gguf(&file)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
-        Self::from_file_with_tokenizer(file, tokenizer)
+        Self::build(file, config, tokenizer)
     }
 
     /// [`Self::from_file`] with `tokenizer` instead of one built from the file's metadata:
@@ -43,6 +45,10 @@ impl Model {
     /// not two under its memory budget.
     pub fn from_file_with_tokenizer(file: Arc<GgufFile>, tokenizer: Arc<Tokenizer>) -> Result<Self> {
         let config = ModelConfig::from_gguf(&file)?;
+        Self::build(file, config, tokenizer)
+    }
+
+    fn build(file: Arc<GgufFile>, config: ModelConfig, tokenizer: Arc<Tokenizer>) -> Result<Self> {
         let shard = crate::TensorSplit::from_shard_file(&file)?;
         if let Some(s) = &shard {
             s.check_ranges(&config)?;
