@@ -9,7 +9,6 @@ mod common;
 
 use common::{addrs, gemma3, hearth, model, ok, tokens, Worker};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const PROMPT: &str = "The three primary colors are red, blue and";
 
@@ -76,7 +75,7 @@ fn gemma3_runs_in_every_mode() {
     every_mode_matches(&gemma3(), 18, Some("200MiB"));
     // A worker without the file receives its shard (Gemma 3's extra norms included).
     let m = gemma3();
-    let sha = String::from_utf8_lossy(&Command::new("sha256sum").arg(&m).output().unwrap().stdout).split_whitespace().next().unwrap().to_string();
+    let sha = common::model_sha(&m);
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("archs-shard-cache");
     let _ = std::fs::remove_dir_all(&cache);
     let w = Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], std::process::Stdio::null());

@@ -176,11 +176,7 @@ fn ring_mem_budget_and_tensor_parallel_give_one_machines_tokens() {
     // caches it; a worker under a budget cuts its own and keeps an expert cache of cuts
     // over it (it streamed whole shard blocks). Both give one machine's tokens (a MoE
     // model had no shard files: both were refused).
-    let sha = String::from_utf8_lossy(&std::process::Command::new("sha256sum").arg(&m).output().unwrap().stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
+    let sha = common::model_sha(&m);
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shard-cache");
     let _ = std::fs::remove_dir_all(&cache);
     let no_file = Worker::spawn(
@@ -439,11 +435,7 @@ fn a_shared_expert_runs_over_the_ring_and_tensor_parallel_and_counts_as_active()
     assert_eq!(greedy(false), single, "in process, with the shared expert");
     assert_ne!(greedy(true), single, "control: without the shared expert the tokens differ");
     // Workers without the file get shard files holding their cut of it.
-    let sha = String::from_utf8_lossy(&std::process::Command::new("sha256sum").arg(&m).output().unwrap().stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
+    let sha = common::model_sha(&m);
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-shexp-shard-cache");
     let _ = std::fs::remove_dir_all(&cache);
     let no_file: Vec<Worker> = (0..2)

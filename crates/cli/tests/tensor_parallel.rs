@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{addrs, assert_clean_error, cache_dir, hearth, model, ok, tokens, Worker};
+use common::{addrs, assert_clean_error, cache_dir, hearth, model, model_sha, ok, tokens, Worker};
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -196,12 +196,6 @@ fn chat_re_splits_over_the_remaining_workers_when_one_dies() {
     assert!(out.status.success(), "{e}");
     assert!(e.contains("re-splitting over 2 node(s)"), "{e}");
     assert_eq!(e.matches("error:").count(), 1, "only the failed turn errs: {e}");
-}
-
-/// The model's SHA-256 in hex (`sha256sum`).
-fn model_sha(m: &Path) -> String {
-    let out = Command::new("sha256sum").arg(m).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
 }
 
 #[test]

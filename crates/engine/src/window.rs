@@ -87,12 +87,11 @@ fn apply_units(
         PlanParams { n_ctx: ctx.n_ctx(), n_batch: ctx.n_batch(), n_threads: ctx.n_threads(), cache_type: ctx.cache_type(), logits_all };
     let mut p = plan(&summary, params, hearth_memory::available_bytes().unwrap_or(0), DEFAULT_MEMBW_GBPS);
     let ring = ctx.ring_windows().is_some();
-    // A tensor-parallel worker's shard file holds each expert's cut end to end, so its
-    // cache keeps cuts; a node without FFN rows holds no expert bytes: nothing to cache.
     // Every layer's experts this context runs (none for the layers another ring device
-    // runs: the cache is sized over this device's experts and never asked for the others),
-    // and no cache at all when it runs no expert bytes (a ring head with no layers, a
-    // tensor-parallel node without FFN rows).
+    // runs: the cache is sized over this device's experts and never asked for the others;
+    // a tensor-parallel worker's shard file holds each expert's cut end to end, so its
+    // cache keeps cuts), and no cache at all when it runs no expert bytes (a ring head
+    // with no layers, a tensor-parallel node without FFN rows).
     let owned_experts = model.config.moe.filter(|_| !whole_layers()).and_then(|m| {
         let mut r = hearth_model::expert_ranges(&model.weights, m.n_expert);
         for (il, layer) in r.iter_mut().enumerate() {

@@ -36,6 +36,13 @@ pub struct TensorRef {
 }
 
 impl TensorRef {
+    /// A 0-byte placeholder of shape `[rows, cols]`: a shard file's empty cut (a node
+    /// without rows or columns of a matrix), or what a shard file has none of. It lies in
+    /// no unit; its view is empty (`Unit::view`).
+    pub fn empty(name: String, rows: usize, cols: usize) -> Self {
+        TensorRef { name, ty: GgmlType::F32, offset: 0, size: 0, rows, cols }
+    }
+
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.size.checked_div(self.rows).unwrap_or(0)
@@ -213,7 +220,7 @@ impl Weights {
         // The shared expert's gate, up and down (a shard file's are cut, as the FFN's are).
         let shared_shapes = shard.unwrap_or(&whole).shared_shapes(c).map(|(r, c)| (r.len(), c.len()));
         let (token_embd, output) = if shard.is_some() {
-            let none = TensorRef { name: "(none in a shard file)".into(), ty: GgmlType::F32, offset: 0, size: 0, rows: 0, cols: e };
+            let none = TensorRef::empty("(none in a shard file)".into(), 0, e);
             (none.clone(), none)
         } else {
             let token_embd = matrix(f, "token_embd.weight", v, e)?;
@@ -244,7 +251,7 @@ impl Weights {
                         // A shard file leaves out this node's empty cuts (stacked experts:
                         // `n_expert` of them, as `experts` reads a real one).
                         let rows = if matches!(t.holds, Holds::Experts(_)) { rows * n_expert } else { rows };
-                        mats[m as usize] = Some(TensorRef { name, ty: GgmlType::F32, offset: 0, size: 0, rows, cols });
+                        mats[m as usize] = Some(TensorRef::empty(name, rows, cols));
                         continue;
                     }
                 }
@@ -263,7 +270,7 @@ impl Weights {
                         let (rows, cols) = shared_shapes[slot - 1];
                         shared[slot] = Some(if shard.is_some() && (rows == 0 || cols == 0) {
                             // A shard file leaves out this node's empty cuts.
-                            TensorRef { name: name.clone(), ty: GgmlType::F32, offset: 0, size: 0, rows, cols }
+                            TensorRef::empty(name.clone(), rows, cols)
                         } else {
                             matrix(f, &name, rows, cols)?
                         });

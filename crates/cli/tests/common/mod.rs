@@ -8,6 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The model's SHA-256 in hex (`sha256sum`), as a worker's `--model-sha256` takes it.
+pub fn model_sha(m: &Path) -> String {
+    let out = Command::new("sha256sum").arg(m).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
+}
+
 /// The default model (fetched by scripts/fetch-models.sh, as README's test command does).
 pub fn model() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
