@@ -63,7 +63,7 @@ fn cached(c: &mut Criterion) {
     let pool = ThreadPool::new(1);
     let mut g = c.benchmark_group("matvec_l2");
     g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q2_K, GgmlType::Q3_K] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K] {
         let w = random_weights(ty, rows, cols, 1);
         let view = WeightView::new(ty, &w, rows, cols).unwrap();
         let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
@@ -85,7 +85,7 @@ fn dram(c: &mut Criterion) {
     let cols = 4096;
     let mut g = c.benchmark_group("matvec_dram");
     g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K] {
         let rb = ty.row_bytes(cols as u64).unwrap() as usize;
         let rows = (256 << 20) / rb / 64 * 64;
         let seed = random_weights(ty, 64, cols, 1);

@@ -290,6 +290,38 @@ pub(crate) fn row_lane_dot(wty: GgmlType, w: &[u8], a: &[u8], cols: usize) -> f3
 /// The weight types whose avx512 kernels hold two rows per vector
 /// (`arch/x86_64/avx512_pair*.rs`): odd rows, 8- and 4-row matvec tiles,
 /// 4×12 / 4×4 prefill tiles and their remainders.
+/// Random raw weights and activations through the panel of each SIMD level
+/// this CPU has: (one row per lane?, outputs) per level, the one-row-per-lane
+/// kernels checked bit for bit against their scalar model.
+fn level_panels(seed: u64, wty: GgmlType, rows: usize, cols: usize, tokens: usize, zero: bool) -> Result<Vec<(bool, Vec<f32>)>, TestCaseError> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 1);
+    let aty = vec_dot_type(wty);
+    let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
+    let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
+    let x: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
+    // (level, one row per lane?, outputs) of the SIMD levels this CPU has.
+    let mut outs = Vec::new();
+    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+        let Some(k) = Kernels::for_level(level) else { continue };
+        let sums = act_sums(k, wty, &x, arb, cols);
+        let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens, act_sums: &sums };
+        let mut o = vec![f32::NAN; rows * tokens];
+        (k.panel(wty).unwrap())(&p, &mut o);
+        let row_lanes = k.row_lanes.contains(&wty);
+        if row_lanes {
+            // One row per lane: its own order, bit for bit its scalar model.
+            for t in 0..tokens {
+                for r in 0..rows {
+                    let want = row_lane_dot(wty, &w[r * wrb..][..wrb], &x[t * arb..][..arb], cols);
+                    prop_assert!(want.to_bits() == o[t * rows + r].to_bits(), "{:?} {} rows={} cols={} tokens={} (r={}, t={}): {} vs model {}", level, wty, rows, cols, tokens, r, t, o[t * rows + r], want);
+                }
+            }
+        }
+        outs.push((row_lanes, o));
+    }
+    Ok(outs)
+}
+
 const PAIRED: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K];
 
 /// `nb` blocks of 32, or 1..3 blocks of 256 for K-quants.
@@ -326,31 +358,7 @@ proptest! {
     ) {
         let (wty, cols) = (PAIRED[ti], paired_cols(PAIRED[ti], nb));
         check_panels(seed, wty, rows, cols, tokens, zero);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 1);
-        let aty = vec_dot_type(wty);
-        let (wrb, arb) = (nbytes(wty, cols), nbytes(aty, cols));
-        let w: Vec<u8> = (0..rows).flat_map(|_| raw_row(wty, cols, &mut rng, zero)).collect();
-        let x: Vec<u8> = (0..tokens).flat_map(|_| raw_row(aty, cols, &mut rng, false)).collect();
-        // (level, one row per lane?, outputs) of the SIMD levels this CPU has.
-        let mut outs = Vec::new();
-        for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-            let Some(k) = Kernels::for_level(level) else { continue };
-            let sums = act_sums(k, wty, &x, arb, cols);
-            let p = Panel { wty, w: &w, row_stride: wrb, n_rows: rows, cols, act: &x, act_stride: arb, n_tokens: tokens, act_sums: &sums };
-            let mut o = vec![f32::NAN; rows * tokens];
-            (k.panel(wty).unwrap())(&p, &mut o);
-            let row_lanes = k.row_lanes.contains(&wty);
-            if row_lanes {
-                // One row per lane: its own order, bit for bit its scalar model.
-                for t in 0..tokens {
-                    for r in 0..rows {
-                        let want = row_lane_dot(wty, &w[r * wrb..][..wrb], &x[t * arb..][..arb], cols);
-                        prop_assert!(want.to_bits() == o[t * rows + r].to_bits(), "{:?} {} rows={} cols={} tokens={} (r={}, t={}): {} vs model {}", level, wty, rows, cols, tokens, r, t, o[t * rows + r], want);
-                    }
-                }
-            }
-            outs.push((row_lanes, o));
-        }
+        let outs = level_panels(seed, wty, rows, cols, tokens, zero)?;
         if let [(ra, oa), (rb, ob)] = &outs[..] {
             // Same arithmetic where both levels use the same form; only Q8_0
             // with VNNI is one row per lane at avx512 alone.
@@ -389,6 +397,21 @@ proptest! {
             let mut sub = vec![0f32; rows * n];
             matmul_with(level, &pools()[2], &view, &x[t0 * cols..], n, &mut sub, &mut scratch).unwrap();
             prop_assert!(bits(&sub) == bits(&base[t0 * rows..]), "{:?} {} tokens {}.. as a batch of {}", level, wty, t0, n);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// One token (a decode matvec) over up to 40 Q4_0 blocks: the avx512
+    /// one-token path takes whole 8-block periods without the scale gather,
+    /// then the tile's blocks; bit for bit the scalar model and avx2.
+    #[test]
+    fn q4_0_one_token_matches_model(seed in any::<u64>(), rows in 1usize..=40, nb in 1usize..=40, zero in prop::bool::weighted(0.1)) {
+        let outs = level_panels(seed, GgmlType::Q4_0, rows, 32 * nb, 1, zero)?;
+        if let [(_, oa), (_, ob)] = &outs[..] {
+            prop_assert!(bits(oa) == bits(ob), "rows={} blocks={}: avx512 differs from avx2", rows, nb);
         }
     }
 }

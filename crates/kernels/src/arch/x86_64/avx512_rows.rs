@@ -45,6 +45,13 @@ pub(super) trait RowFmt {
     /// block) as 8 vectors, vector `g` holding elements 4g..4g+3 of row i in
     /// lane i, unsigned; and the rows' scales.
     unsafe fn load16<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], __m512);
+    /// One token (a decode matvec): the blocks from 0 that a faster path
+    /// than [`tile`]'s takes, added into `acc` in block order with the
+    /// tile's arithmetic; returns how many. None by default.
+    #[inline(always)]
+    unsafe fn one_token<R: Rows>(_p: &Panel<'_>, _g: &Group, _rows: &R, _t0: usize, _acc: &mut __m512) -> usize {
+        0
+    }
 }
 
 /// The f16 scales at `rows[i] + off`, as f32 in lane i (`idx[i]` =
@@ -124,6 +131,112 @@ impl RowFmt for Q4_0 {
         let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
         let w = [lo(u[0]), lo(u[1]), lo(u[2]), lo(u[3]), hi(u[0]), hi(u[1]), hi(u[2]), hi(u[3])];
         (w, scales16(rows, idx, off))
+    }
+
+    #[inline(always)]
+    unsafe fn one_token<R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, t0: usize, acc: &mut __m512) -> usize {
+        let periods = p.cols / 256;
+        let mut s = Q4_0Stream {
+            a: p.act.as_ptr().add(t0 * p.act_stride),
+            sums: p.act_sums.as_ptr().add(t0 * (p.cols / 32) * 4),
+            acc: *acc,
+            i: _mm512_setzero_si512(),
+            d: _mm512_setzero_ps(),
+            d_next: _mm512_setzero_ps(),
+        };
+        for q in 0..periods {
+            let base = q * Q4_0_PERIOD;
+            q4_0_chunk::<R, 0>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 1>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 2>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 3>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 4>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 5>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 6>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 7>(g, rows, base, q, &mut s);
+            q4_0_chunk::<R, 8>(g, rows, base, q, &mut s);
+        }
+        *acc = s.acc;
+        periods * 8
+    }
+}
+
+/// Bytes of 8 Q4_0 blocks: 144 = 9 × 16, so a row's bytes from a period's
+/// start split into 9 whole 16-byte chunks, 36 dwords.
+const Q4_0_PERIOD: usize = 144;
+
+/// The one-token Q4_0 path without the scale gather (`tile` spends about a
+/// third of its decode cycles waiting on `vpgatherdd`; docs/BENCHMARKS.md).
+/// A period's 9 chunks are transposed as they come, so every dword of the
+/// 16 rows reaches a lane exactly once, scales included: a pair of blocks is
+/// 36 bytes, 9 dwords, `r = 0..9`: dword 0 holds the even block's f16 scale
+/// and its quant bytes 0-1, dwords 1-3 its bytes 2-13, dword 4 its bytes 14-15
+/// and the odd block's scale, dwords 5-8 the odd block's 16 quant bytes. The
+/// even block's quants sit 2 bytes off the dword grid, so its activations
+/// are broadcast from the same 2-byte offset, with zeros against the scale
+/// bytes. Integer dots are exact whatever their grouping, so the sums, and
+/// then the per-block convert, scale and FMA in block order, are `tile`'s
+/// bits.
+struct Q4_0Stream {
+    /// The token's Q8_0 activation blocks and their `-8 sum(a)` terms.
+    a: *const u8,
+    sums: *const u8,
+    acc: __m512,
+    /// The current block's integer dot.
+    i: __m512i,
+    /// The even block's scales, and the odd block's (read a dword earlier).
+    d: __m512,
+    d_next: __m512,
+}
+
+/// Chunk `C` (bytes 16C..16C+16 of period `q`) of the group's rows.
+#[inline(always)]
+unsafe fn q4_0_chunk<R: Rows, const C: usize>(g: &Group, rows: &R, base: usize, q: usize, s: &mut Q4_0Stream) {
+    if C < 8 {
+        super::prefetch_group_step(g.next, 8 * q + C, LANES * 18);
+    }
+    let v = transpose16x16(rows, base + 16 * C);
+    q4_0_dword(v[0], 8 * q, 4 * C, s);
+    q4_0_dword(v[1], 8 * q, 4 * C + 1, s);
+    q4_0_dword(v[2], 8 * q, 4 * C + 2, s);
+    q4_0_dword(v[3], 8 * q, 4 * C + 3, s);
+}
+
+/// Dword `k` (0..36) of the period starting at block `b0`: one row in each
+/// lane. `k` is a constant once inlined, so the `match` folds away.
+#[inline(always)]
+unsafe fn q4_0_dword(v: __m512i, b0: usize, k: usize, s: &mut Q4_0Stream) {
+    let rd = |p: *const u8| std::ptr::read_unaligned(p as *const u32);
+    let (pair, r) = (k / 9, k % 9);
+    let b = b0 + 2 * pair + usize::from(r >= 5);
+    let a = s.a.add(b * 34);
+    // (low nibbles' activations, high nibbles') as 4 bytes; `a` is the Q8_0
+    // block: its f16 scale, then quants from byte 2.
+    let (lo, hi) = match r {
+        0 => {
+            s.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+            s.i = _mm512_set1_epi32(std::ptr::read_unaligned(s.sums.add(b * 4) as *const i32));
+            (rd(a) & 0xffff_0000, rd(a.add(16)) & 0xffff_0000)
+        }
+        1..=3 => (rd(a.add(4 * r)), rd(a.add(16 + 4 * r))),
+        4 => {
+            s.d_next = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v)));
+            (rd(a.add(16)) & 0xffff, rd(a.add(32)) & 0xffff)
+        }
+        _ => {
+            if r == 5 {
+                s.i = _mm512_set1_epi32(std::ptr::read_unaligned(s.sums.add(b * 4) as *const i32));
+            }
+            (rd(a.add(2 + 4 * (r - 5))), rd(a.add(18 + 4 * (r - 5))))
+        }
+    };
+    let m = _mm512_set1_epi8(0x0f);
+    s.i = _mm512_dpbusd_epi32(s.i, _mm512_and_si512(v, m), _mm512_set1_epi32(lo as i32));
+    s.i = _mm512_dpbusd_epi32(s.i, _mm512_and_si512(_mm512_srli_epi16::<4>(v), m), _mm512_set1_epi32(hi as i32));
+    if r == 4 || r == 8 {
+        let d = if r == 4 { s.d } else { s.d_next };
+        let d = _mm512_mul_ps(d, _mm512_set1_ps(f16_at(a)));
+        s.acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s.i), s.acc);
     }
 }
 
@@ -221,7 +334,8 @@ unsafe fn tile<F: RowFmt, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, row
     let ap = p.act.as_ptr().add(t0 * p.act_stride);
     let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
     let mut acc = [_mm512_setzero_ps(); T];
-    for b in 0..nb {
+    let first = if T == 1 { F::one_token(p, g, rows, t0, &mut acc[0]) } else { 0 };
+    for b in first..nb {
         let off = b * F::WB;
         // A later group's bytes into L2, spread evenly over this group's
         // blocks as one sequential stream (its rows are contiguous): for a
