@@ -184,6 +184,16 @@ impl CommError {
         CommError::Remote { from, failed, message: e.message }
     }
 
+    /// The text to pass on to other nodes in an error report: a report
+    /// relayed from elsewhere travels as its original message (the receiver
+    /// names the failed node and who told it), not nested in ours.
+    pub fn report_text(&self) -> String {
+        match self {
+            CommError::Remote { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// The node this error blames, if any: the one to drop before re-splitting.
     pub fn failed_node(&self) -> Option<usize> {
         match self {
@@ -522,7 +532,7 @@ impl Star {
                         // Tell every worker who failed (the culprit too, if it still
                         // listens: e.g. a length or wire-type mismatch), then give up.
                         let failed = e.failed_node();
-                        let text = e.to_string();
+                        let text = e.report_text();
                         for w in workers.iter_mut() {
                             w.report(failed, &text);
                         }
@@ -545,7 +555,7 @@ impl Star {
                 }
                 if let Some(e) = first_err {
                     let failed = e.failed_node();
-                    let text = e.to_string();
+                    let text = e.report_text();
                     for w in workers.iter_mut().filter(|w| Some(w.node) != failed) {
                         w.report(failed, &text);
                     }
@@ -754,7 +764,7 @@ impl AllReduce for Ring {
                 // news that is travelling towards it around the ring.
                 if let Some((next, _prev)) = self.links.as_mut() {
                     if e.failed_node() != Some(next.node) {
-                        next.report(e.failed_node(), &e.to_string());
+                        next.report(e.failed_node(), &e.report_text());
                     }
                     let _ = next.stream.shutdown(std::net::Shutdown::Both);
                 }
