@@ -253,6 +253,7 @@ pub fn run(a: Args) -> Result<()> {
                     *cur = None;
                 }
             }
+            release_freed_memory();
             let Ok(r) = r else {
                 eprintln!("coordinator {peer}: session aborted by an internal error (a bug: please report it)");
                 return;
@@ -274,4 +275,16 @@ pub fn run(a: Args) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Hands the heap a finished session freed back to the OS. glibc keeps freed
+/// memory in its arenas (the session's threads each had one), so an idle worker
+/// held its largest session's buffers: 81 MiB anonymous after an 8192-token
+/// SmolLM2 session, 18 MiB after a 2048-token one. Elsewhere a no-op.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
