@@ -151,7 +151,7 @@ fn plan_and_profile_measure_running_workers() {
     };
     let ms = m.to_str().unwrap();
     // The solver's ring over the running workers, without running it.
-    let v = ok(run(&["plan", "-m", ms, "-c", "256", "-t", "1", "-p", "32", "--workers", &addrs(&[&w1, &w2]), "--json"]));
+    let v = ok(run(&["plan", "-m", ms, "-c", "256", "-t", "1", "-p", "32", "--workers", &addrs(&[&w1, &w2]), "--parallel", "ring", "--json"]));
     let windows: Vec<u64> = v["windows"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).collect();
     assert_eq!(windows.len(), 3, "{v}");
     assert_eq!(30 % windows.iter().sum::<u64>(), 0, "{v}");

@@ -277,3 +277,40 @@ fn an_idle_worker_gives_back_a_finished_sessions_heap() {
     let a = anon();
     assert!(a.len() == 2 && a[1] <= a[0] + 16.0, "anonymous MiB after each session {a:?}: {}", std::fs::read_to_string(&log).unwrap());
 }
+
+#[test]
+fn plan_with_workers_shows_the_shares_a_tensor_parallel_run_uses() {
+    // `plan --workers` printed a ring plan whatever --parallel said (helper finding).
+    let m = model();
+    let logs: Vec<_> = (1..=2).map(|i| Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("plan-tp-{i}.log"))).collect();
+    let ws: Vec<Worker> = logs
+        .iter()
+        .map(|l| Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(l).unwrap().into()))
+        .collect();
+    let list = addrs(&ws.iter().collect::<Vec<_>>());
+    let plan = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &list, "--node-weights", "2,1,1", "--json"]));
+    assert_eq!(plan["parallel"], "tensor", "{plan}");
+    ok(generate(&["--workers", &list, "--node-weights", "2,1,1"]));
+    let start = Instant::now();
+    for (i, log) in logs.iter().enumerate() {
+        let node = &plan["nodes"][i + 1];
+        let want = format!(
+            "node {} of 3, KV heads {}..{}, FFN rows {}..{}",
+            i + 1,
+            node["kv_heads"][0],
+            node["kv_heads"][1],
+            node["ffn_rows"][0],
+            node["ffn_rows"][1]
+        );
+        let mut text = String::new();
+        while !text.contains("session ended") && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            text = std::fs::read_to_string(log).unwrap();
+        }
+        assert!(text.contains(&want), "plan says {want:?}; the worker: {text}");
+    }
+    // Node 0 holds the rest, and the tied embedding/head is counted once.
+    assert_eq!(plan["nodes"][0]["kv_heads"], serde_json::json!([0, 1]), "{plan}");
+    let text = String::from_utf8_lossy(&hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &list]).stdout).to_string();
+    assert!(text.contains("tensor-parallel plan for 30 layers over 3 nodes") && text.contains("60 round trips"), "{text}");
+}

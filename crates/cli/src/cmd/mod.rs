@@ -8,6 +8,7 @@ pub mod quantize;
 pub mod serve;
 pub mod plan;
 pub mod plan_ring;
+pub mod plan_tp;
 pub mod profile;
 pub mod synth;
 pub mod tokenize;

@@ -76,7 +76,7 @@ const DEFAULT_DISK_GBPS: f64 = 0.5;
 
 /// A memory size in binary units (GiB, MiB, KiB), as `generate` and `serve` print peak RSS
 /// and `--mem-budget` takes it, so a predicted size compares with a measured one as it is.
-fn gb(b: u64) -> String {
+pub(super) fn gb(b: u64) -> String {
     let b = b as f64;
     match b {
         b if b >= (1u64 << 30) as f64 => format!("{:.2} GiB", b / (1u64 << 30) as f64),
@@ -189,6 +189,9 @@ pub fn run(a: Args) -> Result<()> {
         let path = file.as_ref().context("--workers/--cluster plan a real model file: give -m, not --shape")?;
         let model = hearth_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?;
         let opts = a.cluster.options()?;
+        if !matches!(opts.layout, hearth_parallel::Layout::Ring { .. }) {
+            return print_out(&super::plan_tp::report(&model, &opts, n_ctx, cache_type, a.json)?);
+        }
         let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
         let pending = hearth_parallel::ring::gather(&model, sha, &opts.workers, opts.key.as_ref(), opts.timeout, true)
             .map_err(|e| hearth_engine::explain(e, &opts))?;

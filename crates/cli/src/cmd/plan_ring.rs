@@ -128,8 +128,9 @@ pub fn report(devices: &[DeviceSpec], cost: &ModelCost, n_prompt: usize, json: b
         );
     }
     o += &format!(
-        "\nk = {} rounds, predicted TTFT {ttft:.0} ms for {n_prompt} prompt tokens, TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n",
+        "\nk = {} round{}, predicted TTFT {ttft:.0} ms for {n_prompt} prompt tokens, TPOT {:.1} ms/token ({:.2} tok/s)\n{}\n",
         a.k,
+        if a.k == 1 { "" } else { "s" },
         a.predicted_ms_per_token,
         1e3 / a.predicted_ms_per_token,
         a.explanation

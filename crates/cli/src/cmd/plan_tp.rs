@@ -1,0 +1,85 @@
+//! `hearth plan --workers` for tensor parallelism (the default `--parallel tensor`): each
+//! node's share of every block, the bytes it holds, and what one token exchanges. It is
+//! computed from the file and the node weights alone; the workers are not contacted.
+
+use anyhow::{Context as _, Result};
+use hearth_model::{CacheType, Model};
+use hearth_parallel::cluster::{model_dims, shard_weight_bytes, tensor_split};
+use hearth_parallel::{ClusterOptions, ShardPlan, WireType};
+
+/// The split of `model` over this machine and `opts.workers` (their `opts.weights`), with
+/// each node's weight and KV cache bytes at `n_ctx` tokens of `cache`.
+pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, cache: CacheType, json: bool) -> Result<String> {
+    let n = opts.workers.len() + 1;
+    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
+    let plan = ShardPlan::new(model_dims(model), &weights).context("splitting the model over the nodes")?;
+    let c = &model.config;
+    let names: Vec<String> = std::iter::once("this machine".to_string()).chain(opts.workers.iter().cloned()).collect();
+    // K and V rows of the node's heads, every layer, n_ctx positions.
+    let kv = |heads: usize| 2 * (c.n_layer * n_ctx) as u64 * cache.row_bytes(heads * c.head_dim) as u64;
+    let rows: Vec<_> = plan
+        .nodes()
+        .iter()
+        .zip(&names)
+        .map(|(s, name)| (name, s, shard_weight_bytes(model, &tensor_split(s)), kv(s.kv_heads.len())))
+        .collect();
+    // Node 0 also holds the embedding and computes the output head (one tensor when tied).
+    let (embd, head) = (&model.weights.token_embd, &model.weights.output);
+    let ends = (embd.size + if head.offset == embd.offset { 0 } else { head.size }) as u64;
+    // Per token: the sum schedule adds two partial sums of [n_embd] per block (a star:
+    // each worker sends its partial and receives the total); the gather schedule
+    // exchanges four times per block (docs/PARALLEL.md).
+    // (A shared expert's SwiGLU rows are gathered once more per block.)
+    let shared = c.moe.is_some_and(|m| m.n_ff_shared > 0);
+    let exchanges = if opts.exact { 4 + usize::from(shared) } else { 2 } * c.n_layer;
+    let per_value = match opts.wire {
+        WireType::F32 => 4.0,
+        WireType::Q8_0 => 34.0 / 32.0,
+    };
+    let sum_bytes = (2 * c.n_layer * c.n_embd) as f64 * per_value;
+    if json {
+        let nodes: Vec<_> = rows
+            .iter()
+            .map(|(name, s, w, k)| {
+                serde_json::json!({"node": s.node, "name": name, "kv_heads": [s.kv_heads.start, s.kv_heads.end],
+                    "ffn_rows": [s.ffn_rows.start, s.ffn_rows.end], "weight_bytes": w, "kv_cache_bytes": k})
+            })
+            .collect();
+        let v = serde_json::json!({"parallel": "tensor", "schedule": if opts.exact { "gather" } else { "sum" },
+            "n_ctx": n_ctx, "nodes": nodes, "node0_embedding_and_head_bytes": ends, "exchanges_per_token": exchanges,
+            "sum_bytes_per_worker_per_token": (!opts.exact).then_some(sum_bytes)});
+        return Ok(format!("{v}\n"));
+    }
+    let ffn = match c.moe {
+        Some(m) => format!("FFN rows (of {}, in each of the {} experts)", c.n_ff, m.n_expert),
+        None => format!("FFN rows (of {})", c.n_ff),
+    };
+    let mut o = format!(
+        "tensor-parallel plan for {} layers over {n} nodes, n_ctx {n_ctx} ({} KV cache); from the file and the node weights, workers not contacted:\n\
+         | node | address | weight | KV heads (of {}) | {ffn} | weights | KV cache |\n|---:|---|---:|---|---|---:|---:|\n",
+        c.n_layer,
+        cache.name(),
+        c.n_head_kv,
+    );
+    for ((name, s, w, k), wt) in rows.iter().zip(&weights) {
+        o += &format!(
+            "| {} | {name} | {wt} | {:?} | {:?} | {} | {} |\n",
+            s.node,
+            s.kv_heads,
+            s.ffn_rows,
+            super::plan::gb(*w),
+            super::plan::gb(*k)
+        );
+    }
+    o += &format!("\nnode 0 also holds the token embedding and output head: {}\n", super::plan::gb(ends));
+    o += &format!(
+        "per token: {exchanges} round trips between this machine and every worker ({} per block, {} schedule)",
+        exchanges / c.n_layer,
+        if opts.exact { "gather" } else { "sum" }
+    );
+    if !opts.exact {
+        o += &format!(", each worker sending and receiving {:.1} KiB ({} wire)", sum_bytes / 1024.0, opts.wire);
+    }
+    o += "; on a home network the round trips' latency, not the bytes, usually sets the pace (docs/PARALLEL.md)\n";
+    Ok(o)
+}
