@@ -219,6 +219,9 @@ fn inspect_prints_tensors_and_totals() {
     let out = hearth(&["inspect", m.to_str().unwrap()]);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("blk.0.attn_q.weight") && s.contains("total"));
+    // `-m` as every other command takes the model; the same output.
+    assert_eq!(hearth(&["inspect", "-m", m.to_str().unwrap()]).stdout, out.stdout);
+    assert!(!hearth(&["inspect"]).status.success());
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! `hearth inspect`: metadata (long arrays summarised), tensor table, totals per type.
 
 use crate::common::print_out;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 use hearth_gguf::GgufFile;
 use std::collections::BTreeMap;
@@ -11,7 +11,11 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// GGUF file
-    pub file: PathBuf,
+    #[arg(required_unless_present = "model", conflicts_with = "model")]
+    pub file: Option<PathBuf>,
+    /// GGUF file, as the other commands take it
+    #[arg(short, long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
     /// Print one JSON object (metadata with arrays summarised to their first items)
     #[arg(long)]
     pub json: bool,
@@ -21,7 +25,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let f = GgufFile::open(&a.file)?;
+    // (clap requires one of the two.)
+    let file = a.file.or(a.model).context("give the GGUF file")?;
+    let f = GgufFile::open(&file)?;
     let mut totals: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
     for t in f.tensors() {
         let e = totals.entry(t.ty.name()).or_default();
