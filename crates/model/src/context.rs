@@ -228,6 +228,16 @@ impl Context {
     /// [`Context::new`] with a KV cache of `cache_type`. Q8_0 needs the model's head width
     /// to be a multiple of 32.
     pub fn with_cache_type(model: Arc<Model>, n_ctx: usize, n_batch: usize, n_threads: usize, cache_type: CacheType) -> Result<Self> {
+        let kv_dim = model.config.kv_dim();
+        Self::with_kv_dim(model, n_ctx, n_batch, n_threads, cache_type, kv_dim)
+    }
+
+    /// [`Context::with_cache_type`] with a KV cache of `kv_dim` K (and V) values a
+    /// position, `[n_ctx, kv_dim]` a layer: a tensor-parallel node's heads, whose
+    /// [`Self::set_tensor_split`] must follow. (Allocating the whole model's cache first
+    /// made a worker's peak RSS hold it at every session start: a SmolLM2 worker with no
+    /// KV heads at 8192 tokens peaked at 264 MiB for its 0 B share.)
+    pub fn with_kv_dim(model: Arc<Model>, n_ctx: usize, n_batch: usize, n_threads: usize, cache_type: CacheType, kv_dim: usize) -> Result<Self> {
         if n_ctx == 0 {
             return Err(ModelError::Context("context size must be at least 1".into()));
         }
@@ -259,7 +269,7 @@ impl Context {
             emb_row: Vec::new(),
             attn_acc: (0..n_threads).map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16))).collect(),
         };
-        let kv = KvCache::new(KvLayout::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, c.kv_dim(), cache_type));
+        let kv = KvCache::new(KvLayout::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, kv_dim.min(c.kv_dim()), cache_type));
         let n_layer = c.n_layer;
         let rope_factors = model.weights.rope_factors.as_ref().map(|_| n_ctx > c.rope.n_ctx_orig);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();
@@ -394,7 +404,9 @@ impl Context {
         };
         self.n_batch = self.n_batch.min(comm.max_elements() / widest).max(1);
         let layout = KvLayout { kv_dim: split.kv_rows(c).len(), n_batch: self.n_batch, ..self.kv.layout().clone() };
-        self.kv.replace(layout);
+        if &layout != self.kv.layout() {
+            self.kv.replace(layout);
+        }
         if let Some(r) = &split.gather_rows {
             self.s.part = vec![0.0; self.n_batch * r.len()];
             self.s.gathered = vec![0.0; self.n_batch * c.q_dim().max(c.n_ff)];

@@ -485,10 +485,17 @@ impl WorkerModel {
 }
 
 /// Builds a worker's context for a session: `(model, n_ctx, n_batch, KV cache type, ring
-/// windows)`; with windows (a ring session) the context must run only those
-/// ([`Context::set_ring`]).
-pub type MakeContext<'a> =
-    &'a dyn Fn(Arc<Model>, usize, usize, CacheType, Option<hearth_model::RingWindows>) -> Result<Context, hearth_model::ModelError>;
+/// windows, KV dim)`; with windows (a ring session) the context must run only those
+/// ([`Context::set_ring`]); with a KV dim (a tensor-parallel share) its KV cache holds
+/// only that many values a position ([`Context::with_kv_dim`]).
+pub type MakeContext<'a> = &'a dyn Fn(
+    Arc<Model>,
+    usize,
+    usize,
+    CacheType,
+    Option<hearth_model::RingWindows>,
+    Option<usize>,
+) -> Result<Context, hearth_model::ModelError>;
 
 /// Serve one coordinator on `stream` until it leaves: handshake (against the model's
 /// SHA-256 and `key`), find this session's weights (the model, a cached shard file, or
@@ -566,7 +573,8 @@ pub fn serve_session(
             ))
         })?;
         let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
-        make_ctx(model.clone(), n_ctx, n_batch, cache_type(session.cache_type), None)
+        let kv_dim = split.kv_rows(&model.config).len();
+        make_ctx(model.clone(), n_ctx, n_batch, cache_type(session.cache_type), None, Some(kv_dim))
     })();
     let mut ctx = match opened {
         Ok(c) => c,

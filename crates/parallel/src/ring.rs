@@ -474,7 +474,7 @@ pub fn serve_ring(
     };
     let n_batch = usize::try_from(session.n_batch).unwrap_or(usize::MAX).clamp(1, n_ctx);
     let mut ctx: Context =
-        match make_ctx(model.clone(), n_ctx, n_batch, crate::cluster::cache_type(session.cache_type), Some(windows.clone())) {
+        match make_ctx(model.clone(), n_ctx, n_batch, crate::cluster::cache_type(session.cache_type), Some(windows.clone()), None) {
             Ok(c) => c,
             Err(e) => return fail(&mut control, e.into()),
         };

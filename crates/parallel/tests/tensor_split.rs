@@ -53,7 +53,10 @@ fn workers(model: &Arc<Model>, n: usize) -> Vec<String> {
             let w = WorkerModel::File { model: model.clone(), sha256: SHA, shard_dir: None };
             std::thread::spawn(move || {
                 let (s, _) = l.accept().unwrap();
-                let make = |m, n_ctx, n_batch, ct, _ring| Context::with_cache_type(m, n_ctx, n_batch, 1, ct);
+                let make = |m: Arc<Model>, n_ctx, n_batch, ct, _ring, kv: Option<usize>| {
+                    let kv = kv.unwrap_or(m.config.kv_dim());
+                    Context::with_kv_dim(m, n_ctx, n_batch, 1, ct, kv)
+                };
                 let _ = serve_session(s, &w, None, Duration::from_secs(10), &Default::default, &make, |_| {});
             });
             addr

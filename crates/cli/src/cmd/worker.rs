@@ -200,8 +200,8 @@ pub fn run(a: Args) -> Result<()> {
                 });
             }
             let mut counted = true;
-            let make = |m: Arc<Model>, n_ctx, n_batch, ct, ring: Option<RingWindows>| -> Result<Context, hearth_model::ModelError> {
-                let mut ctx = Context::with_cache_type(m.clone(), n_ctx, n_batch, threads, ct)?;
+            let make = |m: Arc<Model>, n_ctx, n_batch, ct, ring: Option<RingWindows>, kv: Option<usize>| -> Result<Context, hearth_model::ModelError> {
+                let mut ctx = Context::with_kv_dim(m.clone(), n_ctx, n_batch, threads, ct, kv.unwrap_or(m.config.kv_dim()))?;
                 let window = match ring {
                     Some(w) => {
                         eprintln!("coordinator {peer}: pipelined ring, layers {:?}", w.rounds);
