@@ -285,37 +285,41 @@ fn a_worker_holds_only_its_share_of_the_kv_cache_and_gives_a_sessions_heap_back(
 
 #[test]
 fn plan_with_workers_shows_the_shares_a_tensor_parallel_run_uses() {
-    // `plan --workers` printed a ring plan whatever --parallel said (helper finding).
+    // `plan --workers` printed a ring plan whatever --parallel said; then the gather
+    // schedule's weight bytes were the sum schedule's (new-user passes, session 27).
     let m = model();
-    let logs: Vec<_> = (1..=2).map(|i| Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("plan-tp-{i}.log"))).collect();
-    let ws: Vec<Worker> = logs
-        .iter()
-        .map(|l| Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(l).unwrap().into()))
-        .collect();
+    let ws = [Worker::start(&m, &[]), Worker::start(&m, &[])];
     let list = addrs(&ws.iter().collect::<Vec<_>>());
-    let plan = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &list, "--node-weights", "2,1,1", "--json"]));
-    assert_eq!(plan["parallel"], "tensor", "{plan}");
-    ok(generate(&["--workers", &list, "--node-weights", "2,1,1"]));
-    let start = Instant::now();
-    for (i, log) in logs.iter().enumerate() {
-        let node = &plan["nodes"][i + 1];
-        let want = format!(
-            "node {} of 3, KV heads {}..{}, FFN rows {}..{}",
-            i + 1,
-            node["kv_heads"][0],
-            node["kv_heads"][1],
-            node["ffn_rows"][0],
-            node["ffn_rows"][1]
-        );
-        let mut text = String::new();
-        while !text.contains("session ended") && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(50));
-            text = std::fs::read_to_string(log).unwrap();
+    let mib = |v: &serde_json::Value| format!("{:.1} MiB", v.as_f64().unwrap() / (1024.0 * 1024.0));
+    for schedule in ["sum", "gather"] {
+        let flags = ["--workers", &list, "--node-weights", "3,1,2", "--tp-schedule", schedule];
+        let plan = ok(hearth(&[&["plan", "-m", m.to_str().unwrap(), "--json"], &flags[..]].concat()));
+        assert_eq!((plan["parallel"].as_str(), plan["schedule"].as_str()), (Some("tensor"), Some(schedule)), "{plan}");
+        let out = generate(&flags);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        ok(out);
+        for (i, node) in plan["nodes"].as_array().unwrap().iter().enumerate() {
+            let (h, f) = (&node["kv_heads"], &node["ffn_rows"]);
+            let mut want = format!("KV heads {}..{}, FFN rows {}..{}, {} of block weights", h[0], h[1], f[0], f[1], mib(&node["weight_bytes"]));
+            if i > 0 {
+                want += &format!(", KV cache {}", mib(&node["kv_cache_bytes"]));
+            }
+            assert!(err.contains(&want), "{schedule}: plan says node {i} has {want:?}; the run: {err}");
         }
-        assert!(text.contains(&want), "plan says {want:?}; the worker: {text}");
     }
-    // Node 0 holds the rest, and the tied embedding/head is counted once.
-    assert_eq!(plan["nodes"][0]["kv_heads"], serde_json::json!([0, 1]), "{plan}");
     let text = String::from_utf8_lossy(&hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &list]).stdout).to_string();
     assert!(text.contains("tensor-parallel plan for 30 layers over 3 nodes") && text.contains("60 round trips"), "{text}");
+}
+
+#[test]
+fn plan_with_workers_counts_sliding_window_layers_kv_as_the_context_allocates_it() {
+    // Gemma 3's sliding-window layers keep a ring, not n_ctx positions: the tensor-parallel
+    // plan counted every position (144 MiB at 8192 tokens against the 39 MiB allocated).
+    let g = common::gemma3();
+    let g = g.to_str().unwrap();
+    let one = ok(hearth(&["plan", "-m", g, "-c", "8192", "--membw", "10", "--json"]));
+    let tp = ok(hearth(&["plan", "-m", g, "-c", "8192", "--workers", "127.0.0.1:9", "--node-weights", "0,1", "--json"]));
+    // The worker holds every KV head: the one-machine cache.
+    assert_eq!(tp["nodes"][1]["kv_cache_bytes"], one["kv_cache_bytes"], "{tp}\n{one}");
+    assert_eq!(tp["nodes"][0]["kv_cache_bytes"], 0, "{tp}");
 }

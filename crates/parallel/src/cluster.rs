@@ -86,6 +86,23 @@ pub fn model_dims(model: &Model) -> ModelDims {
     ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
 }
 
+/// Each node's output rows under the gather schedule (`exact`): the `n_embd` rows shared
+/// in proportion to the node weights like everything else; `None` for every node under
+/// the sum schedule.
+pub fn gather_rows(n_embd: usize, weights: &[f64], exact: bool) -> Result<Vec<Option<std::ops::Range<usize>>>, crate::ShardError> {
+    if !exact {
+        return Ok(vec![None; weights.len()]);
+    }
+    let mut at = 0;
+    Ok(crate::shard::proportional_split(n_embd, weights)?
+        .iter()
+        .map(|&k| {
+            at += k;
+            Some(at - k..at)
+        })
+        .collect())
+}
+
 /// The model's view of a node's shard.
 pub fn tensor_split(shard: &NodeShard) -> TensorSplit {
     TensorSplit { kv_heads: shard.kv_heads.clone(), ffn_rows: shard.ffn_rows.clone(), gather_rows: None }
@@ -380,20 +397,7 @@ pub fn connect(
         )));
     }
     let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
-    // The gather schedule's output rows: n_embd shared like everything else.
-    let gather: Vec<Option<std::ops::Range<usize>>> = if opts.exact {
-        let counts = crate::shard::proportional_split(model.config.n_embd, &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
-        let mut at = 0;
-        counts
-            .iter()
-            .map(|&k| {
-                at += k;
-                Some(at - k..at)
-            })
-            .collect()
-    } else {
-        vec![None; n]
-    };
+    let gather = gather_rows(model.config.n_embd, &weights, opts.exact).map_err(|e| ClusterError::Plan(e.to_string()))?;
     let mut peers = Vec::with_capacity(n - 1);
     let mut workers = Vec::with_capacity(n - 1);
     for (i, addr) in opts.workers.iter().enumerate() {

@@ -3,25 +3,32 @@
 //! computed from the file and the node weights alone; the workers are not contacted.
 
 use anyhow::{Context as _, Result};
-use hearth_model::{CacheType, Model};
-use hearth_parallel::cluster::{model_dims, shard_weight_bytes, tensor_split};
+use hearth_model::{CacheType, KvLayout, Model, TensorSplit};
+use hearth_parallel::cluster::{gather_rows, model_dims, shard_weight_bytes, tensor_split};
 use hearth_parallel::{ClusterOptions, ShardPlan, WireType};
 
 /// The split of `model` over this machine and `opts.workers` (their `opts.weights`), with
 /// each node's weight and KV cache bytes at `n_ctx` tokens of `cache`.
-pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, cache: CacheType, json: bool) -> Result<String> {
+pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize, cache: CacheType, json: bool) -> Result<String> {
     let n = opts.workers.len() + 1;
     let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
     let plan = ShardPlan::new(model_dims(model), &weights).context("splitting the model over the nodes")?;
     let c = &model.config;
     let names: Vec<String> = std::iter::once("this machine".to_string()).chain(opts.workers.iter().cloned()).collect();
-    // K and V rows of the node's heads, every layer, n_ctx positions.
-    let kv = |heads: usize| 2 * (c.n_layer * n_ctx) as u64 * cache.row_bytes(heads * c.head_dim) as u64;
+    // K and V rows of the node's heads, as the worker's context allocates them: every
+    // position of a full-attention layer, a sliding-window layer's ring (Gemma 3).
+    let kv = |heads: usize| KvLayout::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, heads * c.head_dim, cache).bytes() as u64;
+    // (The gather schedule also cuts the output rows: its weight shares differ.)
+    let gather = gather_rows(c.n_embd, &weights, opts.exact).context("splitting the output rows")?;
     let rows: Vec<_> = plan
         .nodes()
         .iter()
         .zip(&names)
-        .map(|(s, name)| (name, s, shard_weight_bytes(model, &tensor_split(s)), kv(s.kv_heads.len())))
+        .zip(gather)
+        .map(|((s, name), g)| {
+            let split = TensorSplit { gather_rows: g, ..tensor_split(s) };
+            (name, s, shard_weight_bytes(model, &split), kv(s.kv_heads.len()))
+        })
         .collect();
     // Node 0 also holds the embedding and computes the output head (one tensor when tied).
     let (embd, head) = (&model.weights.token_embd, &model.weights.output);
