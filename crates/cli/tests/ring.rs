@@ -187,3 +187,45 @@ fn a_stalled_ring_worker_fails_the_request_without_blaming_the_wrong_device() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(err.contains("the ring stalled") && err.contains(&w1.addr) && err.contains(&w2.addr), "{err}");
 }
+
+#[test]
+fn ring_workers_say_when_the_coordinator_vanished_mid_request() {
+    // A coordinator killed mid-run looked like a clean end in every ring worker's log
+    // ("session ended after N forward passes"), unlike in tensor mode (new-user pass).
+    use std::io::Read;
+    let m = model();
+    let logs: Vec<_> = (1..=2).map(|i| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ring-vanish-{i}.log"))).collect();
+    let ws: Vec<Worker> = logs
+        .iter()
+        .map(|l| Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(l).unwrap().into()))
+        .collect();
+    let list = addrs(&ws.iter().collect::<Vec<_>>());
+    let args = ["generate", "-m", m.to_str().unwrap(), "-p", "Once upon a time", "-n", "2000", "--ignore-eos", "-c", "4096", "-t", "1"];
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .args(["--workers", &list, "--parallel", "ring", "--layer-window", "10,10,10"])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Some tokens out, then the coordinator dies without a word.
+    let mut out = coord.stdout.take().unwrap();
+    let (mut got, mut buf) = (0, [0u8; 256]);
+    while got < 40 {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "the coordinator ended before the kill");
+        got += n;
+    }
+    coord.kill().unwrap();
+    coord.wait().unwrap();
+    let start = std::time::Instant::now();
+    let read = |l: &std::path::Path| std::fs::read_to_string(l).unwrap();
+    while logs.iter().any(|l| !read(l).contains("forward passes") && !read(l).contains("session failed")) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(ws);
+    let (first, second) = (read(&logs[0]), read(&logs[1]));
+    assert!(first.contains("connection closed without a shutdown"), "{first}");
+    assert!(!second.contains("session ended") && second.contains("session failed"), "{second}");
+}

@@ -453,6 +453,9 @@ pub enum SessionEnd {
     Finished {
         /// Forward passes served.
         passes: u64,
+        /// It sent Shutdown (false: the connection closed without one, so the
+        /// coordinator exited or was stopped mid-request).
+        shutdown: bool,
     },
 }
 
@@ -550,7 +553,7 @@ pub fn serve_session(
                 return crate::ring::serve_ring(peer, me, worker, s, make_ctx, timeout);
             }
             // The coordinator left this worker out (e.g. the ring solver gave it no layers).
-            Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0 }),
+            Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0, shutdown: true }),
             other => {
                 let why = format!("expected Session, got {}", other.name());
                 peer.report(Some(me), &why);
@@ -616,7 +619,8 @@ pub fn serve_session(
                 lock(&star).peers_mut()[0].send(&Message::Stats(reply))?;
                 continue;
             }
-            Ok((Message::Shutdown, _)) | Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes: stats.passes }),
+            Ok((Message::Shutdown, _)) => return Ok(SessionEnd::Finished { passes: stats.passes, shutdown: true }),
+            Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes: stats.passes, shutdown: false }),
             Ok((other, _)) => {
                 let why = format!("expected Step, got {}", other.name());
                 lock(&star).peers_mut()[0].report(Some(me), &why);

@@ -501,7 +501,7 @@ pub fn serve_ring(
     let (token, next) = match control.recv_within(SETUP_TIMEOUT)?.0 {
         Message::Link { token, next } if token == session.token => (token, next),
         Message::Link { .. } => return fail(&mut control, ClusterError::Plan("the link token does not match the session's".into())),
-        Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0 }),
+        Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0, shutdown: true }),
         other => return fail(&mut control, ClusterError::Plan(format!("expected Link, got {}", other.name()))),
     };
     let mut out = match next {
@@ -553,10 +553,13 @@ pub fn serve_ring(
             }
             // The end (a coordinator that closes its connection ends the ring too).
             Ok((Message::Shutdown, _)) | Err(CommError::Closed { node: 0, .. }) => {
-                if let Out::Worker(p) = &mut out {
+                // A shutdown travels on; a coordinator that vanished is not one: the next
+                // device then sees its link close.
+                let shutdown = matches!(got, Ok((Message::Shutdown, _)));
+                if let (Out::Worker(p), true) = (&mut out, shutdown) {
                     let _ = p.send(&Message::Shutdown);
                 }
-                return Ok(SessionEnd::Finished { passes: stats.passes });
+                return Ok(SessionEnd::Finished { passes: stats.passes, shutdown });
             }
             Ok((Message::Error(err), _)) => {
                 // Pass it on toward the coordinator, then end.

@@ -259,7 +259,7 @@ pub fn run(a: Args) -> Result<()> {
                 return;
             };
             match r {
-                Ok(hearth_parallel::cluster::SessionEnd::Finished { passes }) => {
+                Ok(hearth_parallel::cluster::SessionEnd::Finished { passes, shutdown }) => {
                     let mem = hearth_memory::ProcMemory::read().map(|m| {
                         format!(
                             "; worker peak RSS this session {} (now {} file-backed, {} anonymous)",
@@ -268,7 +268,10 @@ pub fn run(a: Args) -> Result<()> {
                             crate::common::mib(m.rss_anon_bytes)
                         )
                     });
-                    eprintln!("coordinator {peer}: session ended after {passes} forward passes{}", mem.unwrap_or_default())
+                    // A connection closed without a shutdown: the coordinator exited or
+                    // was stopped (perhaps mid-request), not a session that ended cleanly.
+                    let how = if shutdown { "session ended" } else { "connection closed without a shutdown (the coordinator exited or was stopped)" };
+                    eprintln!("coordinator {peer}: {how} after {passes} forward passes{}", mem.unwrap_or_default())
                 }
                 Err(e) => eprintln!("coordinator {peer}: session failed: {e}"),
             }
