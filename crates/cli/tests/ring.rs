@@ -157,6 +157,22 @@ fn plan_and_profile_measure_running_workers() {
     assert_eq!(30 % windows.iter().sum::<u64>(), 0, "{v}");
     assert!(v["predicted_ms_per_token"].as_f64().unwrap() > 0.0 && v["predicted_ttft_ms"].as_f64().unwrap() > 0.0, "{v}");
     assert_eq!(v["devices"].as_array().unwrap().len(), 3, "{v}");
+    // Windows given as generate takes them: predicted, not replaced by the solver's; bad
+    // ones, a worker left out under --require-all-workers, and serve's slots refused.
+    let plan = ["plan", "-m", ms, "-c", "256", "-t", "1", "-p", "32", "--workers", &addrs(&[&w1, &w2]), "--parallel", "ring"];
+    let v = ok(run(&[&plan[..], &["--layer-window", "5,5,5", "--json"]].concat()));
+    assert_eq!(v["windows"], serde_json::json!([5, 5, 5]), "{v}");
+    assert_eq!(v["k"], 2, "{v}");
+    // (After the line on where this machine's profile came from.)
+    let fails = |extra: &[&str], want: &str| {
+        let o = run(&[&plan[..], extra].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{want}: {err}");
+    };
+    fails(&["--layer-window", "7,7,7"], "not a multiple");
+    fails(&["--layer-window", "15,15"], "2 values for 3 devices");
+    fails(&["--layer-window", "10,20,0", "--require-all-workers"], "gets no layers");
+    assert_clean_error(&run(&["plan", "-m", ms, "--workers", &addrs(&[&w1]), "--parallel", "4"]), "applies to `hearth serve`");
     // The links to both workers: round trip and throughput.
     let p = ok(run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--json", "--peer", &addrs(&[&w1, &w2])]));
     let links = p["links"].as_array().unwrap();

@@ -185,6 +185,9 @@ pub fn run(a: Args) -> Result<()> {
         let row = cache_type.row_bytes(summary.shape.kv_dim()) as u64;
         return print_out(&super::plan_ring::run(ring, &summary, n_ctx, row, a.n_prompt as usize, a.json)?);
     }
+    if let Some(n) = a.cluster.slots() {
+        bail!("--parallel {n} (KV cache slots) applies to `hearth serve`; plan's devices split one sequence (--parallel tensor|ring)");
+    }
     if a.cluster.enabled() {
         let path = file.as_ref().context("--workers/--cluster plan a real model file: give -m, not --shape")?;
         let model = hearth_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?;
@@ -197,7 +200,7 @@ pub fn run(a: Args) -> Result<()> {
             .map_err(|e| hearth_engine::explain(e, &opts))?;
         let params = PlanParams { n_ctx, n_batch: a.batch as usize, n_threads: threads, cache_type, logits_all: false };
         let (cost, devices) = hearth_engine::ring::devices(&model, params, &pending, a.mem_budget, crate::cmd::profile::for_ring)?;
-        return print_out(&super::plan_ring::report(&devices, &cost, a.n_prompt as usize, a.json)?);
+        return print_out(&super::plan_ring::report(&devices, &cost, a.n_prompt as usize, Some(&opts.layout), a.json)?);
     }
     a.cluster.check_unused()?;
     let available = hearth_memory::available_bytes().unwrap_or(0);

@@ -20,6 +20,7 @@ use anyhow::{bail, Context as _, Result};
 use hearth_memory::plan::ModelSummary;
 use hearth_parallel::profile::{DeviceProfile, LinkProfile};
 use hearth_parallel::solver::{solve, DeviceSpec, ModelCost};
+use hearth_parallel::Layout;
 use std::path::Path;
 
 #[derive(serde::Deserialize, Debug)]
@@ -74,13 +75,46 @@ pub fn read_devices(path: &Path) -> Result<Vec<DeviceSpec>> {
 /// Solve for the devices of a ring file and print (or return as JSON) the assignment.
 pub fn run(ring: &Path, m: &ModelSummary, n_ctx: usize, kv_row_bytes: u64, n_prompt: usize, json: bool) -> Result<String> {
     let devices = read_devices(ring)?;
-    report(&devices, &hearth_engine::ring::model_cost(m, n_ctx, kv_row_bytes), n_prompt, json)
+    report(&devices, &hearth_engine::ring::model_cost(m, n_ctx, kv_row_bytes), n_prompt, None, json)
+}
+
+/// The windows `given` (`--layer-window`, this machine first) as an assignment: the cost
+/// model's prediction for them instead of the solver's choice.
+fn given_windows(cost: &ModelCost, devices: &[DeviceSpec], given: &[usize]) -> Result<hearth_parallel::solver::Assignment> {
+    if given.len() != devices.len() {
+        bail!("--layer-window gives {} windows for {} devices (this machine first)", given.len(), devices.len());
+    }
+    let sum: usize = given.iter().sum();
+    if sum == 0 || !cost.n_layer.is_multiple_of(sum) {
+        bail!("--layer-window: the model's {} layers are not a multiple of the windows' sum {sum}", cost.n_layer);
+    }
+    let k = cost.n_layer / sum;
+    let (ms, per_device) = hearth_parallel::solver::predict(cost, devices, k, given).ok_or_else(|| {
+        anyhow::anyhow!("--layer-window {given:?} does not fit these devices' memory budgets or links (without it, the solver picks windows that do)")
+    })?;
+    let explanation = format!("windows {given:?} from --layer-window (not the solver's choice)");
+    Ok(hearth_parallel::solver::Assignment { k, windows: given.to_vec(), predicted_ms_per_token: ms, per_device, explanation })
 }
 
 /// Solve for `devices` and print (or return as JSON) the assignment, with the predicted
 /// TTFT of an `n_prompt`-token prompt and TPOT, per device and in total.
-pub fn report(devices: &[DeviceSpec], cost: &ModelCost, n_prompt: usize, json: bool) -> Result<String> {
-    let a = solve(cost, devices)?;
+/// `layout`: a ring's given windows and `--require-all-workers`, as `generate` takes them.
+pub fn report(devices: &[DeviceSpec], cost: &ModelCost, n_prompt: usize, layout: Option<&Layout>, json: bool) -> Result<String> {
+    let (given, require_all) = match layout {
+        Some(Layout::Ring { windows, require_all }) => (windows.as_deref(), *require_all),
+        _ => (None, false),
+    };
+    let a = match given {
+        Some(w) => given_windows(cost, devices, w)?,
+        None => solve(cost, devices)?,
+    };
+    if let Some(i) = a.windows.iter().skip(1).position(|&w| w == 0).filter(|_| require_all) {
+        bail!(
+            "--require-all-workers: {} gets no layers (windows {:?}); a run with these flags would refuse to start",
+            devices[i + 1].profile.name,
+            a.windows
+        );
+    }
     let (ttft, ttft_per) = hearth_parallel::solver::predict_prefill(cost, devices, a.k, &a.windows, n_prompt)
         .ok_or_else(|| anyhow::anyhow!("the solver's plan has no prefill prediction"))?;
     if json {
