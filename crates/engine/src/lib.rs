@@ -137,7 +137,14 @@ pub fn prepare(model: &Arc<Model>, o: &EngineOptions) -> Result<Prepared> {
     if o.cluster.is_some() && !ring && o.budget.is_some() {
         bail!("--mem-budget on the coordinator with tensor parallelism is not supported yet (workers split the weights instead; a --parallel ring takes it)");
     }
-    let mut ctx = Context::with_cache_type(model.clone(), o.n_ctx, o.n_batch, o.n_threads, o.cache_type)?;
+    // A tensor-parallel coordinator's cache holds only its own heads, as a worker's does
+    // (the split is known before connecting): building the whole cache and cutting it at
+    // the split put all of it in the peak (SmolLM2 with no heads at 8192 tokens: 208 MiB).
+    let kv_dim = match &o.cluster {
+        Some(c) if !ring => tensor::node0_kv_dim(model, c),
+        _ => model.config.kv_dim(),
+    };
+    let mut ctx = Context::with_kv_dim(model.clone(), o.n_ctx, o.n_batch, o.n_threads, o.cache_type, kv_dim)?;
     if o.pin {
         ctx.pin_threads()?;
     }
