@@ -68,12 +68,8 @@ impl ClusterRun {
 /// [`hearth_parallel::connect`] will split the model; the whole model's when the weights
 /// do not split (connecting then says why).
 pub fn node0_kv_dim(model: &Model, opts: &ClusterOptions) -> usize {
-    let n = opts.workers.len() + 1;
-    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
-    match hearth_parallel::ShardPlan::new(hearth_parallel::cluster::model_dims(model), &weights) {
-        Ok(plan) => plan.node(0).map_or(model.config.kv_dim(), |s| hearth_parallel::cluster::tensor_split(s).kv_rows(&model.config).len()),
-        Err(_) => model.config.kv_dim(),
-    }
+    let node0 = hearth_parallel::cluster::split_plan(model, opts).ok().and_then(|(plan, _)| plan.node(0).cloned());
+    node0.map_or(model.config.kv_dim(), |s| hearth_parallel::cluster::tensor_split(&s).kv_rows(&model.config).len())
 }
 
 /// Connect to `opts.workers` and make `ctx` compute node 0's share (a ring layout goes

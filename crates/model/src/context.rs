@@ -269,7 +269,7 @@ impl Context {
             emb_row: Vec::new(),
             attn_acc: (0..n_threads).map(|_| Mutex::new(AttnScratch::new(c.head_dim, cache_type == CacheType::F16))).collect(),
         };
-        let kv = KvCache::new(KvLayout::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, kv_dim.min(c.kv_dim()), cache_type));
+        let kv = KvCache::new(KvLayout::of_model(c, n_ctx, n_batch, kv_dim.min(c.kv_dim()), cache_type));
         let n_layer = c.n_layer;
         let rope_factors = model.weights.rope_factors.as_ref().map(|_| n_ctx > c.rope.n_ctx_orig);
         let trace = std::env::var_os("HEARTH_TRACE").is_some();

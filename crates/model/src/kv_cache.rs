@@ -190,6 +190,12 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
+    /// [`Self::new`] with the windows of `c`'s layers (a ring for sliding-window ones):
+    /// the cache a context of `kv_dim` K (and V) values a position allocates.
+    pub fn of_model(c: &crate::ModelConfig, n_ctx: usize, n_batch: usize, kv_dim: usize, ty: CacheType) -> Self {
+        Self::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, kv_dim, ty)
+    }
+
     /// One slot, every layer run here, windows as listed (`usize::MAX`: full attention).
     pub fn new(windows: impl IntoIterator<Item = usize>, n_ctx: usize, n_batch: usize, kv_dim: usize, ty: CacheType) -> Self {
         Self { layers: windows.into_iter().map(|w| (w, true)).collect(), n_ctx, n_batch: n_batch.clamp(1, n_ctx.max(1)), n_slots: 1, kv_dim, ty }

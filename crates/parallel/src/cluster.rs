@@ -86,10 +86,30 @@ pub fn model_dims(model: &Model) -> ModelDims {
     ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
 }
 
+/// Each node's gather rows (`None` under the sum schedule), node 0 first.
+pub type GatherRows = Vec<Option<std::ops::Range<usize>>>;
+
+/// The split [`connect`] proposes for `opts`: the shard plan over the node weights (the
+/// given ones, node 0 first, else equal) and each node's gather rows ([`gather_rows`]).
+pub fn split_plan(model: &Model, opts: &ClusterOptions) -> Result<(ShardPlan, GatherRows), ClusterError> {
+    let n = opts.workers.len() + 1;
+    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
+    if weights.len() != n {
+        return Err(ClusterError::Plan(format!(
+            "{} node weights for {n} nodes (the coordinator and {} workers)",
+            weights.len(),
+            opts.workers.len()
+        )));
+    }
+    let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
+    let gather = gather_rows(model.config.n_embd, &weights, opts.exact).map_err(|e| ClusterError::Plan(e.to_string()))?;
+    Ok((plan, gather))
+}
+
 /// Each node's output rows under the gather schedule (`exact`): the `n_embd` rows shared
 /// in proportion to the node weights like everything else; `None` for every node under
 /// the sum schedule.
-pub fn gather_rows(n_embd: usize, weights: &[f64], exact: bool) -> Result<Vec<Option<std::ops::Range<usize>>>, crate::ShardError> {
+pub fn gather_rows(n_embd: usize, weights: &[f64], exact: bool) -> Result<GatherRows, crate::ShardError> {
     if !exact {
         return Ok(vec![None; weights.len()]);
     }
@@ -388,16 +408,7 @@ pub fn connect(
     f32_attn_from: usize,
 ) -> Result<Group, ClusterError> {
     let n = opts.workers.len() + 1;
-    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
-    if weights.len() != n {
-        return Err(ClusterError::Plan(format!(
-            "{} node weights for {n} nodes (the coordinator and {} workers)",
-            weights.len(),
-            opts.workers.len()
-        )));
-    }
-    let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
-    let gather = gather_rows(model.config.n_embd, &weights, opts.exact).map_err(|e| ClusterError::Plan(e.to_string()))?;
+    let (plan, gather) = split_plan(model, opts)?;
     let mut peers = Vec::with_capacity(n - 1);
     let mut workers = Vec::with_capacity(n - 1);
     for (i, addr) in opts.workers.iter().enumerate() {

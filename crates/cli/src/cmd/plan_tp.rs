@@ -2,24 +2,23 @@
 //! node's share of every block, the bytes it holds, and what one token exchanges. It is
 //! computed from the file and the node weights alone; the workers are not contacted.
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use hearth_model::{CacheType, KvLayout, Model, TensorSplit};
-use hearth_parallel::cluster::{gather_rows, model_dims, shard_weight_bytes, tensor_split};
-use hearth_parallel::{ClusterOptions, ShardPlan, WireType};
+use hearth_parallel::cluster::{shard_weight_bytes, split_plan, tensor_split};
+use hearth_parallel::{ClusterOptions, WireType};
 
 /// The split of `model` over this machine and `opts.workers` (their `opts.weights`), with
 /// each node's weight and KV cache bytes at `n_ctx` tokens of `cache`.
 pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize, cache: CacheType, json: bool) -> Result<String> {
     let n = opts.workers.len() + 1;
-    let weights = if opts.weights.is_empty() { vec![1.0; n] } else { opts.weights.clone() };
-    let plan = ShardPlan::new(model_dims(model), &weights).context("splitting the model over the nodes")?;
+    let (plan, gather) = split_plan(model, opts)?;
+    let weights = plan.weights();
     let c = &model.config;
     let names: Vec<String> = std::iter::once("this machine".to_string()).chain(opts.workers.iter().cloned()).collect();
     // K and V rows of the node's heads, as the worker's context allocates them: every
     // position of a full-attention layer, a sliding-window layer's ring (Gemma 3).
-    let kv = |heads: usize| KvLayout::new((0..c.n_layer).map(|il| c.window(il)), n_ctx, n_batch, heads * c.head_dim, cache).bytes() as u64;
+    let kv = |heads: usize| KvLayout::of_model(c, n_ctx, n_batch, heads * c.head_dim, cache).bytes() as u64;
     // (The gather schedule also cuts the output rows: its weight shares differ.)
-    let gather = gather_rows(c.n_embd, &weights, opts.exact).context("splitting the output rows")?;
     let rows: Vec<_> = plan
         .nodes()
         .iter()
@@ -68,7 +67,7 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
         cache.name(),
         c.n_head_kv,
     );
-    for ((name, s, w, k), wt) in rows.iter().zip(&weights) {
+    for ((name, s, w, k), wt) in rows.iter().zip(weights) {
         o += &format!(
             "| {} | {name} | {wt} | {:?} | {:?} | {} | {} |\n",
             s.node,
