@@ -102,9 +102,16 @@ fn bad_ring_flags_are_clear_errors() {
 #[test]
 fn a_killed_ring_worker_fails_the_request_within_5_s_naming_it_and_the_next_request_replans() {
     let m = model();
-    let w1 = Worker::start(&m, &[]);
-    let mut w2 = Worker::start(&m, &[]);
-    let w3 = Worker::start(&m, &[]);
+    // Node 1 dies: node 2 finds its incoming link closed and reports it around the ring,
+    // through node 3, to the coordinator. Node 2 once named node 1 by the ephemeral port
+    // of that link, node 3 said node 1 "refused the session" and the coordinator "reported
+    // by node 3" (new-user pass).
+    let logs: Vec<_> = (1..=3).map(|i| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ring-kill-{i}.log"))).collect();
+    let log = |i: usize| -> std::process::Stdio { std::fs::File::create(&logs[i]).unwrap().into() };
+    let listen = ["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()];
+    let mut w1 = Worker::spawn(&listen, log(0));
+    let w2 = Worker::spawn(&listen, log(1));
+    let w3 = Worker::spawn(&listen, log(2));
     let workers = addrs(&[&w1, &w2, &w3]);
     let ms = m.to_str().unwrap();
     let args = [
@@ -127,12 +134,32 @@ fn a_killed_ring_worker_fails_the_request_within_5_s_naming_it_and_the_next_requ
         "--layer-window",
         "3,3,2,2",
     ];
-    // Tokens stream, then node 2 is killed.
-    let out = common::kill_mid_generation(&args, &mut w2);
-    common::assert_failed_naming(&out, 2, &w2.addr);
+    // Tokens stream, then node 1 is killed.
+    let out = common::kill_mid_generation(&args, &mut w1);
+    common::assert_failed_naming(&out, 1, &w1.addr);
+    let err = &out.2;
+    assert!(!err.contains("reported by node 3") && !err.contains("refused"), "{err}");
+    // Every address in the reports is one the user gave.
+    let read = |i: usize| std::fs::read_to_string(&logs[i]).unwrap();
+    let start = std::time::Instant::now();
+    while !(read(1).contains("session failed") && read(2).contains("session failed")) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (l2, l3) = (read(1), read(2));
+    assert!(l2.contains(&format!("session failed: node 1 ({})", w1.addr)), "{l2}");
+    assert!(l3.contains(&format!("session failed: node 1 failed: node 2 lost its link from node 1: node 1 ({})", w1.addr)), "{l3}");
+    for text in [err.as_str(), &l2, &l3] {
+        for (i, _) in text.match_indices("127.0.0.1:") {
+            let port: String = text[i + 10..].chars().take_while(|c| c.is_ascii_digit()).collect();
+            let a = format!("127.0.0.1:{port}");
+            // (the workers' logs start each line with the coordinator's address)
+            let coordinator = text[..i].ends_with("coordinator ");
+            assert!(coordinator || [&w1.addr, &w2.addr, &w3.addr].contains(&&a), "{a} is no worker's address: {text}");
+        }
+    }
     // The next request over the remaining workers is planned anew and gives one machine's tokens.
     let single = tokens(&ok(generate(&[])));
-    assert_eq!(tokens(&ok(generate(&["--workers", &addrs(&[&w1, &w3]), "--parallel", "ring"]))), single);
+    assert_eq!(tokens(&ok(generate(&["--workers", &addrs(&[&w2, &w3]), "--parallel", "ring"]))), single);
 }
 
 #[test]

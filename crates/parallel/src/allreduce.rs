@@ -147,6 +147,15 @@ pub enum CommError {
         /// The report.
         message: String,
     },
+    /// A ring device's failure report that came around the ring: the device that handed
+    /// it to us relayed it, so no "reported by" (the report's text names its sender).
+    #[error("node {failed} failed: {message}")]
+    Relayed {
+        /// The node that failed.
+        failed: usize,
+        /// The report.
+        message: String,
+    },
     /// The peer ended the session.
     #[error("node {node} ({addr}) shut down")]
     Shutdown {
@@ -184,12 +193,19 @@ impl CommError {
         CommError::Remote { from, failed, message: e.message }
     }
 
+    /// A ring device's report `e`, handed on by node `via`: it blames the node it names,
+    /// else `via`.
+    pub fn relayed(via: usize, e: ErrorMsg) -> Self {
+        let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(via);
+        CommError::Relayed { failed, message: e.message }
+    }
+
     /// The text to pass on to other nodes in an error report: a report
     /// relayed from elsewhere travels as its original message (the receiver
     /// names the failed node and who told it), not nested in ours.
     pub fn report_text(&self) -> String {
         match self {
-            CommError::Remote { message, .. } => message.clone(),
+            CommError::Remote { message, .. } | CommError::Relayed { message, .. } => message.clone(),
             other => other.to_string(),
         }
     }
@@ -203,7 +219,7 @@ impl CommError {
             | CommError::Wire { node, .. }
             | CommError::Protocol { node, .. }
             | CommError::Shutdown { node, .. } => Some(*node),
-            CommError::Remote { failed, .. } => Some(*failed),
+            CommError::Remote { failed, .. } | CommError::Relayed { failed, .. } => Some(*failed),
             CommError::Broken { failed, .. } => *failed,
             CommError::Setup(_) => None,
         }
@@ -275,6 +291,13 @@ impl Peer {
         stream.set_write_timeout(Some(timeout))?;
         let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         Ok(Self { node, addr, stream, timeout, max_frame: DEFAULT_MAX_FRAME, scratch: Vec::new() })
+    }
+
+    /// Name the peer `addr` in error messages instead of the socket's peer address (an
+    /// accepted connection comes from an ephemeral port no one configured).
+    pub fn with_addr(mut self, addr: String) -> Self {
+        self.addr = addr;
+        self
     }
 
     /// Accept frames up to `max` bytes (default [`DEFAULT_MAX_FRAME`]).

@@ -247,13 +247,15 @@ impl PendingRing {
                 other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of RingReady", other.name()) }),
             }
         }
-        // Each worker's successor: the next ring worker's host (as we reach it) and link port.
+        // Each worker's successor: the next ring worker's host (as we reach it) and link
+        // port; and its predecessor's address, to name that link in its reports.
         for p in 0..ring.len() {
             let next = ring.get(p + 1).map(|(m, _, port)| {
                 let host = m.peer.stream().peer_addr().map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into());
                 std::net::SocketAddr::new(host.parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()), *port).to_string()
             });
-            ring[p].0.peer.send(&Message::Link { token, next })?;
+            let prev = p.checked_sub(1).map(|q| ring[q].0.peer.addr().to_string());
+            ring[p].0.peer.send(&Message::Link { token, next, prev })?;
         }
         for (m, w, _) in &mut ring {
             match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
@@ -388,10 +390,10 @@ impl RingLink for TcpRing {
                 }))
             }
             Message::Error(e) => {
-                // Name the failed device by the address we know it by.
-                let mut err = CommError::remote(last.node(), e);
-                if let CommError::Remote { failed, message, .. } = &mut err {
-                    if let Some(p) = peers.iter().find(|p| p.node() == *failed) {
+                // Name the failed device by the address we know it by, unless it is named.
+                let mut err = CommError::relayed(last.node(), e);
+                if let CommError::Relayed { failed, message } = &mut err {
+                    if let Some(p) = peers.iter().find(|p| p.node() == *failed).filter(|p| !message.contains(p.addr())) {
                         *message = format!("{message} [node {failed} is {}]", p.addr());
                     }
                 }
@@ -498,8 +500,8 @@ pub fn serve_ring(
             .sum()
     };
     control.send(&Message::RingReady { kv_bytes: ctx.kv_bytes() as u64, weight_bytes, link_port: port })?;
-    let (token, next) = match control.recv_within(SETUP_TIMEOUT)?.0 {
-        Message::Link { token, next } if token == session.token => (token, next),
+    let (token, next, prev) = match control.recv_within(SETUP_TIMEOUT)?.0 {
+        Message::Link { token, next, prev } if token == session.token => (token, next, prev),
         Message::Link { .. } => return fail(&mut control, ClusterError::Plan("the link token does not match the session's".into())),
         Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0, shutdown: true }),
         other => return fail(&mut control, ClusterError::Plan(format!("expected Link, got {}", other.name()))),
@@ -520,7 +522,10 @@ pub fn serve_ring(
     };
     let mut input = match listener {
         Some(l) => match accept_link(&l, &token, SETUP_TIMEOUT) {
-            Ok(p) => Some(p),
+            Ok(p) => Some(match prev {
+                Some(a) => p.with_addr(a),
+                None => p,
+            }),
             Err(e) => return fail(&mut control, e),
         },
         None => None,
@@ -564,7 +569,7 @@ pub fn serve_ring(
             Ok((Message::Error(err), _)) => {
                 // Pass it on toward the coordinator, then end.
                 let _ = send(&mut control, &Message::Error(err.clone()));
-                return Err(ClusterError::Refused { node: err.failed_node.unwrap_or(from as u64) as usize, message: err.message });
+                return Err(CommError::relayed(from, err).into());
             }
             Ok((other, _)) => {
                 let why = format!("node {me}: expected Hop, got {}", other.name());

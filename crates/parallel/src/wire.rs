@@ -33,7 +33,7 @@
 //! | 18 | [`Message::Profile`] | UTF-8 JSON of the worker's profile and budget (the rest of the frame) |
 //! | 19 | [`Message::RingSession`] | u64 n_ctx, u64 n_batch, u8 KV cache type, u8 listen, 32-byte link token, u64 f32 attention threshold, u64 rounds, u64 × 2 per round (first, end layer) |
 //! | 20 | [`Message::RingReady`] | u64 KV-cache bytes, u64 weight bytes, u16 link port (0: none) |
-//! | 21 | [`Message::Link`] | 32-byte link token, UTF-8 address of the next device (empty: back to the coordinator) |
+//! | 21 | [`Message::Link`] | 32-byte link token, u32 byte length of the next device's address, that address (UTF-8; empty: back to the coordinator), the previous device's address as the coordinator knows it (UTF-8, the rest; empty: the coordinator) |
 //! | 22 | [`Message::LinkHello`] | 32-byte link token, u64 node of the sender |
 //! | 23 | [`Message::Linked`] | empty |
 //! | 24 | [`Message::Hop`] | u64 first position, u32 round, u64 element count, f32 × count (`[n_tokens, n_embd]` activations) |
@@ -49,7 +49,7 @@ use std::io::{self, Read, Write};
 use thiserror::Error;
 
 /// Version of this protocol; a peer with another version is refused at handshake.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Bytes before the payload: u32 length + u8 type.
 pub const HEADER_BYTES: usize = 5;
@@ -436,6 +436,10 @@ pub enum Message {
         token: [u8; 32],
         /// `HOST:PORT` of the next device, `None`: back to the coordinator.
         next: Option<String>,
+        /// The address the coordinator knows the previous device by (`None`: the
+        /// coordinator): the name the worker gives its incoming link in error reports,
+        /// since that connection comes from an ephemeral port.
+        prev: Option<String>,
     },
     /// Worker → next worker, first message of a link.
     LinkHello {
@@ -787,9 +791,12 @@ impl Message {
                 out.extend_from_slice(&weight_bytes.to_le_bytes());
                 out.extend_from_slice(&link_port.to_le_bytes());
             }
-            Message::Link { token, next } => {
+            Message::Link { token, next, prev } => {
                 out.extend_from_slice(token);
-                out.extend_from_slice(next.as_deref().unwrap_or("").as_bytes());
+                let next = next.as_deref().unwrap_or("").as_bytes();
+                out.extend_from_slice(&(next.len() as u32).to_le_bytes());
+                out.extend_from_slice(next);
+                out.extend_from_slice(prev.as_deref().unwrap_or("").as_bytes());
             }
             Message::LinkHello { token, node } => {
                 out.extend_from_slice(token);
@@ -953,10 +960,14 @@ impl Message {
             T_RING_READY => Message::RingReady { kv_bytes: f.u64()?, weight_bytes: f.u64()?, link_port: u16::from_le_bytes(f.arr()?) },
             T_LINK => {
                 let token = f.arr()?;
-                let next = std::str::from_utf8(f.rest())
-                    .map_err(|_| WireError::Invalid { what: "Link", why: "address is not UTF-8".into() })?
-                    .to_string();
-                Message::Link { token, next: (!next.is_empty()).then_some(next) }
+                let utf8 = |b: &[u8]| {
+                    let a = std::str::from_utf8(b).map_err(|_| WireError::Invalid { what: "Link", why: "address is not UTF-8".into() })?;
+                    Ok::<_, WireError>((!a.is_empty()).then(|| a.to_string()))
+                };
+                let n = f.u32()? as usize;
+                let next = utf8(f.bytes(n)?)?;
+                let prev = utf8(f.rest())?;
+                Message::Link { token, next, prev }
             }
             T_LINK_HELLO => Message::LinkHello { token: f.arr()?, node: f.u64()? },
             T_NEED_SHARD => Message::NeedShard,
@@ -1089,8 +1100,8 @@ mod tests {
                 rounds: vec![2..4, 12..14],
             }),
             Message::RingReady { kv_bytes: 1 << 20, weight_bytes: 3 << 20, link_port: 4242 },
-            Message::Link { token: [6; 32], next: Some("10.0.0.2:7070".into()) },
-            Message::Link { token: [6; 32], next: None },
+            Message::Link { token: [6; 32], next: Some("10.0.0.2:7070".into()), prev: Some("10.0.0.1:7070".into()) },
+            Message::Link { token: [6; 32], next: None, prev: None },
             Message::LinkHello { token: [6; 32], node: 2 },
             Message::Linked,
             Message::Hop { pos0: 3, round: 1, x: vec![0.5, -1.0] },
@@ -1118,11 +1129,11 @@ mod tests {
         // Hello, HelloAck, AuthChallenge, AuthResponse, AuthProof, Partial (3 × f32),
         // Partial (40 as Q8_0), Error (28-byte text), Error (empty), Shutdown, Session,
         // Ready, Step (3 × f32), NeedShard, ShardData (4 bytes), ShardEnd, StatsRequest, Stats,
-        // ProfileRequest, Profile (2 bytes), RingSession (2 rounds), RingReady, Link (13-byte
-        // address), Link (none), LinkHello, Linked, Hop (2 × f32), Ping (3 bytes), Pong
+        // ProfileRequest, Profile (2 bytes), RingSession (2 rounds), RingReady, Link (two 13-byte
+        // addresses), Link (none), LinkHello, Linked, Hop (2 × f32), Ping (3 bytes), Pong
         #[rustfmt::skip]
         let want = vec![142, 49, 37, 69, 37, 34 + 12, 34 + 68, 14 + 28, 14, 5, 47, 21, 21 + 12, 5, 5 + 4, 45, 5, 53,
-                        5, 7, 71 + 32, 23, 37 + 13, 37, 45, 5, 25 + 8, 8, 13];
+                        5, 7, 71 + 32, 23, 41 + 13 + 13, 41, 45, 5, 25 + 8, 8, 13];
         assert_eq!(sizes, want);
     }
 
@@ -1280,7 +1291,8 @@ mod tests {
                 weight_bytes,
                 link_port
             }),
-            (arr(), prop::option::of("[a-z0-9.:]{1,30}")).prop_map(|(token, next)| Message::Link { token, next }),
+            (arr(), prop::option::of("[a-z0-9.:]{1,30}"), prop::option::of("[a-z0-9.:]{1,30}"))
+                .prop_map(|(token, next, prev)| Message::Link { token, next, prev }),
             (arr(), any::<u64>()).prop_map(|(token, node)| Message::LinkHello { token, node }),
             Just(Message::Linked),
             (any::<u64>(), any::<u32>(), prop::collection::vec(-1e6f32..1e6, 0..200)).prop_map(|(pos0, round, x)| Message::Hop {
