@@ -165,7 +165,8 @@ fn a_killed_ring_worker_fails_the_request_within_5_s_naming_it_and_the_next_requ
 #[test]
 fn plan_and_profile_measure_running_workers() {
     let m = model();
-    let w1 = Worker::start(&m, &[]);
+    let log1 = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan-probe-1.log");
+    let w1 = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log1).unwrap().into());
     let w2 = Worker::start(&m, &["--mem-budget", "200MiB"]);
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_hearth"))
@@ -210,6 +211,11 @@ fn plan_and_profile_measure_running_workers() {
     }
     // A worker that is not there: a clear error.
     assert_clean_error(&run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--peer", "127.0.0.1:9"]), "cannot connect");
+    // The worker saw plans and probes, not failed sessions (a plan dropped its connections
+    // without a word, and the worker logged "session failed: node 0 ... closed").
+    drop(w1);
+    let log = std::fs::read_to_string(&log1).unwrap();
+    assert!(!log.contains("session failed") && log.matches("left without opening a session").count() >= 5, "{log}");
 }
 
 #[test]

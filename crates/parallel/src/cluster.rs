@@ -468,6 +468,10 @@ pub enum SessionEnd {
         /// coordinator exited or was stopped mid-request).
         shutdown: bool,
     },
+    /// The coordinator left before opening a session: it only measured the link or asked
+    /// for this worker's profile (`hearth plan`, `hearth profile --peer`), or its ring
+    /// gave this worker no layers.
+    Unused,
 }
 
 /// Where a worker's weights come from.
@@ -550,7 +554,13 @@ pub fn serve_session(
     }
     admitted(&shard);
     let session = loop {
-        match peer.recv_within(SETUP_TIMEOUT)?.0 {
+        let got = match peer.recv_within(SETUP_TIMEOUT) {
+            Ok((m, _)) => m,
+            // (A coordinator that asked only for a profile may close without a Shutdown.)
+            Err(CommError::Closed { .. }) => return Ok(SessionEnd::Unused),
+            Err(e) => return Err(e.into()),
+        };
+        match got {
             Message::Session(s) => break s,
             Message::Ping(b) => {
                 peer.send(&Message::Pong(b.len() as u64))?;
@@ -563,8 +573,8 @@ pub fn serve_session(
                 let peer = peer.with_max_frame(crate::wire::DEFAULT_MAX_FRAME);
                 return crate::ring::serve_ring(peer, me, worker, s, make_ctx, timeout);
             }
-            // The coordinator left this worker out (e.g. the ring solver gave it no layers).
-            Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0, shutdown: true }),
+            // The coordinator is done with this worker (e.g. the ring solver gave it no layers).
+            Message::Shutdown => return Ok(SessionEnd::Unused),
             other => {
                 let why = format!("expected Session, got {}", other.name());
                 peer.report(Some(me), &why);

@@ -69,10 +69,20 @@ pub struct RingMember {
     peer: Peer,
 }
 
-/// Workers connected and profiled, waiting for their windows.
+/// Workers connected and profiled, waiting for their windows. Dropped unopened (a plan
+/// that only predicts, a refused one), it sends each worker a Shutdown, so a worker can
+/// tell a coordinator that is done with it from one that vanished.
 pub struct PendingRing {
     /// Nodes `1..`, in `--workers` order.
     pub members: Vec<RingMember>,
+}
+
+impl Drop for PendingRing {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.peer.send(&Message::Shutdown);
+        }
+    }
 }
 
 fn whole_shard(model: &Model, node: usize, n_nodes: usize) -> NodeShard {
@@ -204,7 +214,7 @@ impl PendingRing {
     /// batches of `n_batch`, KV cache type `cache` and the coordinator's f32 attention
     /// threshold `f32_attn_from`, then the links are made.
     pub fn open(
-        self,
+        mut self,
         model: &Model,
         windows: &[usize],
         n_ctx: usize,
@@ -219,7 +229,7 @@ impl PendingRing {
         let head = RingWindows::from_assignment(n_layer, windows, 0)?;
         let token: [u8; 32] = rand::random();
         let mut ring: Vec<(RingMember, RingWorker, u16)> = Vec::new();
-        for (i, mut m) in self.members.into_iter().enumerate() {
+        for (i, mut m) in std::mem::take(&mut self.members).into_iter().enumerate() {
             let node = i + 1;
             if windows[node] == 0 {
                 let _ = m.peer.send(&Message::Shutdown);

@@ -273,6 +273,9 @@ pub fn run(a: Args) -> Result<()> {
                     let how = if shutdown { "session ended" } else { "connection closed without a shutdown (the coordinator exited or was stopped)" };
                     eprintln!("coordinator {peer}: {how} after {passes} forward passes{}", mem.unwrap_or_default())
                 }
+                Ok(hearth_parallel::cluster::SessionEnd::Unused) => eprintln!(
+                    "coordinator {peer}: left without opening a session (a plan, a profile, or a ring that gave this worker no layers)"
+                ),
                 Err(e) => eprintln!("coordinator {peer}: session failed: {e}"),
             }
         });
