@@ -276,5 +276,14 @@ fn ring_workers_say_when_the_coordinator_vanished_mid_request() {
     drop(ws);
     let (first, second) = (read(&logs[0]), read(&logs[1]));
     assert!(first.contains("connection closed without a shutdown"), "{first}");
+    // An idle worker no longer holds the weights it mapped (its 10 layers: 21 MiB of the
+    // file) in its RSS: once 29 MiB file-backed, now only its code.
+    let file_mib: f64 = first
+        .split("(now ")
+        .nth(1)
+        .and_then(|r| r.split(" MiB file-backed").next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no file-backed RSS in {first}"));
+    assert!(file_mib < 20.0, "{first}");
     assert!(!second.contains("session ended") && second.contains("session failed"), "{second}");
 }

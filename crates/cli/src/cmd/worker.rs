@@ -247,13 +247,21 @@ pub fn run(a: Args) -> Result<()> {
             if let Some(g) = guard {
                 let _ = g.shutdown(Shutdown::Both);
             }
-            {
+            let idle = {
                 let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
                 if cur.as_ref().is_some_and(|(p, _)| *p == peer) {
                     *cur = None;
                 }
-            }
+                cur.is_none()
+            };
             release_freed_memory();
+            if let (true, WorkerModel::File { model, .. }) = (idle, &worker) {
+                // The weights the session touched stay in the page cache, but leave this
+                // process's RSS: an idle worker, and the next session's peak, show only
+                // what that session maps (a ring worker given other layers, a tensor
+                // worker other rows). The next session re-maps its pages from the cache.
+                model.file.release_pages();
+            }
             let Ok(r) = r else {
                 eprintln!("coordinator {peer}: session aborted by an internal error (a bug: please report it)");
                 return;
