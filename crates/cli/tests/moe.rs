@@ -468,6 +468,16 @@ fn a_shared_expert_runs_over_the_ring_and_tensor_parallel_and_counts_as_active()
     assert_eq!(shared, 4 * 3 * 128 * 128 / 32 * 34);
     let active = dense + shared + experts * 2 / 8 + head;
     assert_eq!(p["bytes_per_token"].as_u64().unwrap(), active, "active bytes: the shared expert and 2 of 8 experts");
+    // The tensor-parallel plan shows each node's rows of the shared expert: they
+    // partition its 128 rows (it was not shown).
+    let tp = ok(hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &workers, "--json"]));
+    let cuts: Vec<(u64, u64)> = tp["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["shared_expert_rows"][0].as_u64().unwrap(), n["shared_expert_rows"][1].as_u64().unwrap()))
+        .collect();
+    assert!(cuts.len() == 3 && cuts[0].0 == 0 && cuts[2].1 == 128 && cuts.windows(2).all(|w| w[0].1 == w[1].0), "{tp}");
     let b = ok(hearth(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "--membw-mib", "16", "--json"]));
     assert_eq!(b[0]["matrix_bytes"].as_u64().unwrap(), active, "{b}");
 

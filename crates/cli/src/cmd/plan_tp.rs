@@ -26,7 +26,7 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
         .zip(gather)
         .map(|((s, name), g)| {
             let split = TensorSplit { gather_rows: g, ..tensor_split(s) };
-            (name, s, shard_weight_bytes(model, &split), kv(s.kv_heads.len()))
+            (name, s, shard_weight_bytes(model, &split), kv(s.kv_heads.len()), split.shared_rows(c))
         })
         .collect();
     // Node 0 also holds the embedding and computes the output head (one tensor when tied).
@@ -46,9 +46,10 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
     if json {
         let nodes: Vec<_> = rows
             .iter()
-            .map(|(name, s, w, k)| {
+            .map(|(name, s, w, k, sh)| {
                 serde_json::json!({"node": s.node, "name": name, "kv_heads": [s.kv_heads.start, s.kv_heads.end],
-                    "ffn_rows": [s.ffn_rows.start, s.ffn_rows.end], "weight_bytes": w, "kv_cache_bytes": k})
+                    "ffn_rows": [s.ffn_rows.start, s.ffn_rows.end], "weight_bytes": w, "kv_cache_bytes": k,
+                    "shared_expert_rows": shared.then_some([sh.start, sh.end])})
             })
             .collect();
         let v = serde_json::json!({"parallel": "tensor", "schedule": if opts.exact { "gather" } else { "sum" },
@@ -56,7 +57,10 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
             "sum_bytes_per_worker_per_token": (!opts.exact).then_some(sum_bytes)});
         return Ok(format!("{v}\n"));
     }
+    // A shared expert's rows follow the node's share of the experts' rows, each boundary
+    // rounded down to a whole quantization block (`TensorSplit::shared_rows`).
     let ffn = match c.moe {
+        Some(m) if shared => format!("FFN rows (of {}, in each of the {} experts; of {} in the shared expert)", c.n_ff, m.n_expert, m.n_ff_shared),
         Some(m) => format!("FFN rows (of {}, in each of the {} experts)", c.n_ff, m.n_expert),
         None => format!("FFN rows (of {})", c.n_ff),
     };
@@ -67,12 +71,12 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
         cache.name(),
         c.n_head_kv,
     );
-    for ((name, s, w, k), wt) in rows.iter().zip(weights) {
+    for ((name, s, w, k, sh), wt) in rows.iter().zip(weights) {
+        let ffn_rows = if shared { format!("{:?}; shared {sh:?}", s.ffn_rows) } else { format!("{:?}", s.ffn_rows) };
         o += &format!(
-            "| {} | {name} | {wt} | {:?} | {:?} | {} | {} |\n",
+            "| {} | {name} | {wt} | {:?} | {ffn_rows} | {} | {} |\n",
             s.node,
             s.kv_heads,
-            s.ffn_rows,
             super::plan::gb(*w),
             super::plan::gb(*k)
         );
