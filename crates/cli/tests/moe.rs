@@ -448,6 +448,26 @@ fn a_shared_expert_runs_over_the_ring_and_tensor_parallel_and_counts_as_active()
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert_eq!(tokens(&ok(o)), single, "shard files: {err}");
     assert!(err.contains("has no copy of its shard: sending it"), "{err}");
+    // A cached shard file that is whole but holds another cut (as one cut by an older
+    // hearth under the same name would): made again, not a failed session. Control: the
+    // run failed with "the shard file ... holds ..., not ...".
+    let mut shards: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    shards.sort();
+    assert_eq!(shards.len(), 2, "{shards:?}");
+    let side = |p: &Path| PathBuf::from(format!("{}.sha256", p.display()));
+    let (a, b) = (std::fs::read(&shards[0]).unwrap(), std::fs::read(&shards[1]).unwrap());
+    let (sa, sb) = (std::fs::read(side(&shards[0])).unwrap(), std::fs::read(side(&shards[1])).unwrap());
+    std::fs::write(&shards[0], &b).unwrap();
+    std::fs::write(side(&shards[0]), &sb).unwrap();
+    std::fs::write(&shards[1], &a).unwrap();
+    std::fs::write(side(&shards[1]), &sa).unwrap();
+    let o = generate(&m, &["--workers", &addrs(&[&no_file[0], &no_file[1]]), "--tp-schedule", "gather"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(tokens(&ok(o)), single, "swapped shard files: {err}");
 
     // plan and bench: the shared expert's matrices (2-D) are active every token, the
     // routed experts (3-D) 2 of 8.
@@ -505,6 +525,38 @@ fn a_shared_expert_runs_over_the_ring_and_tensor_parallel_and_counts_as_active()
 /// A NaN in a router (`ffn_gate_inp`) once routed every token to experts 0..k with NaN
 /// weights, and generation stopped at its first token without a word: now a one-line
 /// error naming the layer and the router.
+#[test]
+fn a_shared_expert_is_cut_in_proportion_to_the_experts_rows() {
+    // Its rows were rounded down to 256 whenever its width was a multiple of 256: over
+    // 3 nodes a 256-wide shared expert of Q8_0 went 0 / 0 / 256 (helper finding). Now a
+    // width that is a multiple of the experts' is scaled exactly: here 2x their rows.
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-qwen2moe-shexp256.gguf");
+    let args = ["synth", "--arch", "qwen2moe", "--n-embd", "128", "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2"];
+    let more = ["--n-ff", "256", "--n-expert", "8", "--n-expert-used", "2", "--n-ff-exp", "128", "--n-ff-shexp", "256"];
+    let m = model();
+    let tail = ["--type", "q8_0", "--seed", "7", "-t", "2", "--tokenizer-from", m.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    ok_status(&hearth(&[&args[..], &more, &tail].concat()));
+    let ws: Vec<Worker> = (0..2).map(|_| Worker::start(&out, &[])).collect();
+    let workers = addrs(&[&ws[0], &ws[1]]);
+    let tp = ok(hearth(&["plan", "-m", out.to_str().unwrap(), "--workers", &workers, "--json"]));
+    let range = |v: &serde_json::Value| (v[0].as_u64().unwrap(), v[1].as_u64().unwrap());
+    let nodes = tp["nodes"].as_array().unwrap();
+    let mut nonempty = 0;
+    for n in nodes {
+        let ((f0, f1), (s0, s1)) = (range(&n["ffn_rows"]), range(&n["shared_expert_rows"]));
+        assert_eq!((s0, s1), (2 * f0, 2 * f1), "{tp}");
+        nonempty += usize::from(s1 > s0);
+    }
+    assert!(nonempty >= 2, "{tp}");
+    // And a run with that cut gives one machine's tokens (the gather schedule is exact).
+    let single = tokens(&ok(generate(&out, &[])));
+    assert_eq!(tokens(&ok(generate(&out, &["--workers", &workers, "--tp-schedule", "gather"]))), single);
+}
+
+fn ok_status(o: &std::process::Output) {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn a_nan_in_a_router_is_an_error_naming_it() {
     use hearth_gguf::{write_gguf_file, GgufFile, TensorSpec};

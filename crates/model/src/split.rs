@@ -174,16 +174,23 @@ impl TensorSplit {
 
     /// Rows of a mixture of experts' shared expert (`ffn_gate_shexp`/`ffn_up_shexp`, =
     /// columns of `ffn_down_shexp`) this node computes: its share of `0..n_ff` scaled to
-    /// `0..n_ff_shared`, each boundary rounded down to a whole quantization block (256
-    /// elements when `n_ff_shared` is a multiple of 256, else 32 when a multiple of 32),
-    /// so the sum schedule's column cut of the down falls on block boundaries. The
-    /// nodes' FFN rows partition `0..n_ff` and the boundary map is monotone with
-    /// `n_ff ↦ n_ff_shared`, so these partition `0..n_ff_shared`, in proportion to each
-    /// node's share of the routed experts' rows. Empty without a shared expert.
+    /// `0..n_ff_shared`. When `n_ff_shared` is a multiple of `n_ff` (every Qwen-MoE file:
+    /// 4× or 8×) the scaling is exact: the routed rows' boundaries are whole split blocks,
+    /// which count the shared down's block too (`hearth_parallel::cluster::model_dims`), so
+    /// these are whole blocks of the down's columns as the sum schedule cuts them.
+    /// Otherwise each boundary is rounded down to 256 elements when `n_ff_shared` is a
+    /// multiple of 256, else 32 when a multiple of 32. The boundary map is monotone with
+    /// `n_ff ↦ n_ff_shared`, so the nodes' cuts partition `0..n_ff_shared`, in proportion
+    /// to each node's share of the routed experts' rows. Empty without a shared expert.
     pub fn shared_rows(&self, c: &ModelConfig) -> Range<usize> {
         let fs = c.moe.map_or(0, |m| m.n_ff_shared);
+        let n_ff = c.n_ff.max(1);
         let align = [256, 32, 1].into_iter().find(|a| fs.is_multiple_of(*a)).unwrap_or(1);
-        let at = |b: usize| if b >= c.n_ff { fs } else { b * fs / c.n_ff.max(1) / align * align };
+        let at = |b: usize| match b {
+            _ if b >= n_ff => fs,
+            _ if fs.is_multiple_of(n_ff) => b * (fs / n_ff),
+            _ => b * fs / n_ff / align * align,
+        };
         at(self.ffn_rows.start)..at(self.ffn_rows.end)
     }
 

@@ -79,10 +79,17 @@ impl ClusterError {
 }
 
 /// The split dimensions of `model` (block: the least common multiple of the block
-/// sizes of every column-split matrix).
+/// sizes of every column-split matrix, a shared expert's down included).
 pub fn model_dims(model: &Model) -> ModelDims {
     let c = &model.config;
-    let blocks: Vec<usize> = model.weights.layers.iter().flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()]).collect();
+    // (A shared expert's down is cut as the FFN's: its columns at the FFN rows' scaled
+    // boundaries, `TensorSplit::shared_rows`.)
+    let blocks: Vec<usize> = model
+        .weights
+        .layers
+        .iter()
+        .flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()].into_iter().chain(l.shared.as_ref().map(|s| s.down.ty.block_size())))
+        .collect();
     ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
 }
 
@@ -669,32 +676,54 @@ pub fn serve_session(
 /// The model a session runs: the worker's own, or its shard file (cut from its own
 /// model, found in the cache, or received from the coordinator now).
 fn session_model(peer: &mut Peer, worker: &WorkerModel, split: &TensorSplit) -> Result<Arc<Model>, ClusterError> {
-    let (sha, path) = match worker {
+    let (sha, dir) = match worker {
         WorkerModel::File { model, shard_dir: None, .. } => return Ok(model.clone()),
-        WorkerModel::File { model, sha256, shard_dir: Some(dir) } => {
-            let path = dir.join(shard_file::file_name(sha256, split));
-            shard_file::extract(model, split, sha256, &path)?;
-            (sha256, path)
-        }
-        WorkerModel::Shards { sha256, dir } => {
-            let path = dir.join(shard_file::file_name(sha256, split));
-            if shard_file::cached(&path).is_none() {
-                receive_shard(peer, &path)?;
-            }
-            (sha256, path)
-        }
+        WorkerModel::File { sha256, shard_dir: Some(dir), .. } | WorkerModel::Shards { sha256, dir } => (sha256, dir),
     };
+    let path = dir.join(shard_file::file_name(sha, split));
+    // A cached shard that does not load as this split (say, one an older hearth cut
+    // differently under the same name) is made again, once.
+    let cached = shard_file::cached(&path).is_some();
+    match open_shard(peer, worker, split, sha, &path) {
+        Err(e) if cached => {
+            eprintln!("the cached shard file {} is unusable ({e}): making it again", path.display());
+            let _ = std::fs::remove_file(&path);
+            open_shard(peer, worker, split, sha, &path)
+        }
+        r => r,
+    }
+}
+
+/// [`session_model`]'s shard file at `path`: cut or received unless cached, then loaded
+/// and checked to hold `split` of model `sha` (removed if not).
+fn open_shard(
+    peer: &mut Peer,
+    worker: &WorkerModel,
+    split: &TensorSplit,
+    sha: &[u8; 32],
+    path: &std::path::Path,
+) -> Result<Arc<Model>, ClusterError> {
+    match worker {
+        WorkerModel::File { model, .. } => {
+            shard_file::extract(model, split, sha, path)?;
+        }
+        WorkerModel::Shards { .. } => {
+            if shard_file::cached(path).is_none() {
+                receive_shard(peer, path)?;
+            }
+        }
+    }
     let model = match worker {
         // The shard carries its model's metadata: share the loaded model's tokenizer.
         WorkerModel::File { model, .. } => {
-            let file = hearth_gguf::GgufFile::open(&path).map_err(hearth_model::ModelError::from)?;
+            let file = hearth_gguf::GgufFile::open(path).map_err(hearth_model::ModelError::from)?;
             Model::from_file_with_tokenizer(Arc::new(file), model.tokenizer.clone())?
         }
-        WorkerModel::Shards { .. } => Model::load(&path)?,
+        WorkerModel::Shards { .. } => Model::load(path)?,
     };
     let source = model.file.get(hearth_model::shard_keys::SOURCE_SHA256).and_then(|v| v.as_str()).unwrap_or("");
     if model.shard.as_ref() != Some(split) || source != crate::wire::hex(sha) {
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path);
         return Err(ClusterError::Plan(format!(
             "the shard file {} holds {:?} of model {source}, not {split:?} of {}",
             path.display(),
