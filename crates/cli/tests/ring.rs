@@ -219,6 +219,46 @@ fn plan_and_profile_measure_running_workers() {
 }
 
 #[test]
+fn plans_and_profiles_leave_a_running_session_alone() {
+    // `profile --peer` and `plan --parallel ring` against a worker that was generating for
+    // another coordinator took it over: the generation failed with "another coordinator
+    // took over this worker" (new-user pass).
+    use std::io::Read;
+    let m = model();
+    let log1 = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("probe-busy-1.log");
+    let w1 = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log1).unwrap().into());
+    let w2 = Worker::start(&m, &[]);
+    let (ms, list) = (m.to_str().unwrap(), addrs(&[&w1, &w2]));
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["generate", "-m", ms, "-p", "Once upon a time", "-n", "600", "--ignore-eos", "-t", "1"])
+        .args(["--workers", &list, "--parallel", "ring", "--layer-window", "10,10,10"])
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = coord.stdout.take().unwrap();
+    let (mut got, mut buf) = (0, [0u8; 256]);
+    while got < 40 {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "the generation ended before the probes");
+        got += n;
+    }
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("HEARTH_CACHE_DIR", cache_dir()).output().unwrap();
+    ok(run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--json", "--peer", &w1.addr]));
+    let plan = run(&["plan", "-m", ms, "-c", "256", "--workers", &list, "--parallel", "ring"]);
+    assert!(plan.status.success(), "{}", String::from_utf8_lossy(&plan.stderr));
+    // Still generating after both probes, then done.
+    std::thread::spawn(move || while out.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
+    let done = coord.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success() && !err.contains("took over"), "{err}");
+    drop(w1);
+    let log = std::fs::read_to_string(&log1).unwrap();
+    assert!(!log.contains("replaces the session") && log.matches("left without opening a session").count() == 2, "{log}");
+}
+
+#[test]
 fn a_stalled_ring_worker_fails_the_request_without_blaming_the_wrong_device() {
     let m = model();
     let w1 = Worker::start(&m, &[]);

@@ -481,6 +481,16 @@ pub enum SessionEnd {
     Unused,
 }
 
+/// What [`serve_session`] tells its caller as a coordinator's connection goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// The coordinator passed the handshake.
+    Admitted,
+    /// It opens a session (tensor-parallel or ring). A coordinator that only measures the
+    /// link or asks for the profile (`hearth plan`, `profile --peer`) never does.
+    Opening,
+}
+
 /// Where a worker's weights come from.
 #[derive(Clone)]
 pub enum WorkerModel {
@@ -531,8 +541,9 @@ pub type MakeContext<'a> = &'a dyn Fn(
 /// one received now), build the context with `make_ctx`, then run every
 /// [`Message::Step`] through this node's share — or, when the coordinator opens a
 /// pipelined-ring session instead, serve that ([`crate::ring::serve_ring`]); `profile`
-/// answers its [`Message::ProfileRequest`]. `admitted` is told the shard once the
-/// coordinator has passed the handshake (before this session allocates anything).
+/// answers its [`Message::ProfileRequest`]. `told` hears [`SessionEvent::Admitted`] once
+/// the coordinator has passed the handshake and [`SessionEvent::Opening`] once it opens a
+/// session (before the session allocates anything), with the shard.
 /// Errors are reported to the coordinator before returning.
 pub fn serve_session(
     stream: TcpStream,
@@ -541,7 +552,7 @@ pub fn serve_session(
     timeout: Duration,
     profile: &dyn Fn() -> crate::ring::WorkerProfile,
     make_ctx: MakeContext<'_>,
-    admitted: impl FnOnce(&NodeShard),
+    mut told: impl FnMut(SessionEvent, &NodeShard),
 ) -> Result<SessionEnd, ClusterError> {
     // Until the session is open, a peer may be anyone: accept only small frames.
     let mut peer = Peer::new(stream, 0, timeout)
@@ -559,7 +570,7 @@ pub fn serve_session(
             return Err(ClusterError::Plan(why));
         }
     }
-    admitted(&shard);
+    told(SessionEvent::Admitted, &shard);
     let session = loop {
         let got = match peer.recv_within(SETUP_TIMEOUT) {
             Ok((m, _)) => m,
@@ -568,7 +579,10 @@ pub fn serve_session(
             Err(e) => return Err(e.into()),
         };
         match got {
-            Message::Session(s) => break s,
+            Message::Session(s) => {
+                told(SessionEvent::Opening, &shard);
+                break s;
+            }
             Message::Ping(b) => {
                 peer.send(&Message::Pong(b.len() as u64))?;
             }
@@ -577,6 +591,7 @@ pub fn serve_session(
                 peer.send(&Message::Profile(json))?;
             }
             Message::RingSession(s) => {
+                told(SessionEvent::Opening, &shard);
                 let peer = peer.with_max_frame(crate::wire::DEFAULT_MAX_FRAME);
                 return crate::ring::serve_ring(peer, me, worker, s, make_ctx, timeout);
             }

@@ -57,7 +57,7 @@ fn workers(model: &Arc<Model>, n: usize) -> Vec<String> {
                     let kv = kv.unwrap_or(m.config.kv_dim());
                     Context::with_kv_dim(m, n_ctx, n_batch, 1, ct, kv)
                 };
-                let _ = serve_session(s, &w, None, Duration::from_secs(10), &Default::default, &make, |_| {});
+                let _ = serve_session(s, &w, None, Duration::from_secs(10), &Default::default, &make, |_, _| {});
             });
             addr
         })

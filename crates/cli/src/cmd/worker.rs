@@ -8,7 +8,7 @@ use hearth_model::{Context, Model, RingWindows};
 use hearth_parallel::profile::DeviceProfile;
 use hearth_parallel::ring::WorkerProfile;
 use hearth_parallel::wire::{write_frame, ErrorMsg};
-use hearth_parallel::{Message, WorkerModel};
+use hearth_parallel::{Message, SessionEvent, WorkerModel};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -215,28 +215,40 @@ pub fn run(a: Args) -> Result<()> {
             };
             let profile = || ring_profile(&profiled, model_path.as_deref(), threads, budget.mem_budget);
             let session = || {
-                hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &profile, &make, |shard| {
-                    admitted.store(true, Ordering::SeqCst);
-                    pending.fetch_sub(1, Ordering::SeqCst);
-                    counted = false;
-                    let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some((old_peer, mut old)) = cur.take() {
-                        // Tell the old coordinator why (best effort), then end its session.
-                        let why = format!("another coordinator ({peer}) took over this worker");
-                        let msg = Message::Error(ErrorMsg { failed_node: None, message: why });
-                        let _ = write_frame(&mut old, &msg, &mut Vec::new());
-                        let _ = old.shutdown(Shutdown::Both);
-                        eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
+                let mut mine = mine;
+                let told = |event, shard: &hearth_parallel::NodeShard| match event {
+                    SessionEvent::Admitted => {
+                        admitted.store(true, Ordering::SeqCst);
+                        pending.fetch_sub(1, Ordering::SeqCst);
+                        counted = false;
                     }
-                    *cur = mine.map(|s| (peer.clone(), s));
-                    // Peak RSS per session: reset the kernel's high-water mark (Linux).
-                    let _ = std::fs::write("/proc/self/clear_refs", "5");
-                    // A ring session's "shard" is the whole model (its layers come with the session).
-                    let whole = shard.kv_heads == (0..shard.dims.n_head_kv) && shard.ffn_rows == (0..shard.dims.n_ff);
-                    let share =
-                        if whole { String::new() } else { format!(", KV heads {:?}, FFN rows {:?}", shard.kv_heads, shard.ffn_rows) };
-                    eprintln!("coordinator {peer}: node {} of {}{share}", shard.node, shard.n_nodes);
-                })
+                    // Only a coordinator that opens a session takes the worker over: one
+                    // that measures the link or asks for the profile (`plan`, `profile
+                    // --peer`) leaves a running session alone (it ended it, until session 28).
+                    SessionEvent::Opening => {
+                        let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some((old_peer, mut old)) = cur.take() {
+                            // Tell the old coordinator why (best effort), then end its session.
+                            let why = format!("another coordinator ({peer}) took over this worker");
+                            let msg = Message::Error(ErrorMsg { failed_node: None, message: why });
+                            let _ = write_frame(&mut old, &msg, &mut Vec::new());
+                            let _ = old.shutdown(Shutdown::Both);
+                            eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
+                        }
+                        *cur = mine.take().map(|s| (peer.clone(), s));
+                        // Peak RSS per session: reset the kernel's high-water mark (Linux).
+                        let _ = std::fs::write("/proc/self/clear_refs", "5");
+                        // A ring session's "shard" is the whole model (its layers come with the session).
+                        let whole = shard.kv_heads == (0..shard.dims.n_head_kv) && shard.ffn_rows == (0..shard.dims.n_ff);
+                        let share = if whole {
+                            String::new()
+                        } else {
+                            format!(", KV heads {:?}, FFN rows {:?}", shard.kv_heads, shard.ffn_rows)
+                        };
+                        eprintln!("coordinator {peer}: node {} of {}{share}", shard.node, shard.n_nodes);
+                    }
+                };
+                hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &profile, &make, told)
             };
             // Whatever happens (a panic included), the connection closes and the slot frees,
             // so the coordinator learns at once instead of waiting for a timeout.
