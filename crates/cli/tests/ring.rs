@@ -262,7 +262,8 @@ fn plans_and_profiles_leave_a_running_session_alone() {
 fn a_stalled_ring_worker_fails_the_request_without_blaming_the_wrong_device() {
     let m = model();
     let w1 = Worker::start(&m, &[]);
-    let w2 = Worker::start(&m, &[]);
+    let log2 = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ring-stall-2.log");
+    let w2 = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log2).unwrap().into());
     let ms = m.to_str().unwrap();
     let workers = addrs(&[&w1, &w2]);
     let args = ["generate", "-m", ms, "-p", PROMPT, "-n", "1500", "--ignore-eos", "--temperature", "0", "-t", "1", "--step-timeout", "1"];
@@ -275,6 +276,15 @@ fn a_stalled_ring_worker_fails_the_request_without_blaming_the_wrong_device() {
     // one step timeout per worker the hop crosses, scaled for the batch
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(err.contains("the ring stalled") && err.contains(&w1.addr) && err.contains(&w2.addr), "{err}");
+    // The failed request reaches the devices as an error, not as a Shutdown that each
+    // logged as "session ended after N forward passes" (new-user pass).
+    let start = std::time::Instant::now();
+    let read = || std::fs::read_to_string(&log2).unwrap();
+    while !read().contains("session ") && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = read();
+    assert!(log.contains("session failed") && log.contains("the coordinator ended the session after an error: the ring stalled"), "{log}");
 }
 
 #[test]
@@ -326,4 +336,6 @@ fn ring_workers_say_when_the_coordinator_vanished_mid_request() {
         .unwrap_or_else(|| panic!("no file-backed RSS in {first}"));
     assert!(file_mib < 20.0, "{first}");
     assert!(!second.contains("session ended") && second.contains("session failed"), "{second}");
+    // ... and blames the coordinator, not the healthy first device whose link closed.
+    assert!(second.contains("lost the coordinator") && !second.contains("lost its link from node 1"), "{second}");
 }

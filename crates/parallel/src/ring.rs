@@ -280,7 +280,7 @@ impl PendingRing {
         let peers: Vec<Peer> = ring.into_iter().map(|(m, _, _)| m.peer).collect();
         let base_timeout = peers.first().map(|p| p.timeout());
         let inner = Arc::new(Mutex::new(Inner { peers, counters: RingCounters::default() }));
-        let link = TcpRing { inner, base_timeout, n_embd: model.config.n_embd };
+        let link = TcpRing { inner, base_timeout, n_embd: model.config.n_embd, failed: None };
         Ok(RingGroup { windows: head, link, workers })
     }
 }
@@ -320,6 +320,9 @@ pub struct TcpRing {
     /// The step timeout for a one-token pass on one device.
     base_timeout: Option<Duration>,
     n_embd: usize,
+    /// The error that failed a pass: sent around the ring at the end instead of a
+    /// Shutdown, so the devices that are still up log a failed session, not a clean end.
+    failed: Option<crate::wire::ErrorMsg>,
 }
 
 struct Inner {
@@ -363,6 +366,26 @@ impl RingHandle {
 
 impl RingLink for TcpRing {
     fn pass(&mut self, pos0: usize, round: usize, x: &mut [f32]) -> Result<(), CollectiveError> {
+        let r = self.pass_once(pos0, round, x);
+        if let Err(e) = &r {
+            let comm = e.downcast_ref::<CommError>();
+            let text = comm.map_or_else(|| e.to_string(), |c| c.report_text());
+            // (No one to blame, as when the ring stalled: the coordinator, node 0, ended it;
+            // a relaying device would otherwise name itself.)
+            let failed_node = Some(comm.and_then(|c| c.failed_node()).unwrap_or(0) as u64);
+            self.failed = Some(crate::wire::ErrorMsg { failed_node, message: format!("the coordinator ended the session after an error: {text}") });
+        }
+        r
+    }
+
+    fn max_elements(&self) -> usize {
+        (crate::wire::DEFAULT_MAX_FRAME - 4096) / 4
+    }
+}
+
+impl TcpRing {
+    /// One pass around the ring ([`RingLink::pass`]).
+    fn pass_once(&mut self, pos0: usize, round: usize, x: &mut [f32]) -> Result<(), CollectiveError> {
         let t = Instant::now();
         let n_tokens = x.len() / self.n_embd.max(1);
         let base = self.base_timeout;
@@ -423,17 +446,16 @@ impl RingLink for TcpRing {
         counters.bytes_received += got as u64;
         Ok(())
     }
-
-    fn max_elements(&self) -> usize {
-        (crate::wire::DEFAULT_MAX_FRAME - 4096) / 4
-    }
 }
 
 impl Drop for TcpRing {
-    /// Ends the session politely: the Shutdown travels the ring.
+    /// Ends the session: a Shutdown travels the ring, or after a failed pass its error.
     fn drop(&mut self) {
         if let Some(first) = lock(&self.inner).peers.first_mut() {
-            let _ = first.send(&Message::Shutdown);
+            let _ = match self.failed.take() {
+                Some(e) => first.send(&Message::Error(e)),
+                None => first.send(&Message::Shutdown),
+            };
         }
     }
 }
@@ -568,11 +590,18 @@ pub fn serve_ring(
             }
             // The end (a coordinator that closes its connection ends the ring too).
             Ok((Message::Shutdown, _)) | Err(CommError::Closed { node: 0, .. }) => {
-                // A shutdown travels on; a coordinator that vanished is not one: the next
-                // device then sees its link close.
+                // A shutdown travels on; a coordinator that vanished is not one.
                 let shutdown = matches!(got, Ok((Message::Shutdown, _)));
-                if let (Out::Worker(p), true) = (&mut out, shutdown) {
-                    let _ = p.send(&Message::Shutdown);
+                if let Out::Worker(p) = &mut out {
+                    // The devices after us wait on our link: tell them which end failed,
+                    // or they blame us for closing it.
+                    let _ = match shutdown {
+                        true => p.send(&Message::Shutdown),
+                        false => p.send(&Message::Error(crate::wire::ErrorMsg {
+                            failed_node: Some(0),
+                            message: format!("node {me} lost the coordinator: it closed the connection without a shutdown (it exited or was stopped)"),
+                        })),
+                    };
                 }
                 return Ok(SessionEnd::Finished { passes: stats.passes, shutdown });
             }
