@@ -6,7 +6,7 @@
 mod common;
 
 use common::{addrs, assert_clean_error, cache_dir, model, ok, tokens, Worker};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const PROMPT: &str = "The three primary colors are red, blue and";
@@ -69,6 +69,7 @@ fn bad_ring_flags_are_clear_errors() {
     let m = model();
     let w = Worker::start(&m, &[]);
     assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "4,4"]), "multiple of");
+    assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "0,0"]), "gives no device any layers");
     assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "4,4,4"]), "3 values for 2 devices");
     assert_clean_error(&generate(&["--workers", &w.addr, "--layer-window", "15,15"]), "--parallel ring");
     assert_clean_error(&generate(&["--workers", &w.addr, "--parallel", "ring", "--tp-schedule", "gather"]), "tensor parallelism");
@@ -82,6 +83,13 @@ fn bad_ring_flags_are_clear_errors() {
         &generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "30,0", "--require-all-workers"]),
         "the ring is one device, this machine alone",
     );
+    // ... or a worker alone: this machine was said to be the one device (new-user pass)
+    let w2 = Worker::start(&m, &[]);
+    assert_clean_error(
+        &generate(&["--workers", &addrs(&[&w, &w2]), "--parallel", "ring", "--layer-window", "0,30,0", "--require-all-workers"]),
+        &format!("the ring is one device, worker {}, and this machine runs no layers", w.addr),
+    );
+    drop(w2);
     // the worker is still fine
     let single = tokens(&ok(generate(&[])));
     assert_eq!(tokens(&ok(generate(&["--workers", &w.addr, "--parallel", "ring", "--layer-window", "10,20"]))), single);
@@ -179,7 +187,8 @@ fn plan_and_profile_measure_running_workers() {
     };
     let ms = m.to_str().unwrap();
     // The solver's ring over the running workers, without running it.
-    let v = ok(run(&["plan", "-m", ms, "-c", "256", "-t", "1", "-p", "32", "--workers", &addrs(&[&w1, &w2]), "--parallel", "ring", "--json"]));
+    let v =
+        ok(run(&["plan", "-m", ms, "-c", "256", "-t", "1", "-p", "32", "--workers", &addrs(&[&w1, &w2]), "--parallel", "ring", "--json"]));
     let windows: Vec<u64> = v["windows"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).collect();
     assert_eq!(windows.len(), 3, "{v}");
     assert_eq!(30 % windows.iter().sum::<u64>(), 0, "{v}");
@@ -197,7 +206,8 @@ fn plan_and_profile_measure_running_workers() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{want}: {err}");
     };
-    fails(&["--layer-window", "7,7,7"], "not a multiple");
+    fails(&["--layer-window", "7,7,7"], "must be a multiple of that");
+    fails(&["--layer-window", "0,0,0"], "gives no device any layers");
     fails(&["--layer-window", "15,15"], "2 values for 3 devices");
     fails(&["--layer-window", "10,20,0", "--require-all-workers"], "gets no layers");
     assert_clean_error(&run(&["plan", "-m", ms, "--workers", &addrs(&[&w1]), "--parallel", "4"]), "applies to `hearth serve`");
@@ -223,33 +233,22 @@ fn plans_and_profiles_leave_a_running_session_alone() {
     // `profile --peer` and `plan --parallel ring` against a worker that was generating for
     // another coordinator took it over: the generation failed with "another coordinator
     // took over this worker" (new-user pass).
-    use std::io::Read;
     let m = model();
     let log1 = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("probe-busy-1.log");
     let w1 = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log1).unwrap().into());
     let w2 = Worker::start(&m, &[]);
     let (ms, list) = (m.to_str().unwrap(), addrs(&[&w1, &w2]));
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["generate", "-m", ms, "-p", "Once upon a time", "-n", "600", "--ignore-eos", "-t", "1"])
-        .args(["--workers", &list, "--parallel", "ring", "--layer-window", "10,10,10"])
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = coord.stdout.take().unwrap();
-    let (mut got, mut buf) = (0, [0u8; 256]);
-    while got < 40 {
-        let n = out.read(&mut buf).unwrap();
-        assert!(n > 0, "the generation ended before the probes");
-        got += n;
-    }
+    let args = ["generate", "-m", ms, "-p", "Once upon a time", "-n", "600", "--ignore-eos", "-t", "1"];
+    let (coord, out) = common::started_generation(
+        &[&args[..], &["--workers", &list, "--parallel", "ring", "--layer-window", "10,10,10"]].concat(),
+        Stdio::piped(),
+    );
     let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("HEARTH_CACHE_DIR", cache_dir()).output().unwrap();
     ok(run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--json", "--peer", &w1.addr]));
     let plan = run(&["plan", "-m", ms, "-c", "256", "--workers", &list, "--parallel", "ring"]);
     assert!(plan.status.success(), "{}", String::from_utf8_lossy(&plan.stderr));
     // Still generating after both probes, then done.
-    std::thread::spawn(move || while out.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
+    common::drain(out);
     let done = coord.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success() && !err.contains("took over"), "{err}");
@@ -291,7 +290,6 @@ fn a_stalled_ring_worker_fails_the_request_without_blaming_the_wrong_device() {
 fn ring_workers_say_when_the_coordinator_vanished_mid_request() {
     // A coordinator killed mid-run looked like a clean end in every ring worker's log
     // ("session ended after N forward passes"), unlike in tensor mode (new-user pass).
-    use std::io::Read;
     let m = model();
     let logs: Vec<_> = (1..=2).map(|i| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ring-vanish-{i}.log"))).collect();
     let ws: Vec<Worker> = logs
@@ -300,27 +298,18 @@ fn ring_workers_say_when_the_coordinator_vanished_mid_request() {
         .collect();
     let list = addrs(&ws.iter().collect::<Vec<_>>());
     let args = ["generate", "-m", m.to_str().unwrap(), "-p", "Once upon a time", "-n", "2000", "--ignore-eos", "-c", "4096", "-t", "1"];
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .args(["--workers", &list, "--parallel", "ring", "--layer-window", "10,10,10"])
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
     // Some tokens out, then the coordinator dies without a word.
-    let mut out = coord.stdout.take().unwrap();
-    let (mut got, mut buf) = (0, [0u8; 256]);
-    while got < 40 {
-        let n = out.read(&mut buf).unwrap();
-        assert!(n > 0, "the coordinator ended before the kill");
-        got += n;
-    }
+    let (mut coord, _out) = common::started_generation(
+        &[&args[..], &["--workers", &list, "--parallel", "ring", "--layer-window", "10,10,10"]].concat(),
+        Stdio::null(),
+    );
     coord.kill().unwrap();
     coord.wait().unwrap();
     let start = std::time::Instant::now();
     let read = |l: &std::path::Path| std::fs::read_to_string(l).unwrap();
-    while logs.iter().any(|l| !read(l).contains("forward passes") && !read(l).contains("session failed")) && start.elapsed() < Duration::from_secs(10) {
+    while logs.iter().any(|l| !read(l).contains("forward passes") && !read(l).contains("session failed"))
+        && start.elapsed() < Duration::from_secs(10)
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(ws);
@@ -338,4 +327,65 @@ fn ring_workers_say_when_the_coordinator_vanished_mid_request() {
     assert!(!second.contains("session ended") && second.contains("session failed"), "{second}");
     // ... and blames the coordinator, not the healthy first device whose link closed.
     assert!(second.contains("lost the coordinator") && !second.contains("lost its link from node 1"), "{second}");
+}
+
+#[test]
+fn one_worker_listed_under_two_names_is_refused_before_it_takes_itself_over() {
+    // `--workers 127.0.0.1:P,localhost:P` passed the listed-twice check (the strings
+    // differ), and the worker's second session took over its first (new-user pass).
+    use std::net::ToSocketAddrs;
+    let m = model();
+    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("two-names.log");
+    let w = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log).unwrap().into());
+    let port = w.addr.rsplit(':').next().unwrap();
+    let socket = w.addr.to_socket_addrs().unwrap().next();
+    let alias = ["localhost", "127.1"]
+        .into_iter()
+        .map(|h| format!("{h}:{port}"))
+        .find(|a| a.to_socket_addrs().ok().and_then(|mut s| s.next()) == socket)
+        .expect("a second name for 127.0.0.1");
+    let list = format!("{},{alias}", w.addr);
+    let ms = m.to_str().unwrap();
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("HEARTH_CACHE_DIR", cache_dir()).output().unwrap();
+    let gen = ["generate", "-m", ms, "-p", PROMPT, "-n", "4", "-t", "1", "--workers", &list];
+    for mode in [&["--parallel", "ring", "--layer-window", "10,10,10"][..], &["--parallel", "tensor"]] {
+        assert_clean_error(&run(&[&gen[..], mode].concat()), "are one worker");
+    }
+    assert_clean_error(&run(&["plan", "-m", ms, "--workers", &list, "--parallel", "ring"]), "are one worker");
+    assert_clean_error(&run(&["profile", "-m", ms, "--quick", "-t", "1", "--types", "q4_0", "--peer", &list]), "are one worker");
+    drop(w);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("replaces the session") && !log.contains("took over"), "{log}");
+    // The second connection, closed before the handshake, is not a failed session.
+    assert!(log.contains("closed the connection before a word") && !log.contains("closed the connection while"), "{log}");
+    // Its first session heard why it would not open (it logged that the coordinator had
+    // exited, or left without opening one).
+    assert!(log.matches("session failed: the coordinator could not set up the session: workers").count() >= 3, "{log}");
+}
+
+#[test]
+fn a_ring_workers_peak_rss_is_the_same_in_every_session() {
+    // A worker's first session peaked at 73 MiB and every later one at 105 MiB: glibc's
+    // dynamic mmap threshold moved the next context's buffers into the arena, where
+    // calloc clears them (helper finding, issue #21).
+    let m = model();
+    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ring-peaks.log");
+    let w = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log).unwrap().into());
+    for _ in 0..3 {
+        ok(common::generate_json(PROMPT, &["-c", "4096", "--workers", &w.addr, "--parallel", "ring", "--layer-window", "15,15"]));
+    }
+    let start = std::time::Instant::now();
+    let read = || std::fs::read_to_string(&log).unwrap();
+    while read().matches("session ended").count() < 3 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = read();
+    let peaks: Vec<f64> = log
+        .split("worker peak RSS this session ")
+        .skip(1)
+        .map(|r| r.split(" MiB").next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{log}")))
+        .collect();
+    assert_eq!(peaks.len(), 3, "{log}");
+    let (lo, hi) = peaks.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &p| (lo.min(p), hi.max(p)));
+    assert!(hi - lo < 4.0, "peaks {peaks:?} MiB: {log}");
 }

@@ -63,7 +63,7 @@ fn greedy_tokens_match_single_node_for_2_3_and_4_nodes() {
     let out = generate(&["--cluster", file.to_str().unwrap(), "--tp-schedule", "gather"]);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(tokens(&ok(out)), single);
-    assert!(err.contains("node 1") && err.contains("KV heads 2..2"), "weights 3:1:2 leave node 1 without a KV head: {err}");
+    assert!(err.contains("node 1") && err.contains("KV heads none"), "weights 3:1:2 leave node 1 without a KV head: {err}");
     std::fs::write(&file, "[[worker]]\nadress = \"x\"\n").unwrap();
     assert_clean_error(&generate(&["--cluster", file.to_str().unwrap()]), "unknown field");
 
@@ -125,6 +125,10 @@ fn bad_peers_get_clear_errors_and_the_worker_survives() {
     std::fs::write(&other, bytes).unwrap();
     let w_other = Worker::start(&other, &[]);
     assert_clean_error(&generate(&["--workers", &w_other.addr]), "model mismatch");
+    // ... and by `profile --peer`, which named it only as "node 1" (new-user pass)
+    let probe = hearth(&["profile", "-m", m.to_str().unwrap(), "--quick", "-t", "1", "--types", "q4_0", "--peer", &w_other.addr]);
+    assert_clean_error(&probe, "model mismatch");
+    assert!(String::from_utf8_lossy(&probe.stderr).contains(&format!("worker {}", w_other.addr)), "{probe:?}");
 
     // beyond loopback without a key: a loud warning
     let mut open = Worker::spawn(&["--listen", "0.0.0.0:0", "-m", m.to_str().unwrap()], Stdio::piped());
@@ -303,8 +307,10 @@ fn plan_with_workers_shows_the_shares_a_tensor_parallel_run_uses() {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         ok(out);
         for (i, node) in plan["nodes"].as_array().unwrap().iter().enumerate() {
-            let (h, f) = (&node["kv_heads"], &node["ffn_rows"]);
-            let mut want = format!("KV heads {}..{}, FFN rows {}..{}, {} of block weights", h[0], h[1], f[0], f[1], mib(&node["weight_bytes"]));
+            // (An empty share reads "none".)
+            let span = |r: &serde_json::Value| if r[0] == r[1] { "none".to_string() } else { format!("{}..{}", r[0], r[1]) };
+            let (h, f) = (span(&node["kv_heads"]), span(&node["ffn_rows"]));
+            let mut want = format!("KV heads {h}, FFN rows {f}, {} of block weights", mib(&node["weight_bytes"]));
             if i > 0 {
                 want += &format!(", KV cache {}", mib(&node["kv_cache_bytes"]));
             }
@@ -326,4 +332,22 @@ fn plan_with_workers_counts_sliding_window_layers_kv_as_the_context_allocates_it
     // The worker holds every KV head: the one-machine cache.
     assert_eq!(tp["nodes"][1]["kv_cache_bytes"], one["kv_cache_bytes"], "{tp}\n{one}");
     assert_eq!(tp["nodes"][0]["kv_cache_bytes"], 0, "{tp}");
+}
+
+#[test]
+fn a_second_coordinator_takes_the_worker_over_and_the_first_hears_from_which_worker() {
+    // The first coordinator read "node 1 failed (reported by node 1): another coordinator
+    // took over this worker": no failure, and no address (new-user pass).
+    let m = model();
+    let w = Worker::start(&m, &[]);
+    let args =
+        ["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "3000", "--ignore-eos", "-c", "4096", "-t", "1", "--workers", &w.addr];
+    let (first, out) = common::started_generation(&args, Stdio::piped());
+    common::drain(out);
+    ok(generate(&["--workers", &w.addr]));
+    let first = first.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("node 1 ({}): another coordinator (", w.addr)) && err.contains("took over this worker"), "{err}");
+    assert!(!err.contains("failed (reported by"), "{err}");
 }

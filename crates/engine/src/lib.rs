@@ -198,8 +198,13 @@ pub fn without_node(opts: &ClusterOptions, node: usize) -> ClusterOptions {
 
 /// A failure to form the group, with the worker's address and what to check.
 pub fn explain(e: hearth_parallel::ClusterError, opts: &ClusterOptions) -> anyhow::Error {
+    explain_workers(e, &opts.workers)
+}
+
+/// [`explain`] for workers `workers` (nodes `1..`).
+pub fn explain_workers(e: hearth_parallel::ClusterError, workers: &[String]) -> anyhow::Error {
     use hearth_parallel::{ClusterError as C, CommError, HandshakeError as H};
-    let addr = e.failed_node().filter(|&n| n >= 1).and_then(|n| opts.workers.get(n - 1));
+    let addr = e.failed_node().filter(|&n| n >= 1).and_then(|n| workers.get(n - 1));
     let hint = match &e {
         C::Connect { .. } => " (is `hearth worker` running there, on that port?)",
         C::Comm(CommError::Wire { .. }) | C::Handshake(H::Comm(CommError::Wire { .. })) => {

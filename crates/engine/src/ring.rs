@@ -66,13 +66,7 @@ pub fn apply(
     let Layout::Ring { windows, require_all } = &opts.layout else { bail!("not a ring layout") };
     let n_layer = model.config.n_layer;
     if let Some(w) = windows {
-        if let Some(&big) = w.iter().find(|&&x| x > n_layer) {
-            bail!("--layer-window {big} is more than the model's {n_layer} layers");
-        }
-        let per_round: usize = w.iter().sum();
-        if per_round == 0 || !n_layer.is_multiple_of(per_round) {
-            bail!("--layer-window {w:?} covers {per_round} layers per round; the model's {n_layer} layers must be a multiple of that");
-        }
+        check_windows(w, n_layer)?;
     }
     let path = model.file.path();
     let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;
@@ -90,7 +84,7 @@ pub fn apply(
     };
     let dropped: Vec<&str> = opts.workers.iter().enumerate().filter(|&(i, _)| windows[i + 1] == 0).map(|(_, a)| a.as_str()).collect();
     if !dropped.is_empty() {
-        let why = left_out(&windows, &dropped, assignment.as_ref().map(|(a, c, d)| (a, c, d.as_slice())));
+        let why = left_out(&windows, &opts.workers, &dropped, assignment.as_ref().map(|(a, c, d)| (a, c, d.as_slice())));
         if *require_all {
             bail!("--require-all-workers: {why}");
         }
@@ -111,8 +105,14 @@ pub fn apply(
         crate::plural(k, "round"),
         crate::plural(per_round, "layer")
     );
-    let layers =
-        |rounds: &[std::ops::Range<usize>]| rounds.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(", ");
+    let layers = |rounds: &[std::ops::Range<usize>]| {
+        let spans: Vec<String> = rounds.iter().filter(|r| !r.is_empty()).map(hearth_parallel::span).collect();
+        if spans.is_empty() {
+            "none".to_string()
+        } else {
+            spans.join(", ")
+        }
+    };
     eprintln!("  device 0 (this machine): {} layers per round, layers {}", windows[0], layers(&group.windows.rounds));
     for (p, w) in group.workers.iter().enumerate() {
         let rounds = hearth_model::RingWindows::from_assignment(n_layer, &windows, w.node)?.rounds;
@@ -139,15 +139,32 @@ pub fn apply(
     Ok(ClusterRun { n_nodes: run.devices.len(), wire: hearth_parallel::WireType::F32, workers, handle: Handle::Ring(run) })
 }
 
+/// Refuse `--layer-window` values `w` no ring of `n_layer` layers can run: a window
+/// above the model's layers, none above 0, or a sum the layers are not a multiple of.
+pub fn check_windows(w: &[usize], n_layer: usize) -> Result<()> {
+    if let Some(&big) = w.iter().find(|&&x| x > n_layer) {
+        bail!("--layer-window {big} is more than the model's {n_layer} layers");
+    }
+    let per_round: usize = w.iter().sum();
+    if per_round == 0 {
+        bail!("--layer-window gives no device any layers: at least one window must be above 0");
+    }
+    if !n_layer.is_multiple_of(per_round) {
+        bail!("--layer-window {w:?} covers {per_round} layers per round; the model's {n_layer} layers must be a multiple of that");
+    }
+    Ok(())
+}
+
 /// Why workers got no layers, in one sentence: how many devices the ring runs on (or
 /// that it is this machine alone) and, when the solver chose, its predicted TPOT against
 /// an even split over every device.
-fn left_out(windows: &[usize], dropped: &[&str], solved: Option<(&Assignment, &ModelCost, &[DeviceSpec])>) -> String {
+fn left_out(windows: &[usize], workers: &[String], dropped: &[&str], solved: Option<(&Assignment, &ModelCost, &[DeviceSpec])>) -> String {
     let used = windows.iter().filter(|&&w| w > 0).count();
-    let ring = if used == 1 {
-        "the ring is one device, this machine alone".to_string()
-    } else {
-        format!("the ring runs on {used} of {} devices", windows.len())
+    let ring = match windows.iter().position(|&w| w > 0) {
+        Some(0) if used == 1 => "the ring is one device, this machine alone".to_string(),
+        // (This machine still samples and holds the token embeddings.)
+        Some(i) if used == 1 => format!("the ring is one device, worker {}, and this machine runs no layers", workers[i - 1]),
+        _ => format!("the ring runs on {used} of {} devices", windows.len()),
     };
     let Some((a, cost, devices)) = solved else {
         return format!("{ring}: --layer-window gives {} no layers", dropped.join(", "));

@@ -99,9 +99,9 @@ pub fn apply(model: &Model, ctx: &mut Context, opts: &ClusterOptions) -> Result<
             _ => (group.workers[i - 1].2, Some(group.workers[i - 1].1)),
         };
         eprintln!(
-            "  node {i} ({who}): KV heads {:?}, FFN rows {:?}, {} of block weights{}",
-            s.kv_heads,
-            s.ffn_rows,
+            "  node {i} ({who}): KV heads {}, FFN rows {}, {} of block weights{}",
+            hearth_parallel::span(&s.kv_heads),
+            hearth_parallel::span(&s.ffn_rows),
             mib(wb),
             kv.map(|b| format!(", KV cache {}", mib(b))).unwrap_or_default()
         );

@@ -137,11 +137,15 @@ pub enum CommError {
         /// What did not fit.
         why: String,
     },
-    /// A peer reported a failure (its own, or one it detected in another node).
-    #[error("node {failed} failed (reported by node {from}): {message}")]
+    /// A peer reported a failure (its own, or one it detected in another node). Its
+    /// own reads `node 1 (ADDR): MESSAGE` (it may be no failure: another coordinator took
+    /// the worker over), another's `node 2 failed (reported by node 1, ADDR): MESSAGE`.
+    #[error("{}", remote_text(*.from, .addr, *.failed, .message))]
     Remote {
         /// The node that sent the report.
         from: usize,
+        /// Its address.
+        addr: String,
         /// The node that failed.
         failed: usize,
         /// The report.
@@ -186,11 +190,20 @@ fn secs(d: Duration) -> String {
     }
 }
 
+fn remote_text(from: usize, addr: &str, failed: usize, message: &str) -> String {
+    if failed == from {
+        format!("node {from} ({addr}): {message}")
+    } else {
+        format!("node {failed} failed (reported by node {from}, {addr}): {message}")
+    }
+}
+
 impl CommError {
-    /// Node `from`'s error report `e`: it blames the node it names, else `from` itself.
-    pub fn remote(from: usize, e: ErrorMsg) -> Self {
+    /// Node `from`'s (at `addr`) error report `e`: it blames the node it names, else
+    /// `from` itself.
+    pub fn remote(from: usize, addr: &str, e: ErrorMsg) -> Self {
         let failed = e.failed_node.and_then(|n| usize::try_from(n).ok()).unwrap_or(from);
-        CommError::Remote { from, failed, message: e.message }
+        CommError::Remote { from, addr: addr.to_string(), failed, message: e.message }
     }
 
     /// A ring device's report `e`, handed on by node `via`: it blames the node it names,
@@ -432,7 +445,7 @@ impl Peer {
     fn expect_partial(&self, msg: Message, seq: u64, step: u32, range: &Range<usize>, wire: WireType) -> Result<Partial, CommError> {
         let p = match msg {
             Message::Partial(p) => p,
-            Message::Error(e) => return Err(CommError::remote(self.node, e)),
+            Message::Error(e) => return Err(CommError::remote(self.node, &self.addr, e)),
             Message::Shutdown => return Err(CommError::Shutdown { node: self.node, addr: self.addr.clone() }),
             other => return Err(self.protocol(format!("expected a partial sum, got {}", other.name()))),
         };

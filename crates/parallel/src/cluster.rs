@@ -61,9 +61,37 @@ pub enum ClusterError {
         /// Its reason.
         message: String,
     },
+    /// Two listed worker addresses reach one worker (`localhost:P` and `127.0.0.1:P`).
+    #[error("workers {addr} (node {node}) and {earlier_addr} (node {earlier}) are one worker (both reach {socket}): a worker serves one share at a time")]
+    SameWorker {
+        /// The later node.
+        node: usize,
+        /// Its address as listed.
+        addr: String,
+        /// The node listed first.
+        earlier: usize,
+        /// Its address as listed.
+        earlier_addr: String,
+        /// The socket address both reach.
+        socket: std::net::SocketAddr,
+    },
+    /// (At a worker.) The coordinator ended the session with this report: its setup
+    /// failed at another worker, say.
+    #[error("{0}")]
+    Coordinator(String),
     /// The local model run failed.
     #[error(transparent)]
     Model(#[from] hearth_model::ModelError),
+}
+
+/// Tell the workers already set up (`peers`) that the session will not open, and why:
+/// they logged that the coordinator had exited, or left without opening a session, when
+/// it failed at a later worker.
+pub(crate) fn report_setup_failure<'a>(peers: impl IntoIterator<Item = &'a mut Peer>, e: &ClusterError) {
+    let message = format!("the coordinator could not set up the session: {e}");
+    for p in peers {
+        p.report(e.failed_node(), &message);
+    }
 }
 
 impl ClusterError {
@@ -174,7 +202,8 @@ pub fn shard_weight_bytes(model: &Model, split: &TensorSplit) -> u64 {
         .iter()
         .map(|l| {
             let mats: u64 = l.matrices().into_iter().zip(&shapes).enumerate().map(|(i, (t, s))| per_matrix(i) * share(t, s)).sum();
-            let sh = l.shared.as_ref().map_or(0, |sh| [&sh.gate, &sh.up, &sh.down].into_iter().zip(&shared).map(|(t, s)| share(t, s)).sum());
+            let sh =
+                l.shared.as_ref().map_or(0, |sh| [&sh.gate, &sh.up, &sh.down].into_iter().zip(&shared).map(|(t, s)| share(t, s)).sum());
             mats + sh
         })
         .sum()
@@ -277,7 +306,7 @@ pub(crate) fn collect_stats(peers: &mut [Peer]) -> Result<Vec<NodeStats>, CommEr
     for p in peers.iter_mut() {
         match p.recv()?.0 {
             Message::Stats(s) => out.push(s),
-            Message::Error(e) => return Err(CommError::remote(p.node(), e)),
+            Message::Error(e) => return Err(CommError::remote(p.node(), p.addr(), e)),
             other => {
                 let why = format!("expected Stats, got {}", other.name());
                 return Err(CommError::Protocol { node: p.node(), addr: p.addr().to_string(), why });
@@ -418,34 +447,46 @@ pub fn connect(
     let (plan, gather) = split_plan(model, opts)?;
     let mut peers = Vec::with_capacity(n - 1);
     let mut workers = Vec::with_capacity(n - 1);
+    let mut dialed = Dialed::default();
     for (i, addr) in opts.workers.iter().enumerate() {
         let node = i + 1;
-        let mut peer = dial(addr, node, opts.timeout)?;
-        let shard = plan.node(node).expect("node in plan").clone();
-        let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
-        coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
-        let gather_rows = gather[node].clone().map(|r| r.start as u64..r.end as u64);
-        peer.send(&Message::Session(Session {
-            n_ctx: n_ctx as u64,
-            n_batch: n_batch as u64,
-            cache_type: cache_byte(cache),
-            gather_rows,
-            f32_attn_from: f32_attn_from as u64,
-        }))?;
-        // Opening a session may mean cutting or loading a shard file: wait longer.
-        let mut answer = peer.recv_within(SETUP_TIMEOUT)?.0;
-        if let Message::NeedShard = answer {
-            let mut split = tensor_split(&hello.shard);
-            split.gather_rows = gather[node].clone();
-            send_shard(&mut peer, model, &split, &sha256, opts.progress)?;
-            answer = peer.recv_within(SETUP_TIMEOUT)?.0;
+        let mut set_up = || -> Result<(Peer, u64, u64), ClusterError> {
+            let mut peer = dialed.dial(addr, node, opts.timeout)?;
+            let shard = plan.node(node).expect("node in plan").clone();
+            let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: opts.wire, shard };
+            coordinator_handshake(&mut peer, &hello, opts.key.as_ref())?;
+            let gather_rows = gather[node].clone().map(|r| r.start as u64..r.end as u64);
+            peer.send(&Message::Session(Session {
+                n_ctx: n_ctx as u64,
+                n_batch: n_batch as u64,
+                cache_type: cache_byte(cache),
+                gather_rows,
+                f32_attn_from: f32_attn_from as u64,
+            }))?;
+            // Opening a session may mean cutting or loading a shard file: wait longer.
+            let mut answer = peer.recv_within(SETUP_TIMEOUT)?.0;
+            if let Message::NeedShard = answer {
+                let mut split = tensor_split(&hello.shard);
+                split.gather_rows = gather[node].clone();
+                send_shard(&mut peer, model, &split, &sha256, opts.progress)?;
+                answer = peer.recv_within(SETUP_TIMEOUT)?.0;
+            }
+            match answer {
+                Message::Ready { kv_bytes, weight_bytes } => Ok((peer, kv_bytes, weight_bytes)),
+                Message::Error(e) => Err(ClusterError::Refused { node, message: e.message }),
+                other => Err(ClusterError::Refused { node, message: format!("answered {} instead of Ready", other.name()) }),
+            }
+        };
+        match set_up() {
+            Ok((peer, kv_bytes, weight_bytes)) => {
+                workers.push((addr.clone(), kv_bytes, weight_bytes));
+                peers.push(peer);
+            }
+            Err(e) => {
+                report_setup_failure(&mut peers, &e);
+                return Err(e);
+            }
         }
-        match answer {
-            Message::Ready { kv_bytes, weight_bytes } => workers.push((addr.clone(), kv_bytes, weight_bytes)),
-            Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
-            other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Ready", other.name()) }),
-        }
-        peers.push(peer);
     }
     let star = Star::master(peers, opts.wire)?;
     let mut split = tensor_split(plan.node(0).expect("node 0"));
@@ -455,13 +496,42 @@ pub fn connect(
 
 /// Connect to `addr` (node `node`) within `timeout`.
 pub(crate) fn dial(addr: &str, node: usize, timeout: Duration) -> Result<Peer, ClusterError> {
+    Ok(dial_socket(addr, node, timeout)?.0)
+}
+
+fn dial_socket(addr: &str, node: usize, timeout: Duration) -> Result<(Peer, std::net::SocketAddr), ClusterError> {
     let cerr = |source| ClusterError::Connect { node, addr: addr.to_string(), source };
     let sa = std::net::ToSocketAddrs::to_socket_addrs(addr)
         .map_err(cerr)?
         .next()
         .ok_or_else(|| cerr(std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))?;
     let stream = TcpStream::connect_timeout(&sa, timeout).map_err(cerr)?;
-    Peer::new(stream, node, timeout).map_err(cerr)
+    let socket = stream.peer_addr().map_err(cerr)?;
+    Ok((Peer::new(stream, node, timeout).map_err(cerr)?, socket))
+}
+
+/// The workers a coordinator has dialed so far: [`Dialed::dial`] refuses a second name
+/// for one of them before the handshake, which would have let the worker take itself
+/// over (the listed strings differ, so the `--workers` check passes them).
+#[derive(Default)]
+pub(crate) struct Dialed(Vec<(usize, String, std::net::SocketAddr)>);
+
+impl Dialed {
+    /// [`dial`] `addr` (node `node`), refusing a socket address dialed before.
+    pub(crate) fn dial(&mut self, addr: &str, node: usize, timeout: Duration) -> Result<Peer, ClusterError> {
+        let (peer, socket) = dial_socket(addr, node, timeout)?;
+        if let Some((earlier, earlier_addr, _)) = self.0.iter().find(|(_, _, s)| *s == socket) {
+            return Err(ClusterError::SameWorker {
+                node,
+                addr: addr.to_string(),
+                earlier: *earlier,
+                earlier_addr: earlier_addr.clone(),
+                socket,
+            });
+        }
+        self.0.push((node, addr.to_string(), socket));
+        Ok(peer)
+    }
 }
 
 /// How a worker session ended.
@@ -479,6 +549,9 @@ pub enum SessionEnd {
     /// for this worker's profile (`hearth plan`, `hearth profile --peer`), or its ring
     /// gave this worker no layers.
     Unused,
+    /// The connection closed before its first byte: a port check, or a coordinator that
+    /// found it had reached this worker already under another name ([`Dialed`]).
+    Silent,
 }
 
 /// What [`serve_session`] tells its caller as a coordinator's connection goes on.
@@ -558,6 +631,9 @@ pub fn serve_session(
     let mut peer = Peer::new(stream, 0, timeout)
         .map_err(|source| ClusterError::Connect { node: 0, addr: "coordinator".into(), source })?
         .with_max_frame(HANDSHAKE_MAX_FRAME);
+    if matches!(peer.stream().peek(&mut [0u8; 1]), Ok(0)) {
+        return Ok(SessionEnd::Silent);
+    }
     let sha256 = worker.sha256();
     let hello = worker_handshake(&mut peer, sha256, key)?;
     let shard = hello.shard.clone();
@@ -597,6 +673,7 @@ pub fn serve_session(
             }
             // The coordinator is done with this worker (e.g. the ring solver gave it no layers).
             Message::Shutdown => return Ok(SessionEnd::Unused),
+            Message::Error(e) => return Err(ClusterError::Coordinator(e.message)),
             other => {
                 let why = format!("expected Session, got {}", other.name());
                 peer.report(Some(me), &why);
@@ -664,6 +741,7 @@ pub fn serve_session(
             }
             Ok((Message::Shutdown, _)) => return Ok(SessionEnd::Finished { passes: stats.passes, shutdown: true }),
             Err(CommError::Closed { .. }) => return Ok(SessionEnd::Finished { passes: stats.passes, shutdown: false }),
+            Ok((Message::Error(e), _)) => return Err(ClusterError::Coordinator(e.message)),
             Ok((other, _)) => {
                 let why = format!("expected Step, got {}", other.name());
                 lock(&star).peers_mut()[0].report(Some(me), &why);

@@ -145,5 +145,5 @@ pub use allreduce::{ring_chunks, AllReduce, CommError, CommStats, Local, Peer, R
 pub use auth::{AuthError, ClusterKey};
 pub use cluster::{connect, serve_session, ClusterError, SessionEvent, ClusterOptions, Layout, CommCounters, Group, GroupHandle, StarCollective, WorkerModel};
 pub use handshake::{coordinator_handshake, worker_handshake, HandshakeError};
-pub use shard::{lcm_block, proportional_split, ModelDims, NodeShard, ShardError, ShardPlan};
+pub use shard::{lcm_block, proportional_split, span, ModelDims, NodeShard, ShardError, ShardPlan};
 pub use wire::{Hello, HelloAck, Message, NodeStats, Partial, Session, WireError, WireType, PROTOCOL_VERSION};

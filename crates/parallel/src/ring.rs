@@ -103,25 +103,35 @@ pub fn gather(
 ) -> Result<PendingRing, ClusterError> {
     let n = workers.len() + 1;
     let mut members = Vec::with_capacity(n - 1);
+    let mut dialed = crate::cluster::Dialed::default();
     for (i, addr) in workers.iter().enumerate() {
         let node = i + 1;
-        let mut peer = crate::cluster::dial(addr, node, timeout)?;
-        let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: WireType::F32, shard: whole_shard(model, node, n) };
-        coordinator_handshake(&mut peer, &hello, key)?;
-        let mut profile = WorkerProfile::default();
-        let (mut rtt_ms, mut mbit) = (0.0, 0.0);
-        if profiles {
-            (rtt_ms, mbit) = measure_link(&mut peer)?;
-            // A worker without a cached profile measures one now.
-            peer.send(&Message::ProfileRequest)?;
-            profile = match peer.recv_within(SETUP_TIMEOUT)?.0 {
-                Message::Profile(json) => serde_json::from_slice(&json)
-                    .map_err(|e| ClusterError::Refused { node, message: format!("sent a profile that does not parse: {e}") })?,
-                Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
-                other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Profile", other.name()) }),
-            };
+        let mut join = || -> Result<RingMember, ClusterError> {
+            let mut peer = dialed.dial(addr, node, timeout)?;
+            let hello = Hello { version: PROTOCOL_VERSION, model_sha256: sha256, wire: WireType::F32, shard: whole_shard(model, node, n) };
+            coordinator_handshake(&mut peer, &hello, key)?;
+            let mut profile = WorkerProfile::default();
+            let (mut rtt_ms, mut mbit) = (0.0, 0.0);
+            if profiles {
+                (rtt_ms, mbit) = measure_link(&mut peer)?;
+                // A worker without a cached profile measures one now.
+                peer.send(&Message::ProfileRequest)?;
+                profile = match peer.recv_within(SETUP_TIMEOUT)?.0 {
+                    Message::Profile(json) => serde_json::from_slice(&json)
+                        .map_err(|e| ClusterError::Refused { node, message: format!("sent a profile that does not parse: {e}") })?,
+                    Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
+                    other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of Profile", other.name()) }),
+                };
+            }
+            Ok(RingMember { addr: addr.clone(), profile, rtt_ms, mbit, peer })
+        };
+        match join() {
+            Ok(m) => members.push(m),
+            Err(e) => {
+                crate::cluster::report_setup_failure(members.iter_mut().map(|m| &mut m.peer), &e);
+                return Err(e);
+            }
         }
-        members.push(RingMember { addr: addr.clone(), profile, rtt_ms, mbit, peer });
     }
     Ok(PendingRing { members })
 }
@@ -166,8 +176,9 @@ pub fn probe_links(
     timeout: Duration,
 ) -> Result<Vec<crate::profile::LinkProfile>, ClusterError> {
     let mut out = Vec::new();
+    let mut dialed = crate::cluster::Dialed::default();
     for (i, addr) in addrs.iter().enumerate() {
-        let mut peer = crate::cluster::dial(addr, i + 1, timeout)?;
+        let mut peer = dialed.dial(addr, i + 1, timeout)?;
         let hello = Hello {
             version: PROTOCOL_VERSION,
             model_sha256: sha256,
@@ -222,14 +233,34 @@ impl PendingRing {
         cache: CacheType,
         f32_attn_from: usize,
     ) -> Result<RingGroup, ClusterError> {
+        let r = self.link_up(model, windows, n_ctx, n_batch, cache, f32_attn_from);
+        if let Err(e) = &r {
+            // (Then Drop's Shutdown finds them gone.)
+            crate::cluster::report_setup_failure(self.members.iter_mut().map(|m| &mut m.peer), e);
+        }
+        r
+    }
+
+    /// [`PendingRing::open`]; the members stay in `self` until the ring is up, so a
+    /// failure can be reported to each.
+    fn link_up(
+        &mut self,
+        model: &Model,
+        windows: &[usize],
+        n_ctx: usize,
+        n_batch: usize,
+        cache: CacheType,
+        f32_attn_from: usize,
+    ) -> Result<RingGroup, ClusterError> {
         let n_layer = model.config.n_layer;
         if windows.len() != self.members.len() + 1 {
             return Err(ClusterError::Plan(format!("{} layer windows for {} devices", windows.len(), self.members.len() + 1)));
         }
         let head = RingWindows::from_assignment(n_layer, windows, 0)?;
         let token: [u8; 32] = rand::random();
-        let mut ring: Vec<(RingMember, RingWorker, u16)> = Vec::new();
-        for (i, mut m) in std::mem::take(&mut self.members).into_iter().enumerate() {
+        // The ring's workers in order: (index in `members`, what it reported, link port).
+        let mut ring: Vec<(usize, RingWorker, u16)> = Vec::new();
+        for (i, m) in self.members.iter_mut().enumerate() {
             let node = i + 1;
             if windows[node] == 0 {
                 let _ = m.peer.send(&Message::Shutdown);
@@ -251,7 +282,7 @@ impl PendingRing {
             match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
                 Message::RingReady { kv_bytes, weight_bytes, link_port } => {
                     let w = RingWorker { node, addr: m.addr.clone(), window: windows[node], kv_bytes, weight_bytes };
-                    ring.push((m, w, link_port));
+                    ring.push((i, w, link_port));
                 }
                 Message::Error(e) => return Err(ClusterError::Refused { node, message: e.message }),
                 other => return Err(ClusterError::Refused { node, message: format!("answered {} instead of RingReady", other.name()) }),
@@ -260,15 +291,15 @@ impl PendingRing {
         // Each worker's successor: the next ring worker's host (as we reach it) and link
         // port; and its predecessor's address, to name that link in its reports.
         for p in 0..ring.len() {
-            let next = ring.get(p + 1).map(|(m, _, port)| {
-                let host = m.peer.stream().peer_addr().map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into());
-                std::net::SocketAddr::new(host.parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()), *port).to_string()
+            let next = ring.get(p + 1).map(|&(i, _, port)| {
+                let host = self.members[i].peer.stream().peer_addr().map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into());
+                std::net::SocketAddr::new(host.parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()), port).to_string()
             });
-            let prev = p.checked_sub(1).map(|q| ring[q].0.peer.addr().to_string());
-            ring[p].0.peer.send(&Message::Link { token, next, prev })?;
+            let prev = p.checked_sub(1).map(|q| self.members[ring[q].0].peer.addr().to_string());
+            self.members[ring[p].0].peer.send(&Message::Link { token, next, prev })?;
         }
-        for (m, w, _) in &mut ring {
-            match m.peer.recv_within(SETUP_TIMEOUT)?.0 {
+        for (i, w, _) in &ring {
+            match self.members[*i].peer.recv_within(SETUP_TIMEOUT)?.0 {
                 Message::Linked => {}
                 Message::Error(e) => return Err(ClusterError::Refused { node: w.node, message: e.message }),
                 other => {
@@ -277,7 +308,13 @@ impl PendingRing {
             }
         }
         let workers = ring.iter().map(|(_, w, _)| w.clone()).collect();
-        let peers: Vec<Peer> = ring.into_iter().map(|(m, _, _)| m.peer).collect();
+        // (Ring order is `members` order; those given no layers were sent away.)
+        let peers: Vec<Peer> = std::mem::take(&mut self.members)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| ring.iter().any(|r| r.0 == *i))
+            .map(|(_, m)| m.peer)
+            .collect();
         let base_timeout = peers.first().map(|p| p.timeout());
         let inner = Arc::new(Mutex::new(Inner { peers, counters: RingCounters::default() }));
         let link = TcpRing { inner, base_timeout, n_embd: model.config.n_embd, failed: None };
@@ -536,6 +573,7 @@ pub fn serve_ring(
         Message::Link { token, next, prev } if token == session.token => (token, next, prev),
         Message::Link { .. } => return fail(&mut control, ClusterError::Plan("the link token does not match the session's".into())),
         Message::Shutdown => return Ok(SessionEnd::Finished { passes: 0, shutdown: true }),
+        Message::Error(e) => return Err(ClusterError::Coordinator(e.message)),
         other => return fail(&mut control, ClusterError::Plan(format!("expected Link, got {}", other.name()))),
     };
     let mut out = match next {

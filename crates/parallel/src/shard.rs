@@ -359,6 +359,16 @@ pub fn proportional_split(units: usize, weights: &[f64]) -> Result<Vec<usize>, S
     Ok(counts)
 }
 
+/// A node's share of heads or rows for people: `a..b`, or `none` for an empty one (it
+/// printed as `3..3`).
+pub fn span(r: &Range<usize>) -> String {
+    if r.is_empty() {
+        "none".into()
+    } else {
+        format!("{}..{}", r.start, r.end)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,11 +84,8 @@ fn given_windows(cost: &ModelCost, devices: &[DeviceSpec], given: &[usize]) -> R
     if given.len() != devices.len() {
         bail!("--layer-window gives {} windows for {} devices (this machine first)", given.len(), devices.len());
     }
-    let sum: usize = given.iter().sum();
-    if sum == 0 || !cost.n_layer.is_multiple_of(sum) {
-        bail!("--layer-window: the model's {} layers are not a multiple of the windows' sum {sum}", cost.n_layer);
-    }
-    let k = cost.n_layer / sum;
+    hearth_engine::ring::check_windows(given, cost.n_layer)?;
+    let k = cost.n_layer / given.iter().sum::<usize>();
     let (ms, per_device) = hearth_parallel::solver::predict(cost, devices, k, given).ok_or_else(|| {
         anyhow::anyhow!("--layer-window {given:?} does not fit these devices' memory budgets or links (without it, the solver picks windows that do)")
     })?;
@@ -167,7 +164,7 @@ pub fn report(devices: &[DeviceSpec], cost: &ModelCost, n_prompt: usize, layout:
         if a.k == 1 { "" } else { "s" },
         a.predicted_ms_per_token,
         1e3 / a.predicted_ms_per_token,
-        a.explanation
+        a.explanation.trim_end()
     );
     Ok(o)
 }

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use hearth_model::{CacheType, KvLayout, Model, TensorSplit};
 use hearth_parallel::cluster::{shard_weight_bytes, split_plan, tensor_split};
-use hearth_parallel::{ClusterOptions, WireType};
+use hearth_parallel::{span, ClusterOptions, WireType};
 
 /// The split of `model` over this machine and `opts.workers` (their `opts.weights`), with
 /// each node's weight and KV cache bytes at `n_ctx` tokens of `cache`.
@@ -72,11 +72,11 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
         c.n_head_kv,
     );
     for ((name, s, w, k, sh), wt) in rows.iter().zip(weights) {
-        let ffn_rows = if shared { format!("{:?}; shared {sh:?}", s.ffn_rows) } else { format!("{:?}", s.ffn_rows) };
+        let ffn_rows = if shared { format!("{}; shared {}", span(&s.ffn_rows), span(sh)) } else { span(&s.ffn_rows) };
         o += &format!(
-            "| {} | {name} | {wt} | {:?} | {ffn_rows} | {} | {} |\n",
+            "| {} | {name} | {wt} | {} | {ffn_rows} | {} | {} |\n",
             s.node,
-            s.kv_heads,
+            span(&s.kv_heads),
             super::plan::gb(*w),
             super::plan::gb(*k)
         );

@@ -108,9 +108,9 @@ pub fn run(a: Args) -> Result<()> {
             anyhow::bail!("--peer {dup} is listed twice");
         }
         hearth_parallel::ring::probe_links(&m, sha, &peers, key.as_ref(), Duration::from_secs(5))
-            .map_err(|e| anyhow::anyhow!("measuring the links: {e} (is a `hearth worker` with this model running there?)"))?
+            .map_err(|e| hearth_engine::explain_workers(e, &peers).context("measuring the links (a worker must serve this model file)"))?
     };
-    let (mut profile, cpu) = device_profile(&model, &threads, &a.types, a.quick, a.refresh)?;
+    let (mut profile, cpu) = device_profile(&model, &threads, &a.types, a.quick, a.refresh, None)?;
     profile.links = links;
     if a.json {
         print_out(&(serde_json::to_string_pretty(&profile)? + "\n"))
@@ -123,12 +123,21 @@ pub fn run(a: Args) -> Result<()> {
 /// `threads` (cached for next time).
 pub fn for_ring(model: &Path, threads: usize) -> Result<DeviceProfile> {
     let types: Vec<String> = Args::DEFAULT_TYPES.split(',').map(String::from).collect();
-    Ok(device_profile(model, &[threads], &types, true, false)?.0)
+    let why = "measuring this device for the ring's layer solver (hearth profile --quick; cached for next time)";
+    Ok(device_profile(model, &[threads], &types, true, false, Some(why))?.0)
 }
 
 /// Measure (or load from the cache) this device's profile; also returns the CPU name.
-/// `threads` empty: 1 and every core.
-fn device_profile(model: &Path, threads: &[usize], types: &[String], quick: bool, refresh: bool) -> Result<(DeviceProfile, String)> {
+/// `threads` empty: 1 and every core. `why`: a line to print before measuring (not when
+/// the profile comes from the cache).
+fn device_profile(
+    model: &Path,
+    threads: &[usize],
+    types: &[String],
+    quick: bool,
+    refresh: bool,
+    why: Option<&str>,
+) -> Result<(DeviceProfile, String)> {
     anyhow::ensure!(model.is_file(), "{} is not a file (the disk is measured on the model's file system)", model.display());
     let cores = system::cores();
     let mut threads: Vec<usize> = if threads.is_empty() { vec![1, cores] } else { threads.to_vec() };
@@ -157,6 +166,9 @@ fn device_profile(model: &Path, threads: &[usize], types: &[String], quick: bool
             p
         }
         None => {
+            if let Some(why) = why {
+                eprintln!("{why}");
+            }
             let p = measure(model, &threads, &types, ram, simd.clone(), Sizes::new(quick))?;
             match &cache_path {
                 Some(path) => match cache::store(path, &key, &p) {

@@ -82,7 +82,6 @@ fn ring_profile(
 ) -> WorkerProfile {
     let profile = profiled.get_or_init(|| {
         let model = model?;
-        eprintln!("measuring this device for the ring's layer solver (hearth profile --quick; cached for next time)");
         crate::cmd::profile::for_ring(model, threads).map_err(|e| eprintln!("could not profile this device: {e:#}")).ok()
     });
     let available = hearth_memory::available_bytes().unwrap_or(0);
@@ -243,7 +242,7 @@ pub fn run(a: Args) -> Result<()> {
                         let share = if whole {
                             String::new()
                         } else {
-                            format!(", KV heads {:?}, FFN rows {:?}", shard.kv_heads, shard.ffn_rows)
+                            format!(", KV heads {}, FFN rows {}", hearth_parallel::span(&shard.kv_heads), hearth_parallel::span(&shard.ffn_rows))
                         };
                         eprintln!("coordinator {peer}: node {} of {}{share}", shard.node, shard.n_nodes);
                     }
@@ -295,6 +294,9 @@ pub fn run(a: Args) -> Result<()> {
                 }
                 Ok(hearth_parallel::cluster::SessionEnd::Unused) => eprintln!(
                     "coordinator {peer}: left without opening a session (a plan, a profile, or a ring that gave this worker no layers)"
+                ),
+                Ok(hearth_parallel::cluster::SessionEnd::Silent) => eprintln!(
+                    "{peer}: closed the connection before a word (a port check, or a coordinator that had reached this worker under another name)"
                 ),
                 Err(e) => eprintln!("coordinator {peer}: session failed: {e}"),
             }

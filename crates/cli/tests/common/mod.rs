@@ -5,7 +5,7 @@ pub mod server;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The model's SHA-256 in hex (`sha256sum`), as a worker's `--model-sha256` takes it.
@@ -122,25 +122,10 @@ pub fn kill_mid_generation(args: &[&str], victim: &mut Worker) -> (Option<i32>, 
 
 /// [`kill_mid_generation`] with any interruption `act` (e.g. stopping a worker).
 pub fn interrupt_mid_generation(args: &[&str], act: impl FnOnce()) -> (Option<i32>, Duration, String) {
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .env_remove("HEARTH_CLUSTER_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = coord.stdout.take().unwrap();
-    let mut got = 0;
-    let mut buf = [0u8; 256];
-    while got < 40 {
-        let n = stdout.read(&mut buf).unwrap();
-        assert!(n > 0, "the coordinator ended before the kill");
-        got += n;
-    }
+    let (mut coord, stdout) = started_generation(args, Stdio::piped());
     act();
     let killed = Instant::now();
-    std::thread::spawn(move || while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {});
+    drain(stdout);
     let status = loop {
         if let Some(s) = coord.try_wait().unwrap() {
             break s;
@@ -152,6 +137,36 @@ pub fn interrupt_mid_generation(args: &[&str], act: impl FnOnce()) -> (Option<i3
     let mut err = String::new();
     coord.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     (status.code(), took, err)
+}
+
+/// Start `hearth ARGS` (a long generation) with the tests' cache directory and no cluster
+/// key, and return once its first 40 bytes of text are out: the child, with `stderr` as
+/// given, and its stdout (read on, e.g. by [`drain`], so the child never blocks on it).
+pub fn started_generation(args: &[&str], stderr: Stdio) -> (Child, ChildStdout) {
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .env("HEARTH_CACHE_DIR", cache_dir())
+        .env_remove("HEARTH_CLUSTER_KEY")
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut stdout = coord.stdout.take().unwrap();
+    let (mut got, mut buf) = (0, [0u8; 256]);
+    while got < 40 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the generation ended before it streamed 40 bytes");
+        got += n;
+    }
+    (coord, stdout)
+}
+
+/// Read `stdout` to its end on a thread of its own.
+pub fn drain(mut stdout: ChildStdout) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while stdout.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
+    });
 }
 
 /// `hearth generate --json` of 20 greedy tokens of `prompt` on one thread with `extra`
