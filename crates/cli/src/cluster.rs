@@ -22,7 +22,7 @@ pub struct ClusterArgs {
     pub cluster: Option<PathBuf>,
     /// Relative speed of each node, this machine first, e.g. 2,1,1: each gets that share
     /// of the attention heads and FFN rows [default: equal]
-    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',', allow_hyphen_values = true)]
+    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_trimmed::<f64>)]
     pub node_weights: Vec<f64>,
     /// How partial sums travel: f32 (exact) or q8_0 (27% of the bytes, ~1/127 relative
     /// error per block) [default: the cluster file's wire_type, else f32]
@@ -57,7 +57,7 @@ pub struct ClusterArgs {
     /// Ring: layers per round for each device, this machine first (it may be 0), e.g.
     /// 2,6,7; the model's layer count must be a multiple of the sum (k = layers / sum
     /// rounds). A worker given 0 leaves the ring [default: the solver's choice]
-    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',')]
+    #[arg(long, value_name = "W0,W1,...", value_delimiter = ',', value_parser = parse_trimmed::<usize>)]
     pub layer_window: Vec<usize>,
     /// Ring: refuse to run when the layer solver (or --layer-window) gives a worker no
     /// layers, instead of leaving it out
@@ -106,6 +106,14 @@ fn parse_parallel(s: &str) -> Result<ParallelArg, String> {
 
 fn parse_wire(s: &str) -> Result<WireType, String> {
     s.parse()
+}
+
+/// One value of a comma-separated list, spaces around it allowed (`"10, 10,10"`).
+fn parse_trimmed<T: std::str::FromStr>(s: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.trim().parse().map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// Seconds in (0, 3600].
@@ -276,7 +284,12 @@ impl ClusterArgs {
         if parallel != Some(ParallelMode::Ring) {
             if !layer_window.is_empty() {
                 let from = if self.layer_window.is_empty() { "the cluster file's layer_window" } else { "--layer-window" };
-                bail!("{from} applies to a pipelined ring: add --parallel ring (or parallel = \"ring\" in the cluster file)");
+                let fix = if self.mode().is_some() && file.0 == Some(ParallelMode::Ring) {
+                    "--parallel tensor overrides the cluster file's parallel = \"ring\" (drop the flag to run the file's ring)"
+                } else {
+                    "add --parallel ring (or parallel = \"ring\" in the cluster file)"
+                };
+                bail!("{from} applies to a pipelined ring: {fix}");
             }
             return Ok(Layout::Tensor);
         }

@@ -48,12 +48,13 @@ pub fn ring_rows(
 pub fn ring_lines(v: &serde_json::Value) -> String {
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
     let p = |v: &serde_json::Value| v.as_f64().map(|v| format!(" ({v:.1})")).unwrap_or_default();
-    let mut o = format!("decode per device, ms/token measured (predicted): compute + disk wait; k = {} rounds", v["k"]);
+    let k = hearth_engine::plural(v["k"].as_u64().unwrap_or(0) as usize, "round");
+    let mut o = format!("decode per device, ms/token measured (predicted): compute + disk wait; k = {k}");
     for (i, d) in v["devices"].as_array().into_iter().flatten().enumerate() {
         o.push_str(&format!(
-            "\n  device {i} ({}, {} layers per round): {:.1}{} + {:.1}{}",
+            "\n  device {i} ({}, {} per round): {:.1}{} + {:.1}{}",
             d["name"].as_str().unwrap_or(""),
-            d["window"],
+            hearth_engine::plural(d["window"].as_u64().unwrap_or(0) as usize, "layer"),
             f(&d["compute_ms"]),
             p(&d["predicted_compute_ms"]),
             f(&d["disk_wait_ms"]),

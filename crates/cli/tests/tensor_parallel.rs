@@ -317,6 +317,8 @@ fn plan_with_workers_shows_the_shares_a_tensor_parallel_run_uses() {
             assert!(err.contains(&want), "{schedule}: plan says node {i} has {want:?}; the run: {err}");
         }
     }
+    // generate refuses a tensor-parallel coordinator's --mem-budget; plan ignored it
+    assert_clean_error(&hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &list, "--mem-budget", "1GiB"]), "not supported yet");
     let text = String::from_utf8_lossy(&hearth(&["plan", "-m", m.to_str().unwrap(), "--workers", &list]).stdout).to_string();
     assert!(text.contains("tensor-parallel plan for 30 layers over 3 nodes") && text.contains("60 round trips"), "{text}");
 }
@@ -339,7 +341,8 @@ fn a_second_coordinator_takes_the_worker_over_and_the_first_hears_from_which_wor
     // The first coordinator read "node 1 failed (reported by node 1): another coordinator
     // took over this worker": no failure, and no address (new-user pass).
     let m = model();
-    let w = Worker::start(&m, &[]);
+    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("takeover.log");
+    let w = Worker::spawn(&["--listen", "127.0.0.1:0", "-m", m.to_str().unwrap()], std::fs::File::create(&log).unwrap().into());
     let args =
         ["generate", "-m", m.to_str().unwrap(), "-p", PROMPT, "-n", "3000", "--ignore-eos", "-c", "4096", "-t", "1", "--workers", &w.addr];
     let (first, out) = common::started_generation(&args, Stdio::piped());
@@ -350,4 +353,8 @@ fn a_second_coordinator_takes_the_worker_over_and_the_first_hears_from_which_wor
     assert_eq!(first.status.code(), Some(1), "{err}");
     assert!(err.contains(&format!("node 1 ({}): another coordinator (", w.addr)) && err.contains("took over this worker"), "{err}");
     assert!(!err.contains("failed (reported by"), "{err}");
+    // The worker's log said the old coordinator had "exited or was stopped".
+    drop(w);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("session ended: another coordinator (") && !log.contains("without a shutdown"), "{log}");
 }

@@ -123,6 +123,10 @@ pub struct Prepared {
     pub cluster: Option<ClusterRun>,
 }
 
+/// Why a tensor-parallel coordinator refuses `--mem-budget` (`generate`, `plan`).
+pub const TENSOR_BUDGET_UNSUPPORTED: &str =
+    "--mem-budget on the coordinator with tensor parallelism is not supported yet (workers split the weights instead; a --parallel ring takes it)";
+
 /// Set up a run of `model` with `o`: the context, its slots, then the ring or tensor
 /// split (connecting to the workers), then the window (a ring device streams only its own
 /// layers, so the ring comes first). Prints each decision to stderr.
@@ -135,7 +139,7 @@ pub fn prepare(model: &Arc<Model>, o: &EngineOptions) -> Result<Prepared> {
         );
     }
     if o.cluster.is_some() && !ring && o.budget.is_some() {
-        bail!("--mem-budget on the coordinator with tensor parallelism is not supported yet (workers split the weights instead; a --parallel ring takes it)");
+        bail!(TENSOR_BUDGET_UNSUPPORTED);
     }
     // A tensor-parallel coordinator's cache holds only its own heads, as a worker's does
     // (the split is known before connecting): building the whole cache and cutting it at

@@ -113,14 +113,14 @@ pub fn apply(
             spans.join(", ")
         }
     };
-    eprintln!("  device 0 (this machine): {} layers per round, layers {}", windows[0], layers(&group.windows.rounds));
+    eprintln!("  device 0 (this machine): {} per round, layers {}", crate::plural(windows[0], "layer"), layers(&group.windows.rounds));
     for (p, w) in group.workers.iter().enumerate() {
         let rounds = hearth_model::RingWindows::from_assignment(n_layer, &windows, w.node)?.rounds;
         eprintln!(
-            "  device {} ({}): {} layers per round, layers {}; {} of weights, KV cache {}",
+            "  device {} ({}): {} per round, layers {}; {} of weights, KV cache {}",
             p + 1,
             w.addr,
-            w.window,
+            crate::plural(w.window, "layer"),
             layers(&rounds),
             mib(w.weight_bytes),
             mib(w.kv_bytes)

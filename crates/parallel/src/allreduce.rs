@@ -153,7 +153,9 @@ pub enum CommError {
     },
     /// A ring device's failure report that came around the ring: the device that handed
     /// it to us relayed it, so no "reported by" (the report's text names its sender).
-    #[error("node {failed} failed: {message}")]
+    /// One that blames node 0 is about the coordinator and says so itself ("node 1 lost
+    /// the coordinator: …"): no "node 0 failed: " before it.
+    #[error("{}", relayed_text(*.failed, .message))]
     Relayed {
         /// The node that failed.
         failed: usize,
@@ -187,6 +189,14 @@ fn secs(d: Duration) -> String {
         format!("{:.1} s", d.as_secs_f64())
     } else {
         format!("{} ms", d.as_millis())
+    }
+}
+
+fn relayed_text(failed: usize, message: &str) -> String {
+    if failed == 0 {
+        message.to_string()
+    } else {
+        format!("node {failed} failed: {message}")
     }
 }
 

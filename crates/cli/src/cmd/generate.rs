@@ -153,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
     if let (Some(p), Some(_)) = (&a.spec.draft_model, &a.model.budget.mem_budget) {
         eprintln!("warning: the draft model {} is mapped whole, outside --mem-budget's plan (its pages count in the RSS)", p.display());
     }
-    let mut write_err = None;
+    let (mut write_err, mut streamed) = (None, false);
     let out = generate_speculative(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, spec.as_mut(), |id| {
         // The first token comes right after prefill: split the group's counters there.
         if comm1.is_none() {
@@ -162,13 +162,24 @@ pub fn run(a: Args) -> Result<()> {
         }
         if !json && !tok.is_eog(id) {
             let s = dec.push(id);
+            streamed |= !s.is_empty();
             if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()) {
                 write_err = Some(e);
                 return false;
             }
         }
         true
-    })?;
+    });
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            // End the streamed text's line: the error printed right after it ("…but Elerror: …").
+            if streamed {
+                let _ = writeln!(stdout);
+            }
+            return Err(e.into());
+        }
+    };
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }

@@ -193,6 +193,7 @@ pub fn run(a: Args) -> Result<()> {
         let model = hearth_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?;
         let opts = a.cluster.options()?;
         if !matches!(opts.layout, hearth_parallel::Layout::Ring { .. }) {
+            anyhow::ensure!(a.mem_budget.is_none(), hearth_engine::TENSOR_BUDGET_UNSUPPORTED);
             return print_out(&super::plan_tp::report(&model, &opts, n_ctx, a.batch as usize, cache_type, a.json)?);
         }
         let sha = hearth_parallel::model_hash::file_sha256(path).with_context(|| format!("hashing {}", path.display()))?;

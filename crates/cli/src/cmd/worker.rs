@@ -162,6 +162,9 @@ pub fn run(a: Args) -> Result<()> {
     // The newest authenticated coordinator wins: its session ends the previous one
     // (a coordinator that died without closing its socket must not block the worker).
     let active: Arc<Mutex<Option<(String, TcpStream)>>> = Arc::default();
+    // Sessions ended that way: the old coordinator's address -> the new one's (its own
+    // end read as the coordinator's: "connection closed without a shutdown").
+    let replaced: Arc<Mutex<std::collections::HashMap<String, String>>> = Arc::default();
     let timeout = Duration::from_secs_f64(a.step_timeout);
     // Connections not yet past the handshake: capped, and each given HANDSHAKE_DEADLINE
     // in all, so that nobody without the key can tie up threads or memory.
@@ -184,6 +187,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         pending.fetch_add(1, Ordering::SeqCst);
         let (worker, key, active, budget, pending) = (worker.clone(), key.clone(), active.clone(), a.budget.clone(), pending.clone());
+        let replaced = replaced.clone();
         let (profiled, model_path) = (profiled.clone(), model_path.clone());
         std::thread::spawn(move || {
             let mine = stream.try_clone().ok();
@@ -233,6 +237,7 @@ pub fn run(a: Args) -> Result<()> {
                             let _ = write_frame(&mut old, &msg, &mut Vec::new());
                             let _ = old.shutdown(Shutdown::Both);
                             eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
+                            replaced.lock().unwrap_or_else(|p| p.into_inner()).insert(old_peer, peer.clone());
                         }
                         *cur = mine.take().map(|s| (peer.clone(), s));
                         // Peak RSS per session: reset the kernel's high-water mark (Linux).
@@ -277,6 +282,10 @@ pub fn run(a: Args) -> Result<()> {
                 eprintln!("coordinator {peer}: session aborted by an internal error (a bug: please report it)");
                 return;
             };
+            if let Some(new) = replaced.lock().unwrap_or_else(|p| p.into_inner()).remove(&peer) {
+                eprintln!("coordinator {peer}: session ended: another coordinator ({new}) took over this worker");
+                return;
+            }
             match r {
                 Ok(hearth_parallel::cluster::SessionEnd::Finished { passes, shutdown }) => {
                     let mem = hearth_memory::ProcMemory::read().map(|m| {

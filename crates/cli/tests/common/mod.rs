@@ -50,6 +50,11 @@ pub fn assert_clean_error(out: &Output, want: &str) {
     assert!(err.to_lowercase().contains(&want.to_lowercase()), "expected {want:?} in {err}");
 }
 
+/// `cmd` with the tests' cache directory and no cluster key from the environment.
+pub fn isolated(cmd: &mut Command) -> &mut Command {
+    cmd.env("HEARTH_CACHE_DIR", cache_dir()).env_remove("HEARTH_CLUSTER_KEY")
+}
+
 /// A `hearth worker` on an ephemeral loopback port, killed when dropped.
 pub struct Worker {
     pub child: Child,
@@ -75,16 +80,7 @@ impl Worker {
     /// architecture's binary under an emulator).
     pub fn spawn_cmd(mut cmd: Command, args: &[&str], stderr: Stdio) -> Worker {
         let threads: &[&str] = if args.contains(&"-t") { &[] } else { &["-t", "1"] };
-        let mut child = cmd
-            .arg("worker")
-            .args(threads)
-            .args(args)
-            .env("HEARTH_CACHE_DIR", cache_dir())
-            .env_remove("HEARTH_CLUSTER_KEY")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
+        let mut child = isolated(cmd.arg("worker").args(threads).args(args)).stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let addr = line
@@ -143,14 +139,7 @@ pub fn interrupt_mid_generation(args: &[&str], act: impl FnOnce()) -> (Option<i3
 /// key, and return once its first 40 bytes of text are out: the child, with `stderr` as
 /// given, and its stdout (read on, e.g. by [`drain`], so the child never blocks on it).
 pub fn started_generation(args: &[&str], stderr: Stdio) -> (Child, ChildStdout) {
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .env("HEARTH_CACHE_DIR", cache_dir())
-        .env_remove("HEARTH_CLUSTER_KEY")
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
+    let mut coord = isolated(Command::new(env!("CARGO_BIN_EXE_hearth")).args(args)).stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
     let mut stdout = coord.stdout.take().unwrap();
     let (mut got, mut buf) = (0, [0u8; 256]);
     while got < 40 {
