@@ -395,8 +395,30 @@ impl Peer {
         let r = self.stream.write_all(&self.scratch).and_then(|_| self.stream.flush());
         match r {
             Ok(()) => Ok(self.scratch.len()),
+            Err(e) if is_closed(&e) => Err(self.last_words().unwrap_or_else(|| self.io_err("sending", e))),
             Err(e) => Err(self.io_err("sending", e)),
         }
+    }
+
+    /// A peer that closed the connection may have said why first: a worker taken over by
+    /// another coordinator writes an `Error`, then shuts the socket, and a send that
+    /// fails on it reported only "closed the connection". That report, if it is among
+    /// the next few frames already here.
+    fn last_words(&mut self) -> Option<CommError> {
+        let _ = self.stream.set_read_timeout(Some(Duration::from_millis(100)));
+        let mut words = None;
+        for _ in 0..8 {
+            match read_frame(&mut self.stream, self.max_frame) {
+                Ok((Message::Error(e), _)) => {
+                    words = Some(CommError::remote(self.node, &self.addr, e));
+                    break;
+                }
+                Ok(_) => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = self.stream.set_read_timeout(Some(self.timeout));
+        words
     }
 
     /// Receive one message and the frame's bytes.
