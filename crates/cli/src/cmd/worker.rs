@@ -231,13 +231,14 @@ pub fn run(a: Args) -> Result<()> {
                     SessionEvent::Opening => {
                         let mut cur = active.lock().unwrap_or_else(|p| p.into_inner());
                         if let Some((old_peer, mut old)) = cur.take() {
+                            // (Before its session can end and look.)
+                            replaced.lock().unwrap_or_else(|p| p.into_inner()).insert(old_peer.clone(), peer.clone());
                             // Tell the old coordinator why (best effort), then end its session.
                             let why = format!("another coordinator ({peer}) took over this worker");
                             let msg = Message::Error(ErrorMsg { failed_node: None, message: why });
                             let _ = write_frame(&mut old, &msg, &mut Vec::new());
                             let _ = old.shutdown(Shutdown::Both);
                             eprintln!("a new coordinator ({peer}) replaces the session of {old_peer}");
-                            replaced.lock().unwrap_or_else(|p| p.into_inner()).insert(old_peer, peer.clone());
                         }
                         *cur = mine.take().map(|s| (peer.clone(), s));
                         // Peak RSS per session: reset the kernel's high-water mark (Linux).
