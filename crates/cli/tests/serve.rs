@@ -45,7 +45,8 @@ fn openai_python_client() {
 
 #[test]
 fn errors_are_openai_json_and_the_server_stays_up() {
-    let s = Server::start(&["--parallel", "2", "--ctx-size", "64", "--strict-model", "--alias", "smol", "--alias", "gpt-4o-mini"]);
+    let s = Server::start(&["--parallel", "2", "--ctx-size", "64", "--strict-model", "--alias", "smol", "--alias", "gpt-4o-mini",
+        "--cors-origin", "https://chat.example.org/"]);
     let chat = "/v1/chat/completions";
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let raw = |body: &str| {
@@ -80,6 +81,53 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     assert_eq!(s.request_auth("GET", "/v1/models", &format!("Authorization: bearer {KEY}\r\n"), "").0, 200);
     let (st, text) = s.request("GET", "/v1/nothing", Some(KEY), "");
     assert_error((st, serde_json::from_str(&text).unwrap()), 404, "invalid_request_error", None);
+    // A wrong method is a JSON 405 saying which one the path takes.
+    let (st, text) = s.request("GET", chat, Some(KEY), "");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    assert_error((st, v.clone()), 405, "invalid_request_error", None);
+    assert!(v["error"]["message"].as_str().unwrap().contains("takes POST"), "{v}");
+    // A schema that compiles but matches nothing is the client's 400, briefly said.
+    let empty = json!({"type": "json_schema", "json_schema": {"name": "s", "schema": {"$ref": "#"}}});
+    let (st, v) = s.post(chat, &json!({"messages": msgs, "max_tokens": 4, "response_format": empty}));
+    assert!(!v["error"]["message"].as_str().unwrap_or("").contains("<state>"), "{v}");
+    assert_error((st, v), 400, "invalid_request_error", Some("response_format"));
+    assert_error(s.post(chat, &json!({"messages": msgs, "logit_bias": {"99999999": 5}})), 400, "invalid_request_error", Some("logit_bias"));
+
+    // The paths without /v1 are served too (llama.cpp's server takes both).
+    let (st, ok) = s.post("/chat/completions", &json!({"messages": msgs, "max_tokens": 1}));
+    assert_eq!(st, 200, "{ok}");
+    // logit_bias: the greedy first token, banned (-100), gives way to another; +100 on a
+    // token makes it the first one.
+    let first = |bias: Value| {
+        let (st, r) = s.post("/v1/completions", &json!({"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "logit_bias": bias}));
+        assert_eq!(st, 200, "{r}");
+        r["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let greedy = first(json!({}));
+    let ids = common::ok(common::hearth(&["tokenize", "-m", common::model().to_str().unwrap(), "--text", &greedy, "--json"]));
+    let id = ids["ids"].as_array().or(ids.as_array()).and_then(|a| a.first()).and_then(Value::as_u64).unwrap_or_else(|| panic!("{ids}"));
+    assert_ne!(first(json!({id.to_string(): -100})), greedy);
+    let forced = first(json!({"42": 100}));
+    assert_eq!(forced, first(json!({"42": 100, id.to_string(): 0})));
+    assert_ne!(forced, greedy);
+
+    // CORS: a page on this machine may call the API (preflight answered, origin echoed);
+    // another origin gets no allow header.
+    let preflight = |origin: &str| {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        write!(c, "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\n\
+                   Access-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n").unwrap();
+        let mut raw = String::new();
+        c.read_to_string(&mut raw).unwrap();
+        raw.to_ascii_lowercase()
+    };
+    let local = preflight("http://localhost:5173");
+    assert!(local.starts_with("http/1.1 200") && local.contains("access-control-allow-origin: http://localhost:5173"), "{local}");
+    assert!(local.contains("access-control-allow-headers: authorization, content-type"), "{local}");
+    let named = preflight("https://chat.example.org");
+    assert!(named.contains("access-control-allow-origin: https://chat.example.org"), "{named}");
+    let other = preflight("https://evil.example");
+    assert!(!other.contains("access-control-allow-origin"), "{other}");
 
     // Still serving, and counting.
     let (st, ok) = s.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}));
@@ -90,7 +138,7 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     let metrics = s.request("GET", "/metrics", None, "").1;
     for want in [
         "hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}",
-        "hearth_ttft_seconds_count 2",
+        "hearth_ttft_seconds_count 7",
         "hearth_queue_depth 0",
         "hearth_rss_file_bytes ",
     ] {
@@ -217,21 +265,37 @@ fn seeded_sampling_is_reproducible_alone_and_batched() {
     let generated: u64 = choices.iter().map(|c| c["logprobs"]["tokens"].as_array().unwrap().len() as u64).sum();
     assert_eq!(r["usage"]["completion_tokens"].as_u64(), Some(generated), "{}", r["usage"]);
     assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(4), "{}", r["usage"]);
-    // Streamed, the chunks of each index assemble to the same texts.
+    // `text_offset` counts characters from the prompt's start (OpenAI's): the first
+    // token's is the prompt's length, each next one moves by a token.
+    let offsets: Vec<Vec<u64>> = choices
+        .iter()
+        .map(|c| c["logprobs"]["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect())
+        .collect();
+    for (c, o) in choices.iter().zip(&offsets) {
+        let tokens: Vec<&str> = c["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(o[0], "Once upon a time".len() as u64, "{o:?}");
+        assert!(o.windows(2).zip(&tokens).all(|(w, t)| w[1] - w[0] == t.chars().count() as u64), "{o:?} {tokens:?}");
+    }
+    // Streamed, the chunks of each index assemble to the same texts and offsets.
     let texts: Vec<String> = choices.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect();
-    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 7, "n": 3, "stream": true});
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 7, "n": 3, "stream": true, "logprobs": 0});
     let (st, sse) = s.request("POST", "/v1/completions", Some(KEY), &body.to_string());
     assert_eq!(st, 200, "{sse}");
     let mut streamed = vec![String::new(); 3];
+    let mut streamed_offsets = vec![Vec::new(); 3];
     let mut finished = 0;
     for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|l| *l != "[DONE]") {
         let v: Value = serde_json::from_str(line).unwrap();
         for c in v["choices"].as_array().unwrap() {
-            streamed[c["index"].as_u64().unwrap() as usize] += c["text"].as_str().unwrap();
+            let i = c["index"].as_u64().unwrap() as usize;
+            streamed[i] += c["text"].as_str().unwrap();
             finished += usize::from(!c["finish_reason"].is_null());
+            if let Some(o) = c["logprobs"]["text_offset"].as_array() {
+                streamed_offsets[i].extend(o.iter().map(|o| o.as_u64().unwrap()));
+            }
         }
     }
-    assert_eq!((streamed, finished), (texts, 3));
+    assert_eq!((streamed, finished, streamed_offsets), (texts, 3, offsets));
 }
 
 /// Gemma 3 270M served with continuous batching: prompts longer than the ring of its
@@ -273,10 +337,32 @@ fn a_full_queue_answers_429() {
         let hs: Vec<_> = (0..6).map(|_| sc.spawn(|| s.post("/v1/completions", &body))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    // One in the slot, one waiting: the first takes seconds, so the other four are refused.
     let ok = codes.iter().filter(|c| c.0 == 200).count();
     let full: Vec<_> = codes.iter().filter(|c| c.0 == 429).collect();
-    assert!(ok >= 1 && !full.is_empty() && ok + full.len() == 6, "{codes:?}");
+    assert!(ok == 2 && full.len() == 4, "{codes:?}");
     assert_eq!(full[0].1["error"]["code"], "queue_full", "{:?}", full[0]);
+}
+
+/// The queue limit counts requests waiting for a slot, not those a free slot takes: a
+/// burst of as many requests as slots is served whole even with a queue of one (it was
+/// refused in part when the burst came faster than the scheduler took jobs off the queue).
+#[test]
+fn a_burst_as_large_as_the_slots_is_never_refused() {
+    let s = Server::start(&["--parallel", "4", "--queue-size", "1"]);
+    let body = json!({"prompt": "Tell me a story", "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    for _ in 0..3 {
+        let codes: Vec<(u16, Value)> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..5).map(|_| sc.spawn(|| s.post("/v1/completions", &body))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(codes.iter().all(|c| c.0 == 200), "{codes:?}");
+    }
+    // `n` is bounded by what the server takes at once: 4 slots + 1 waiting.
+    let (code, v) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2, "n": 5}));
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2, "n": 6}));
+    assert_eq!((code, v["error"]["param"].as_str()), (400, Some("n")), "{v}");
 }
 
 #[test]

@@ -57,6 +57,9 @@ pub struct SamplerConfig {
     /// RNG seed; the same seed, config and logits reproduce the same tokens.
     /// Default: random.
     pub seed: u64,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`);
+    /// `f32::NEG_INFINITY` bans a token. Ids past the logits are ignored. Default none.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -71,6 +74,7 @@ impl Default for SamplerConfig {
             frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: rand::random(),
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -123,7 +127,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let penalties = self.penalties_on(history);
         let greedy = self.cfg.temperature.is_nan() || self.cfg.temperature <= 0.0;
-        if greedy && !penalties {
+        if greedy && !penalties && self.cfg.logit_bias.is_empty() {
             return argmax(logits);
         }
 
@@ -136,6 +140,11 @@ impl Sampler {
             }));
         if self.cands.is_empty() {
             return 0;
+        }
+        for &(id, bias) in &self.cfg.logit_bias {
+            if let Some(c) = self.cands.get_mut(id as usize) {
+                c.logit = sanitize(c.logit + bias);
+            }
         }
         if penalties {
             self.apply_penalties(history);
@@ -382,6 +391,7 @@ mod tests {
             frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 42,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -533,6 +543,24 @@ mod tests {
                 .map_or(all.len(), |i| i + 1);
             let want: Vec<u32> = all[..keep].iter().map(|c| c.id).collect();
             assert_eq!(got, want, "top_p {p}");
+        }
+    }
+
+    /// `logit_bias` moves greedy and sampled choices alike; −∞ bans a token; ids past
+    /// the vocabulary are ignored. (Without the bias the argmax is token 2.)
+    #[test]
+    fn logit_bias_moves_and_bans_tokens() {
+        let logits = [1.0f32, 2.0, 3.0, 0.5];
+        let greedy = |bias: Vec<(u32, f32)>| Sampler::new(SamplerConfig { logit_bias: bias, ..cfg(0.0, 0, 1.0, 0.0) }).sample(&logits, &[]);
+        assert_eq!(greedy(vec![]), 2);
+        assert_eq!(greedy(vec![(0, 2.5)]), 0);
+        assert_eq!(greedy(vec![(2, f32::NEG_INFINITY)]), 1);
+        assert_eq!(greedy(vec![(99, 50.0)]), 2);
+        for seed in 0..20 {
+            let mut s = Sampler::new(SamplerConfig { seed, logit_bias: vec![(1, f32::NEG_INFINITY), (3, 100.0)], ..cfg(1.0, 0, 1.0, 0.0) });
+            assert_eq!(s.sample(&logits, &[]), 3);
+            let mut s = Sampler::new(SamplerConfig { seed, logit_bias: vec![(2, f32::NEG_INFINITY)], ..cfg(1.0, 0, 1.0, 0.0) });
+            assert_ne!(s.sample(&logits, &[]), 2);
         }
     }
 

@@ -36,13 +36,28 @@ impl Grammars {
     /// (an unsupported or contradictory schema, a Lark syntax error).
     pub fn constraint(&self, tok: &Tokenizer, grammar: TopLevelGrammar) -> Result<Constraint, String> {
         let factory = self.factory(tok)?;
-        let parser = factory.create_parser(grammar).map_err(|e| e.to_string())?;
-        let matcher = Matcher::new(Ok(parser));
+        let parser = factory.create_parser(grammar).map_err(|e| brief(&e.to_string()))?;
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(e);
+            return Err(brief(&e));
+        }
+        // A grammar that compiles may still match nothing (a schema `{"$ref": "#"}` is
+        // only itself): its first mask fails. Found here, it is the client's 400, not a
+        // failed request after it was queued.
+        match matcher.compute_mask_or_eos() {
+            Err(e) => return Err(format!("the grammar matches no text ({})", brief(&e.to_string()))),
+            Ok(m) if m.is_zero() => return Err("the grammar matches no text".into()),
+            Ok(_) => {}
         }
         Ok(Constraint { matcher, masked: Vec::new() })
     }
+}
+
+/// The first line of llguidance's message: its errors may carry the parser's whole
+/// state (`<state>…</state><grammar>…`), which is no use to a client.
+fn brief(e: &str) -> String {
+    let e = e.split("<state>").next().unwrap_or(e);
+    e.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("llguidance failed").to_string()
 }
 
 /// The token trie and factory for `tok`. A token's bytes are what it adds to the text;
@@ -105,7 +120,7 @@ impl Constraint {
     /// the tokenizer's vocabulary, padding rows of the output matrix, are never allowed).
     /// Fails with llguidance's message when the matcher is in an error state.
     pub fn mask<'a>(&'a mut self, logits: &[f32]) -> Result<&'a [f32], String> {
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| brief(&e.to_string()))?;
         self.masked.clear();
         self.masked.extend(logits.iter().enumerate().map(|(i, &l)| if allowed.is_allowed(i as u32) { l } else { f32::NEG_INFINITY }));
         if self.masked.iter().all(|l| *l == f32::NEG_INFINITY) {
@@ -116,7 +131,7 @@ impl Constraint {
 
     /// Advance the grammar by the sampled token.
     pub fn commit(&mut self, id: u32) -> Result<(), String> {
-        self.matcher.consume_token(id).map_err(|e| e.to_string())
+        self.matcher.consume_token(id).map_err(|e| brief(&e.to_string()))
     }
 
     /// The grammar is complete: nothing more may be generated.
@@ -173,5 +188,10 @@ mod tests {
         let bad_schema = serde_json::json!({"type": "object", "properties": {"n": {"type": "integer_number"}}});
         let e = g.constraint(tok, json_grammar(Some(&bad_schema))).unwrap_err();
         assert!(e.contains("integer_number"), "{e}");
+        // Schemas that compile but match nothing are refused before any token, briefly.
+        for empty in [serde_json::json!({"$ref": "#"}), serde_json::json!({"allOf": [{"$ref": "#"}]})] {
+            let e = g.constraint(tok, json_grammar(Some(&empty))).unwrap_err();
+            assert!(e.starts_with("the grammar matches no text") && !e.contains("<state>") && !e.contains('\n'), "{empty}: {e}");
+        }
     }
 }

@@ -88,10 +88,24 @@ impl ApiError {
     pub fn no_route(path: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
-            message: format!("no endpoint {path}: try POST /v1/chat/completions, POST /v1/completions or GET /v1/models"),
+            message: format!(
+                "no endpoint {path}: try POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings or GET /v1/models"
+            ),
             kind: "invalid_request_error",
             param: None,
             code: Some("unknown_url"),
+        }
+    }
+
+    /// 405: a known path asked with the wrong method.
+    pub fn wrong_method(method: &axum::http::Method, path: &str) -> Self {
+        let want = if matches!(path.trim_end_matches('/'), "/health" | "/metrics") || path.contains("/models") { "GET" } else { "POST" };
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{path} takes {want} requests, not {method}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
         }
     }
 

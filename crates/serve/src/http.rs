@@ -13,7 +13,8 @@ use crate::sequence::{Event, Finish, Job, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Uri};
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderMap, HeaderValue, Method, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 /// What every handler shares.
 pub struct App {
@@ -54,20 +56,56 @@ pub struct App {
     pub pooling: hearth_model::embed::Pooling,
     /// Constrained decoding's per-model state (built on the first constrained request).
     pub grammars: constraint::Grammars,
+    /// Browser origins allowed besides this machine's (`*`: any); see [`router`].
+    pub cors_origins: Vec<String>,
 }
 
 /// The routes.
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(crate::embeddings::embeddings))
-        .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+    let cors = cors(&app.cors_origins);
+    let mut r = Router::new().route("/health", get(health)).route("/metrics", get(metrics));
+    // The OpenAI paths, and the same without `/v1` (llama.cpp's server takes both).
+    for v in ["/v1", ""] {
+        r = r
+            .route(&format!("{v}/models"), get(models))
+            .route(&format!("{v}/models/{{id}}"), get(model))
+            .route(&format!("{v}/chat/completions"), post(chat))
+            .route(&format!("{v}/completions"), post(completions))
+            .route(&format!("{v}/embeddings"), post(crate::embeddings::embeddings));
+    }
+    r.fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move { ApiError::wrong_method(&method, uri.path()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(cors)
         .with_state(app)
+}
+
+/// Largest request body, bytes: 256 embedding inputs of 2048 token ids fit (≈ 3 MiB).
+pub const MAX_BODY: usize = 16 << 20;
+
+/// Cross-origin requests from browsers: origins on this machine (`localhost`,
+/// `127.0.0.1`, `[::1]`, any port and scheme) and those in `extra` (`*`: any) may call
+/// the API, as Ollama allows by default; preflight `OPTIONS` requests are answered.
+fn cors(extra: &[String]) -> CorsLayer {
+    let any = extra.iter().any(|o| o == "*");
+    let extra: Vec<String> = extra.iter().map(|o| o.trim_end_matches('/').to_string()).collect();
+    let allowed = move |origin: &HeaderValue, _: &axum::http::request::Parts| {
+        let Ok(o) = origin.to_str() else { return false };
+        if any || extra.iter().any(|e| e == o) {
+            return true;
+        }
+        let host = o.strip_prefix("http://").or_else(|| o.strip_prefix("https://")).unwrap_or("");
+        let name = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host.split(':').next().unwrap_or(""),
+        };
+        matches!(name, "localhost" | "127.0.0.1" | "::1")
+    };
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(allowed))
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers(AllowHeaders::mirror_request())
+        .max_age(std::time::Duration::from_secs(3600))
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -112,7 +150,14 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 
 /// A body that could not be read (too large: axum's limit) as an OpenAI error.
 pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| ApiError::unreadable_body(e.status(), e.body_text()))
+    body.map_err(|e| {
+        let why = if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the request body is larger than this server's limit of {} MiB", MAX_BODY >> 20)
+        } else {
+            e.body_text()
+        };
+        ApiError::unreadable_body(e.status(), why)
+    })
 }
 
 async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
@@ -257,14 +302,19 @@ async fn generate(
     if let Some(m) = p.model.as_deref().filter(|m| app.strict_model && !m.is_empty() && !app.serves(m)) {
         return Err(ApiError::unknown_model(m, &app.names()));
     }
-    // The choices are queued one by one: more than the queue holds could never all wait.
-    let queue = app.scheduler.queue_size();
-    if p.n > queue {
-        return Err(ApiError::invalid("n", format!("`n` must be at most this server's queue size, {queue} (--queue-size)")));
+    // The choices are submitted one by one: more than the server takes at once (its
+    // slots and its queue) could never all be admitted.
+    let (slots, queue) = (app.scheduler.n_slots(), app.scheduler.queue_size());
+    if p.n > slots + queue {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` must be at most {}, the requests this server takes at once ({slots} slots (--parallel) and a queue of {queue} (--queue-size))", slots + queue),
+        ));
     }
     if prompt.is_empty() {
         return Err(ApiError::invalid(prompt_field, "the prompt is empty"));
     }
+    request::check_logit_bias(&p, app.model.config.n_vocab)?;
     let n_ctx = app.scheduler.n_ctx();
     if prompt.len() >= n_ctx {
         let mut e = ApiError::context_length(prompt.len(), n_ctx);
@@ -292,7 +342,10 @@ async fn generate(
         rxs.push(rx);
     }
     let events = merge(rxs);
-    let head = Head::new(kind, &app.model_id);
+    let mut head = Head::new(kind, &app.model_id);
+    if kind == Kind::Completion && p.logprobs.is_some() {
+        head.prompt_chars = app.model.tokenizer.detokenize(&prompt, true, false).chars().count();
+    }
     if p.stream {
         Ok(Sse::new(stream(head, events, p.n, p.include_usage, p.logprobs.is_some(), calls)).into_response())
     } else {
@@ -393,14 +446,16 @@ fn stream(
     // With tools, each choice's text goes through a call reader: content as it is
     // known, calls when complete (`n_calls`: calls sent so far).
     let readers: Vec<(CallStream, usize)> = if calls { (0..n).map(|_| (CallStream::default(), 0)).collect() } else { Vec::new() };
-    // (events, queue, choices still running, usage so far, finished, call readers)
-    let state = (events, queue, n, None, false, readers);
-    futures_util::stream::unfold(state, move |(mut events, mut queue, mut running, mut usage, mut finished, mut readers)| {
+    // Each choice's next `text_offset` (completions' log-probabilities).
+    let offsets = vec![head.prompt_chars; n];
+    // (events, queue, choices still running, usage so far, finished, call readers, offsets)
+    let state = (events, queue, n, None, false, readers, offsets);
+    futures_util::stream::unfold(state, move |(mut events, mut queue, mut running, mut usage, mut finished, mut readers, mut offsets)| {
         let head = head.clone();
         async move {
             loop {
                 if let Some(e) = queue.pop_front() {
-                    return Some((Ok(e), (events, queue, running, usage, finished, readers)));
+                    return Some((Ok(e), (events, queue, running, usage, finished, readers, offsets)));
                 }
                 if finished {
                     return None;
@@ -408,15 +463,19 @@ fn stream(
                 match events.next().await {
                     Some((i, Event::Token { text, logprob })) => {
                         let lp = logprob.filter(|_| want_lps);
+                        let at = offsets[i];
+                        if let Some(l) = &lp {
+                            offsets[i] += l.token.chars().count();
+                        }
                         if let Some((reader, n_calls)) = readers.get_mut(i) {
                             for p in reader.push(&text) {
                                 queue.extend(piece_chunks(&head, i, p, n_calls).into_iter().map(data));
                             }
                             if let Some(lp) = lp {
-                                queue.push_back(data(openai::chunk(&head, i, false, None, Some(&lp), None)));
+                                queue.push_back(data(openai::chunk(&head, i, false, None, Some((&lp, at)), None)));
                             }
                         } else if !text.is_empty() || lp.is_some() {
-                            queue.push_back(data(openai::chunk(&head, i, false, Some(&text), lp.as_ref(), None)));
+                            queue.push_back(data(openai::chunk(&head, i, false, Some(&text), lp.as_ref().map(|l| (l, at)), None)));
                         }
                     }
                     Some((i, Event::Done { mut finish, prompt_tokens, cached_tokens, completion_tokens })) => {

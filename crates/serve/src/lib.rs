@@ -45,7 +45,7 @@ pub struct ServeOptions {
     pub port: u16,
     /// Requests to `/v1/*` must carry `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
-    /// Requests that may wait for a slot; more are answered 429.
+    /// Requests that may wait once every slot of an engine is taken; more are answered 429.
     pub queue_size: usize,
     /// The model id `/v1/models` lists first and responses carry.
     pub model_id: String,
@@ -60,6 +60,9 @@ pub struct ServeOptions {
     pub pooling: Option<hearth_model::embed::Pooling>,
     /// Speculative decoding with n-gram guesses (`None`: off).
     pub draft: Option<Draft>,
+    /// Browser origins (CORS) allowed besides this machine's `localhost`, `127.0.0.1`
+    /// and `[::1]`; `*` allows any.
+    pub cors_origins: Vec<String>,
 }
 
 /// Speculative decoding in the server: each decoding sequence guesses its next tokens — by
@@ -152,7 +155,7 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started, pooling, grammars: Default::default() });
+    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started, pooling, grammars: Default::default(), cors_origins: opts.cors_origins });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;

@@ -25,6 +25,9 @@ pub struct Head {
     pub model: String,
     /// The endpoint.
     pub kind: Kind,
+    /// Completions: the prompt's length in characters, where the first generated
+    /// token's `text_offset` is (OpenAI counts offsets in the prompt and completion).
+    pub prompt_chars: usize,
 }
 
 impl Head {
@@ -35,7 +38,7 @@ impl Head {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
-        Self { id: format!("{prefix}-{:x}{n:04x}", now.as_micros()), created: now.as_secs(), model: model.to_string(), kind }
+        Self { id: format!("{prefix}-{:x}{n:04x}", now.as_micros()), created: now.as_secs(), model: model.to_string(), kind, prompt_chars: 0 }
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -65,8 +68,9 @@ pub fn usage(u: Usage) -> Value {
            "prompt_tokens_details": {"cached_tokens": u.cached}})
 }
 
-/// The `logprobs` object of a choice, or `null` when none were asked for.
-pub fn logprobs(kind: Kind, lps: Option<&[TokenLogprob]>) -> Value {
+/// The `logprobs` object of a choice, or `null` when none were asked for; `at`:
+/// (completions) the first token's `text_offset`, in characters.
+pub fn logprobs(kind: Kind, lps: Option<&[TokenLogprob]>, at: usize) -> Value {
     let Some(lps) = lps else { return Value::Null };
     match kind {
         Kind::Chat => {
@@ -82,11 +86,11 @@ pub fn logprobs(kind: Kind, lps: Option<&[TokenLogprob]>) -> Value {
             json!({"content": content})
         }
         Kind::Completion => {
-            let mut offset = 0;
+            let mut offset = at;
             let mut offsets = Vec::with_capacity(lps.len());
             for l in lps {
                 offsets.push(offset);
-                offset += l.token.len();
+                offset += l.token.chars().count();
             }
             let top: Vec<Value> =
                 lps.iter().map(|l| Value::Object(l.top.iter().map(|(t, _, lp)| (t.clone(), json!(lp))).collect())).collect();
@@ -132,12 +136,12 @@ pub fn response(h: &Head, choices: &[Choice<'_>], u: Usage) -> Value {
                     }
                     message["tool_calls"] = tool_calls(c.calls);
                 }
-                json!({"index": i, "message": message, "logprobs": logprobs(h.kind, c.lps), "finish_reason": c.finish.as_str()})
+                json!({"index": i, "message": message, "logprobs": logprobs(h.kind, c.lps, h.prompt_chars), "finish_reason": c.finish.as_str()})
             }
             Kind::Completion => json!({
                 "index": i,
                 "text": c.text,
-                "logprobs": logprobs(h.kind, c.lps),
+                "logprobs": logprobs(h.kind, c.lps, h.prompt_chars),
                 "finish_reason": c.finish.as_str(),
             }),
         })
@@ -149,9 +153,11 @@ pub fn response(h: &Head, choices: &[Choice<'_>], u: Usage) -> Value {
 }
 
 /// One streamed chunk: `text` (chat: the delta's content; `role`: the first chunk's
-/// role), a token's log-probability, and the finish reason on the last one.
-pub fn chunk(h: &Head, index: usize, role: bool, text: Option<&str>, lp: Option<&TokenLogprob>, finish: Option<Finish>) -> Value {
-    let lps = lp.map(std::slice::from_ref);
+/// role), a token's log-probability (and, for completions, its `text_offset`), and the
+/// finish reason on the last one.
+pub fn chunk(h: &Head, index: usize, role: bool, text: Option<&str>, lp: Option<(&TokenLogprob, usize)>, finish: Option<Finish>) -> Value {
+    let at = lp.map_or(0, |l| l.1);
+    let lps = lp.map(|l| std::slice::from_ref(l.0));
     let choice = match h.kind {
         Kind::Chat => {
             let mut delta = serde_json::Map::new();
@@ -161,10 +167,10 @@ pub fn chunk(h: &Head, index: usize, role: bool, text: Option<&str>, lp: Option<
             if let Some(t) = text {
                 delta.insert("content".into(), json!(t));
             }
-            json!({"index": index, "delta": delta, "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
+            json!({"index": index, "delta": delta, "logprobs": logprobs(h.kind, lps, at), "finish_reason": finish.map(Finish::as_str)})
         }
         Kind::Completion => {
-            json!({"index": index, "text": text.unwrap_or(""), "logprobs": logprobs(h.kind, lps), "finish_reason": finish.map(Finish::as_str)})
+            json!({"index": index, "text": text.unwrap_or(""), "logprobs": logprobs(h.kind, lps, at), "finish_reason": finish.map(Finish::as_str)})
         }
     };
     json!({"id": h.id, "object": h.object(true), "created": h.created, "model": h.model, "choices": [choice], "system_fingerprint": null})

@@ -143,21 +143,31 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
     }
+    // Fields hearth does not implement are refused rather than silently ignored.
+    for (k, why) in [
+        ("suffix", "`suffix` (insertion) is not supported"),
+        ("functions", "`functions` is not supported: use `tools`"),
+        ("function_call", "`function_call` is not supported: use `tools` and `tool_choice`"),
+    ] {
+        if f.get(k).is_some_and(|v| v != "") {
+            return Err(ApiError::invalid(k, why));
+        }
+    }
     let format = response_format(f.get("response_format"))?;
     let max = f.int_in("max_completion_tokens", 1, i64::MAX)?.or(f.int_in("max_tokens", 1, i64::MAX)?);
     let d = SamplerConfig::default();
     let seed = match f.get("seed") {
+        // -1 is llama.cpp's "random seed", as is no seed at all.
         None => d.seed,
+        Some(v) if v.as_i64() == Some(-1) => d.seed,
         Some(v) => v
             .as_i64()
             .map(|s| s as u64)
             .or_else(|| v.as_u64())
             .ok_or_else(|| ApiError::invalid("seed", format!("`seed` must be an integer, got {v}")))?,
     };
+    // (top_p 0 keeps only the most likely token, as in llama.cpp.)
     let top_p = f.f32_in("top_p", 0.0, 1.0)?.unwrap_or(d.top_p);
-    if top_p <= 0.0 {
-        return Err(ApiError::invalid("top_p", "`top_p` must be greater than 0 (1 = off)"));
-    }
     let repeat_penalty = f.f32_in("repeat_penalty", 0.0, 10.0)?.unwrap_or(d.repeat_penalty);
     if repeat_penalty <= 0.0 {
         return Err(ApiError::invalid("repeat_penalty", "`repeat_penalty` must be greater than 0 (1 = off)"));
@@ -171,6 +181,7 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         presence_penalty: f.f32_in("presence_penalty", -2.0, 2.0)?.unwrap_or(d.presence_penalty),
         frequency_penalty: f.f32_in("frequency_penalty", -2.0, 2.0)?.unwrap_or(d.frequency_penalty),
         seed,
+        logit_bias: logit_bias(f.get("logit_bias"))?,
         ..d
     };
     let stop = match f.get("stop") {
@@ -211,6 +222,39 @@ fn params(m: &Map<String, Value>, chat: bool) -> Result<Params, ApiError> {
         n,
         format,
     })
+}
+
+/// Most entries in `logit_bias` (OpenAI's limit is 300).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// `logit_bias`: `{"token id": bias}` with biases in −100..=100 added to the logits;
+/// −100 bans the token (OpenAI: "should result in a ban"). Whether the ids are in the
+/// vocabulary is checked against the model ([`check_logit_bias`]).
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |why: String| Err(ApiError::invalid("logit_bias", why));
+    let Some(v) = v else { return Ok(Vec::new()) };
+    let Value::Object(o) = v else { return bad(format!("`logit_bias` must be an object mapping token ids to biases, got {v}")) };
+    if o.len() > MAX_LOGIT_BIAS {
+        return bad(format!("at most {MAX_LOGIT_BIAS} entries in `logit_bias`, got {}", o.len()));
+    }
+    let mut out = Vec::with_capacity(o.len());
+    for (k, b) in o {
+        let Ok(id) = k.parse::<u32>() else { return bad(format!("`logit_bias` keys must be token ids, got {k:?}")) };
+        match b.as_f64() {
+            Some(b) if b == -100.0 => out.push((id, f32::NEG_INFINITY)),
+            Some(b) if (-100.0..=100.0).contains(&b) => out.push((id, b as f32)),
+            _ => return bad(format!("`logit_bias` values must be numbers between -100 and 100, got {b} for token {k}")),
+        }
+    }
+    Ok(out)
+}
+
+/// A 400 when `logit_bias` names a token outside a vocabulary of `n_vocab`.
+pub fn check_logit_bias(p: &Params, n_vocab: usize) -> Result<(), ApiError> {
+    match p.sampler.logit_bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
+        Some((id, _)) => Err(ApiError::invalid("logit_bias", format!("token id {id} is outside the vocabulary (n_vocab {n_vocab})"))),
+        None => Ok(()),
+    }
 }
 
 /// `response_format`: `text`, `json_object`, or `json_schema` with a `schema` object
@@ -275,7 +319,9 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
             None => return Err(ApiError::invalid(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
         };
         let content = match o.get("content") {
-            None | Some(Value::Null) => String::new(),
+            // (An assistant turn may be only tool calls.)
+            None | Some(Value::Null) if role == "assistant" => String::new(),
+            None | Some(Value::Null) => return Err(ApiError::invalid(&format!("{at}.content"), format!("`{at}.content` is required"))),
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
                 let mut text = String::new();
@@ -368,7 +414,19 @@ mod tests {
         assert_eq!(r.messages[1].content, "hi");
         let p = &r.params;
         assert_eq!((p.max_tokens, p.sampler.temperature, p.sampler.top_k, p.stream, p.include_usage), (Some(5), 0.0, 3, true, true));
-        assert_eq!((p.stop.len(), p.logprobs, p.sampler.seed), (2, Some(2), u64::MAX));
+        assert_eq!((p.stop.len(), p.logprobs), (2, Some(2)));
+        // Seed -1 is a random one, as no seed is; other seeds are kept.
+        let seed = |s: &str| chat(format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"seed":{s}}}"#).as_bytes()).unwrap().params.sampler.seed;
+        assert_ne!(seed("-1"), seed("-1"));
+        assert_eq!((seed("7"), seed("-2")), (7, (-2i64) as u64));
+        let bias = chat(br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"29":-100,"5":2.5},"top_p":0}"#).unwrap().params;
+        let mut b = bias.sampler.logit_bias.clone();
+        b.sort_by_key(|e| e.0);
+        assert_eq!((b, bias.sampler.top_p), (vec![(5, 2.5), (29, f32::NEG_INFINITY)], 0.0));
+        assert!(check_logit_bias(&bias, 30).is_ok());
+        assert_eq!(err(check_logit_bias(&bias, 29).map(|_| ())), (400, Some("logit_bias".into())));
+        // An assistant turn may be tool calls alone.
+        assert!(chat(br#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null}]}"#).is_ok());
         let c = completion(br#"{"prompt":[1,2,3],"stop":"x","logprobs":1}"#).unwrap();
         assert_eq!((c.prompt, c.params.stop, c.params.logprobs), (Prompt::Tokens(vec![1, 2, 3]), vec!["x".to_string()], Some(1)));
         assert_eq!(completion(br#"{"prompt":["hi"]}"#).unwrap().prompt, Prompt::Text("hi".into()));
@@ -388,7 +446,13 @@ mod tests {
         assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#)), (400, p("max_tokens")));
         assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#)), (400, p("max_tokens")));
         assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"stop":[1]}"#)), (400, p("stop")));
-        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#)), (400, p("top_p")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"top_p":-0.1}"#)), (400, p("top_p")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user"}]}"#)), (400, p("messages[0].content")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":"bad"}"#)), (400, p("logit_bias")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"a":1}}"#)), (400, p("logit_bias")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":101}}"#)), (400, p("logit_bias")));
+        assert_eq!(err(chat(br#"{"messages":[{"role":"user","content":"x"}],"functions":[]}"#)), (400, p("functions")));
+        assert_eq!(err(completion(br#"{"prompt":"a","suffix":"b"}"#)), (400, p("suffix")));
         assert_eq!(err(completion(br#"{"prompt":[-1]}"#)), (400, p("prompt")));
         assert_eq!(err(completion(br#"{"prompt":["a","b"]}"#)), (400, p("prompt")));
         assert_eq!(err(completion(br#"{"prompt":"a","logprobs":99}"#)), (400, p("logprobs")));

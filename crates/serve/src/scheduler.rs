@@ -36,7 +36,8 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Start the scheduler thread on `ctx` (its slots are the sequences served at
-    /// once); at most `queue_size` (≥ 1) requests wait for a slot, more are refused.
+    /// once); with every slot taken, at most `queue_size` (≥ 1) requests wait for one,
+    /// more are refused.
     /// `pin`: CPUs for the context's threads, pinned from the scheduler thread (which
     /// becomes the pool's thread 0); the thread is named `hearth-scheduler-{id}`.
     /// `prompt_cache`: reuse a freed slot's cached prefix (see the module docs).
@@ -55,8 +56,9 @@ impl Scheduler {
         draft: Option<Drafting>,
     ) -> std::io::Result<(Self, std::thread::JoinHandle<()>)> {
         let queue_size = queue_size.max(1);
-        let (tx, rx) = sync_channel(queue_size);
         let (n_ctx, n_slots) = (ctx.n_ctx(), ctx.n_slots());
+        // `submit` admits at most this many unfinished requests, so the channel never fills.
+        let (tx, rx) = sync_channel(n_slots + queue_size);
         let (m, load) = (metrics.clone(), Arc::new(AtomicUsize::new(0)));
         let l = load.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -80,10 +82,17 @@ impl Scheduler {
         self.load.load(Ordering::Relaxed)
     }
 
-    /// Queue `job`; refused with 429 when the queue is full (backpressure), the job handed back.
+    /// Queue `job`; refused with 429 when every slot is taken and `queue_size` requests
+    /// already wait (backpressure), the job handed back. The limit counts requests, not
+    /// the channel: the scheduler takes jobs off it only between forward passes, so a
+    /// burst arriving during one pass filled a channel of `queue_size` while slots were
+    /// free (4 requests at once to `--parallel 4 --queue-size 1` got two 429s).
     pub fn submit(&self, job: Job) -> Result<(), Box<(ApiError, Job)>> {
+        if self.load.fetch_add(1, Ordering::Relaxed) >= self.n_slots + self.queue_size {
+            self.load.fetch_sub(1, Ordering::Relaxed);
+            return Err(Box::new((ApiError::queue_full(self.queue_size), job)));
+        }
         self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-        self.load.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(job) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -442,6 +451,7 @@ fn run(
             cache.keep(s.slot, &s.tokens[..s.fed]);
             free.push(s.slot);
             retire(metrics, load);
+            s.end();
         }
     }
 }

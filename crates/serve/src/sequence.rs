@@ -135,6 +135,10 @@ pub struct Seq<'t> {
     pub draft: Vec<u32>,
     /// How many to guess next.
     pub draft_len: DraftLength,
+    /// The last event (finish or failure), sent by [`Seq::end`] once the scheduler has
+    /// stopped counting the request: a client that gets its answer and at once sends
+    /// another must not find this one still taking a place in the queue.
+    last: Option<Event>,
 }
 
 impl<'t> Seq<'t> {
@@ -158,6 +162,7 @@ impl<'t> Seq<'t> {
             first_token: None,
             constraint: job.constraint,
             draft: Vec::new(),
+            last: None,
             draft_len: DraftLength::default(),
         }
     }
@@ -285,15 +290,23 @@ impl<'t> Seq<'t> {
             if let (Some(first), true) = (self.first_token, n > 1) {
                 metrics.tpot.observe((now - first).as_secs_f64() / (n - 1) as f64);
             }
-            self.send(Event::Done { finish: f, prompt_tokens: self.prompt_len, cached_tokens: self.cached, completion_tokens: n });
+            self.last.get_or_insert(Event::Done { finish: f, prompt_tokens: self.prompt_len, cached_tokens: self.cached, completion_tokens: n });
         }
         finish
     }
 
     /// End the sequence with an error (the client gets it instead of a finish reason).
     fn fail(&mut self, message: String) -> Option<Finish> {
-        self.send(Event::Failed(message));
+        self.last = Some(Event::Failed(message));
         Some(Finish::Stop)
+    }
+
+    /// Send the finish (or failure) [`Seq::step`] ended on; call once the sequence has
+    /// left the scheduler's count.
+    pub fn end(self) {
+        if let Some(e) = self.last {
+            let _ = self.events.send(e);
+        }
     }
 
     /// Send an event; a client that has gone is noticed before the next step.

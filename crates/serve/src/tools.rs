@@ -78,8 +78,17 @@ pub fn parse(m: &Map<String, Value>) -> Result<Option<(Vec<Tool>, ToolChoice)>, 
         let Some(name) = f.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
             return Err(ApiError::invalid(&at, format!("`{at}.function.name` must be a non-empty string")));
         };
+        // OpenAI's rule (letters, digits, `_`, `-`; at most 64), with `.` and `:` that
+        // namespaced tools use: nothing that could close the call's JSON or markup.
+        if name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c)) {
+            return Err(ApiError::invalid(
+                &at,
+                format!("`{at}.function.name` {name:?} must be at most 64 letters, digits, `_`, `-`, `.` or `:`"),
+            ));
+        }
         let parameters = match f.get("parameters") {
-            None | Some(Value::Null) => json!({"type": "object"}),
+            // No parameters: the call's arguments are an empty object (OpenAI's reading).
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}, "additionalProperties": false}),
             Some(p @ Value::Object(_)) => p.clone(),
             Some(v) => return Err(ApiError::invalid(&at, format!("`{at}.function.parameters` must be a JSON schema object, got {v}"))),
         };
@@ -503,6 +512,11 @@ mod tests {
         assert_eq!(param(r#"{"tools":[{"type":"retrieval"}]}"#), "tools[0]");
         assert_eq!(param(r#"{"tools":{}}"#), "tools");
         assert_eq!(param(&format!(r#"{{"tools":[{f},{f}]}}"#)), "tools[1]");
+        assert_eq!(param(r#"{"tools":[{"type":"function","function":{"name":"a\"b</tool_call>"}}]}"#), "tools[0]");
+        assert_eq!(param(&format!(r#"{{"tools":[{{"type":"function","function":{{"name":"{}"}}}}]}}"#, "x".repeat(65))), "tools[0]");
+        // Namespaced names pass; no parameters means an empty arguments object.
+        let (t, _) = parse(&m(r#"{"tools":[{"type":"function","function":{"name":"fs.read_file:v2"}}]}"#)).unwrap().unwrap();
+        assert_eq!(t[0].parameters["additionalProperties"], false);
     }
 
     /// Over the reference templates: those recognised as this format render the tools

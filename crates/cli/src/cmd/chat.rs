@@ -32,7 +32,7 @@ pub fn run(a: Args) -> Result<()> {
     // With --workers: the group, re-formed without a worker that fails.
     let mut opts = a.model.engine_options(&model, 2048, false)?;
     let mut ctx = hearth_engine::prepare(&model, &opts)?.ctx;
-    let sampler = a.sampling.config()?;
+    let sampler = a.sampling.config(model.config.n_vocab)?;
     let mut messages: Vec<Message> = Vec::new();
     if let Some(s) = &a.system {
         messages.push(Message { role: "system".into(), content: s.clone() });

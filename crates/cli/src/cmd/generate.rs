@@ -17,7 +17,7 @@ pub struct SamplingArgs {
     /// Keep only the K most likely tokens (0 = off)
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability mass reaches P (1.0 = off)
+    /// Keep the smallest set of tokens whose probability mass reaches P (1.0 = off; 0 = the most likely token only)
     #[arg(long, default_value_t = 0.95)]
     pub top_p: f32,
     /// Drop tokens less likely than P × the most likely one (0 = off)
@@ -41,17 +41,33 @@ pub struct SamplingArgs {
     /// RNG seed; the same seed and settings reproduce a run [default: random]
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Add BIAS to token ID's logit, written as llama.cpp takes it: 15043+1, 15043-0.5,
+    /// 15043-inf (never this token) (repeatable)
+    #[arg(long, short = 'l', value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// `ID+BIAS` / `ID-BIAS` (`inf` allowed) as llama.cpp's `--logit-bias` takes it.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let s = s.trim();
+    let split = s.find(['+', '-']).ok_or_else(|| format!("{s:?}: expected ID+BIAS or ID-BIAS, e.g. 15043+1 or 15043-inf"))?;
+    let id = s[..split].trim().parse::<u32>().map_err(|_| format!("{s:?}: {:?} is not a token id", &s[..split]))?;
+    let bias = s[split..].trim().parse::<f32>().map_err(|_| format!("{s:?}: {:?} is not a number (or -inf)", &s[split..]))?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(format!("{s:?}: the bias must be a number or -inf"));
+    }
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
-    /// Checked sampler settings.
-    pub fn config(&self) -> Result<SamplerConfig> {
+    /// Checked sampler settings (`--logit-bias` ids against a vocabulary of `n_vocab`).
+    pub fn config(&self, n_vocab: usize) -> Result<SamplerConfig> {
         let bad = |flag: &str, v: f32, want: &str| anyhow::anyhow!("--{flag} {v} is out of range: it must be {want}");
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(bad("temperature", self.temperature, "a number >= 0 (0 = greedy)"));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(bad("top-p", self.top_p, "in (0, 1] (1 = off)"));
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return Err(bad("top-p", self.top_p, "in [0, 1] (1 = off, 0 = the most likely token only)"));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(bad("min-p", self.min_p, "in [0, 1] (0 = off)"));
@@ -63,6 +79,9 @@ impl SamplingArgs {
             if !(-2.0..=2.0).contains(&v) {
                 return Err(bad(flag, v, "in [-2, 2] (0 = off)"));
             }
+        }
+        if let Some((id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
+            anyhow::bail!("--logit-bias: token {id} is outside the vocabulary (n_vocab {n_vocab})");
         }
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
@@ -77,6 +96,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
+            logit_bias: self.logit_bias.clone(),
         })
     }
 }
@@ -148,7 +168,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let json = a.json;
     let tok = &model.tokenizer;
-    let sampler = a.sampling.config()?;
+    let sampler = a.sampling.config(model.config.n_vocab)?;
     let mut spec = a.spec.speculation(&model, ctx.n_ctx(), ctx.n_batch(), ctx.n_threads())?;
     if let (Some(p), Some(_)) = (&a.spec.draft_model, &a.model.budget.mem_budget) {
         eprintln!("warning: the draft model {} is mapped whole, outside --mem-budget's plan (its pages count in the RSS)", p.display());

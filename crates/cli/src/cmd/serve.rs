@@ -17,7 +17,7 @@ pub struct Args {
     /// Port to listen on (0: any free port; the listening line says which)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Requests that may wait for a free slot; more are refused with 429
+    /// Requests that may wait once every slot is taken (per engine); more are refused with 429
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_size: u32,
     /// Engine instances (worker groups), each with its own --parallel slots and --threads
@@ -47,6 +47,11 @@ pub struct Args {
     /// embedding models use) [default: the file's pooling_type, else mean]
     #[arg(long, value_enum)]
     pub pooling: Option<PoolingArg>,
+    /// A browser origin allowed to call the API (CORS), e.g. https://chat.example.org
+    /// (repeatable; `*`: any). Pages served from this machine (localhost, 127.0.0.1, [::1],
+    /// any port) are always allowed
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
     #[command(flatten)]
     pub spec: crate::speculative::SpecArgs,
@@ -89,6 +94,10 @@ pub fn run(a: Args) -> Result<()> {
         min: a.spec.draft_min.map_or(1, |n| n as usize),
     });
     a.spec.check()?;
+    // A bad --host is found before the model loads, not after.
+    if let Err(e) = std::net::ToSocketAddrs::to_socket_addrs(&(a.host.as_str(), a.port)) {
+        bail!("--host {}: {e}", a.host);
+    }
     let path = resolve_model(a.model.model.as_ref())?;
     let model = a.model.load()?;
     let draft_model = match &a.spec.draft_model {
@@ -175,6 +184,6 @@ pub fn run(a: Args) -> Result<()> {
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" },
         draft.map_or(String::new(), |d| format!(", speculative decoding with {} (up to {} guesses)", a.spec.describe(), d.max)),
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling), draft };
+    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling), draft, cors_origins: a.cors_origin };
     hearth_serve::serve(engines, opts).context("serving")
 }
