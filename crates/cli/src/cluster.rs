@@ -45,13 +45,13 @@ pub struct ClusterArgs {
     /// the node; a batch of N tokens gets (1 + N/64) times as long [default: 5]
     #[arg(long, value_parser = parse_secs)]
     pub step_timeout: Option<f64>,
-    /// How the model is split across devices: tensor (every device computes a share of
+    /// `hearth serve`: a number is the KV cache slots (sequences generated at once, as
+    /// llama-server's -np) [default: 4 on one machine, 1 across devices]. With --workers:
+    /// how the model is split across devices, tensor (every device computes a share of
     /// every block, two allreduces per block) or ring (pipelined ring, prima.cpp-style:
     /// each device runs whole layers, a window per round, and passes the activations on;
     /// windows from the layer solver over the devices' profiles, or --layer-window)
-    /// [default: tensor]. `hearth serve` also takes a number here: KV cache slots
-    /// (sequences generated at once, as llama-server's -np) [serve's default: 4 on one
-    /// machine, 1 across devices]
+    /// [default: tensor]
     #[arg(long, value_name = "tensor|ring|N", value_parser = parse_parallel)]
     pub parallel: Option<ParallelArg>,
     /// Ring: layers per round for each device, this machine first (it may be 0), e.g.

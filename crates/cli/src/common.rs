@@ -3,7 +3,7 @@
 use anyhow::{bail, Context as _, Result};
 use hearth_model::{CacheType, Context, Model};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// File name of the default model.
@@ -22,7 +22,8 @@ pub struct ModelArgs {
     /// [default: 2048, capped at the model's trained context]
     #[arg(short = 'c', long, value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx_size: Option<u32>,
-    /// Maximum tokens evaluated per forward pass during prefill
+    /// Maximum tokens evaluated per forward pass during prefill (`hearth serve`: per step,
+    /// the decoding sequences' tokens and prompt chunks together)
     #[arg(short = 'b', long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
     /// KV cache type for both K and V (llama.cpp's -ctk/-ctv): f32, f16 or q8_0
@@ -135,6 +136,15 @@ impl ModelArgs {
 pub fn print_out(s: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(s.as_bytes()).and_then(|_| out.flush()).context("writing to stdout")
+}
+
+/// Open a GGUF file; an error that does not name the file (a malformed field) is
+/// prefixed with its path.
+pub fn open_gguf(path: &Path) -> Result<hearth_gguf::GgufFile> {
+    hearth_gguf::GgufFile::open(path).map_err(|e| match e {
+        hearth_gguf::GgufError::Io { .. } => anyhow::Error::new(e),
+        e => anyhow::Error::new(e).context(path.display().to_string()),
+    })
 }
 
 /// `--model`, else `$HEARTH_MODEL`, else the default model under `./models` or the

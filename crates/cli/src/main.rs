@@ -46,7 +46,7 @@ enum Command {
     /// Measure prefill/decode speed as llama-bench does, with decode's weight bandwidth
     /// against the measured memory read bandwidth (or only the latter, with --membw).
     Bench(cmd::bench::Args),
-    /// Write a random-weight GGUF of any architecture hearth runs (--arch) and a standard shape (1b, 7b, 13b, 70b), for benchmarks and tests.
+    /// Write a random-weight GGUF of any architecture hearth runs (--arch) and a standard shape (tiny, 1b, 7b, 13b, 70b; the mixtures of experts 30b-a3b, a2.7b), for benchmarks and tests.
     Synth(cmd::synth::Args),
     /// Requantize a GGUF file to another type (f16, q8_0, q4_k, ...), as llama-quantize does.
     Quantize(cmd::quantize::Args),

@@ -183,6 +183,7 @@ fn tiny_model_runs_and_bad_models_are_refused() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let arch = tiny_model("mamba", GgmlType::Q8_0);
     assert_clean_error(&hearth(&["generate", "-m", arch.to_str().unwrap(), "-p", "hi"]), "unsupported architecture \"mamba\"");
+    assert_clean_error(&hearth(&["generate", "-m", arch.to_str().unwrap(), "-p", "hi"]), "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3");
     let ty = tiny_model("llama", GgmlType::IQ4_NL);
     assert_clean_error(&hearth(&["generate", "-m", ty.to_str().unwrap(), "-p", "hi"]), "iq4_nl");
 }
@@ -283,4 +284,34 @@ fn a_fifo_as_model_is_refused_without_blocking() {
     let out = child.wait_with_output().unwrap();
     assert_clean_error(&out, "not a regular file");
     std::fs::remove_file(&fifo).ok();
+}
+
+/// `hearth chat` with piped input: an unknown /command is refused, not sent; a line that
+/// is not UTF-8 is sent with U+FFFD (the session goes on); `//text` sends `/text`; a
+/// message that fails (prompt beyond the context) makes the exit status non-zero.
+#[test]
+fn chat_from_a_pipe_survives_bad_lines_and_reports_failed_messages() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let chat = |input: &[u8], extra: &[&str]| {
+        let m = model();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["chat", "-m", m.to_str().unwrap(), "-n", "4", "--temperature", "0", "-t", "1"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input).unwrap();
+        let out = c.wait_with_output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stdout, stderr) = chat(b"/foo\nHello\n\xff\xfe bad\n//x\n/exit\nnever sent\n", &[]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("unknown command /foo"), "{stderr}");
+    assert!(stderr.contains("not valid UTF-8"), "{stderr}");
+    assert_eq!(stdout.lines().count(), 3, "three replies: {stdout:?}\n{stderr}");
+    let (ok, _, stderr) = chat(b"Hello there, how are you today?\n", &["-c", "8"]);
+    assert!(!ok && stderr.contains("1 of 1 messages got no reply"), "{stderr}");
 }

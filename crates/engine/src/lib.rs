@@ -232,8 +232,11 @@ pub fn plural(n: usize, word: &str) -> String {
     }
 }
 
-/// Bytes as MiB with one decimal.
+/// Bytes as MiB with one decimal (below 0.1 MiB, as bytes: `1 B` is not `0.0 MiB`).
 pub fn mib(b: u64) -> String {
+    if b > 0 && b < (1 << 20) / 10 {
+        return format!("{b} B");
+    }
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
 }
 

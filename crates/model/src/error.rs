@@ -13,7 +13,7 @@ pub enum ModelError {
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] hearth_tokenizer::TokenizerError),
     /// `general.architecture` names a model family hearth does not run.
-    #[error("unsupported architecture {0:?} (supported: llama)")]
+    #[error("unsupported architecture {0:?} (supported: {list}; Mixtral-style files are llama with experts)", list = crate::SUPPORTED_ARCHS.join(", "))]
     UnsupportedArchitecture(String),
     /// A hyperparameter is missing or inconsistent.
     #[error("bad hyperparameter {key}: {reason}")]

@@ -26,9 +26,9 @@
 //!   write yet; Q4_0 has the same 4.5 bits per weight); if that still does not fit, F16.
 //!   Other types whose blocks do not fit (llama.cpp refuses) also fall back to F16.
 //!
-//! Quantizing an already-quantized tensor to another type compounds the rounding errors,
-//! so it is refused unless `allow_requantize` is set (llama-quantize's
-//! `--allow-requantize`). A tensor whose chosen type equals its source type is copied
+//! Quantizing an already-quantized tensor to another quantized type compounds the rounding
+//! errors, so it is refused unless `allow_requantize` is set (llama-quantize's
+//! `--allow-requantize`); dequantizing to f32/f16/bf16 is always allowed. A tensor whose chosen type equals its source type is copied
 //! byte for byte. Quantization uses ggml's reference (no importance matrix) kernels,
 //! which is what llama-quantize runs without `--imatrix`.
 
@@ -259,16 +259,18 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
                     };
                 }
             }
-            if name == "token_embd.weight" {
+            // As llama-quantize: the output matrix (the token embedding when tied) takes
+            // --output-type; an untied token embedding --token-embedding-type.
+            if is_output {
+                ty = o.output_type.or(o.token_embedding_type.filter(|_| name == "token_embd.weight")).unwrap_or(ty);
+            } else if name == "token_embd.weight" {
                 ty = o.token_embedding_type.unwrap_or(ty);
-            }
-            if name == "output.weight" {
-                ty = o.output_type.unwrap_or(ty);
             }
             fallback(ty, cols)
         };
         if dst != t.ty {
-            if !is_float(t.ty) && !o.allow_requantize {
+            // (Dequantizing to a float type compounds no rounding: allowed.)
+            if !is_float(t.ty) && !is_float(dst) && !o.allow_requantize {
                 return Err(QuantizeError::Requantize { name: name.into(), ty: t.ty });
             }
             let probe = vec![0u8; t.ty.type_size()];
@@ -309,8 +311,7 @@ pub fn write_quantized(
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), QuantizeError> {
-    let specs: Vec<TensorSpec> =
-        plan.iter().map(|p| TensorSpec { name: p.name.clone(), dims: p.dims.clone(), ty: p.dst }).collect();
+    let specs: Vec<TensorSpec> = plan.iter().map(|p| TensorSpec { name: p.name.clone(), dims: p.dims.clone(), ty: p.dst }).collect();
     write_gguf_file(out, meta, &specs, |i, w| {
         let p = &plan[i];
         let t = f.tensor(&p.name).expect("planned from this file");
@@ -431,7 +432,7 @@ mod tests {
         let want = [
             ("token_embd.weight", GgmlType::Q8_0), // tied output: Q6_K, falls back on 576
             ("blk.0.attn_norm.weight", GgmlType::F32),
-            ("blk.0.attn_v.weight", GgmlType::Q5_0), // Q4_K falls back on 576
+            ("blk.0.attn_v.weight", GgmlType::Q5_0),   // Q4_K falls back on 576
             ("blk.0.ffn_down.weight", GgmlType::Q4_K), // 512 wide: fits
             ("blk.1.attn_norm.weight", GgmlType::F32),
             ("blk.1.attn_v.weight", GgmlType::Q8_0), // use_more_bits(1, 2): Q6_K, falls back
@@ -471,6 +472,16 @@ mod tests {
         let o = QuantizeOptions { token_embedding_type: Some(GgmlType::F16), ..QuantizeOptions::new(GgmlType::Q8_0) };
         let plan = plan_quantize(&f, &o).unwrap();
         assert_eq!(plan[0].dst, GgmlType::F16);
+        // The tied embedding is the output head: --output-type sets it (and wins).
+        for out in [GgmlType::F32, GgmlType::Q4_1] {
+            let o = QuantizeOptions {
+                output_type: Some(out),
+                token_embedding_type: Some(GgmlType::F16),
+                ..QuantizeOptions::new(GgmlType::Q4_0)
+            };
+            let plan = plan_quantize(&f, &o).unwrap();
+            assert_eq!((plan[0].name.as_str(), plan[0].dst, plan[0].fallback), ("token_embd.weight", out, false));
+        }
         let plan = plan_quantize(&f, &QuantizeOptions::new(GgmlType::BF16)).unwrap();
         assert!(plan.iter().all(|p| p.dst == if p.dims.len() == 1 { GgmlType::F32 } else { GgmlType::BF16 }));
     }
@@ -481,6 +492,11 @@ mod tests {
         let e = plan_quantize(&f, &QuantizeOptions::new(GgmlType::Q8_0)).unwrap_err();
         assert!(matches!(e, QuantizeError::Requantize { ty: GgmlType::Q4_1, .. }), "{e}");
         assert!(e.to_string().contains("--allow-requantize"));
+        // Dequantizing loses nothing: no permission needed.
+        for ty in [GgmlType::F32, GgmlType::F16] {
+            let plan = plan_quantize(&f, &QuantizeOptions::new(ty)).unwrap();
+            assert!(plan.iter().all(|p| p.dst == if p.dims.len() == 1 { GgmlType::F32 } else { ty }), "{ty}");
+        }
         // Same type: copied, no permission needed.
         let plan = plan_quantize(&f, &QuantizeOptions { pure: true, ..QuantizeOptions::new(GgmlType::Q4_1) }).unwrap();
         assert!(plan.iter().all(|p| p.dst == p.src));

@@ -106,12 +106,7 @@ impl Sampler {
     /// A sampler with `cfg`; its RNG is seeded from `cfg.seed`.
     pub fn new(cfg: SamplerConfig) -> Self {
         let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-        Sampler {
-            cfg,
-            rng,
-            cands: Vec::new(),
-            window: Vec::new(),
-        }
+        Sampler { cfg, rng, cands: Vec::new(), window: Vec::new() }
     }
 
     /// The configuration this sampler runs.
@@ -133,11 +128,7 @@ impl Sampler {
 
         // Refill the candidate buffer (ids == indices until the first reordering).
         self.cands.clear();
-        self.cands
-            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
-                id: i as u32,
-                logit: sanitize(l),
-            }));
+        self.cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, logit: sanitize(l) }));
         if self.cands.is_empty() {
             return 0;
         }
@@ -196,11 +187,7 @@ impl Sampler {
         for run in self.window.chunk_by(|a, b| a == b) {
             // Out-of-vocabulary ids in the history are ignored.
             if let Some(c) = self.cands.get_mut(run[0] as usize) {
-                c.logit = if c.logit <= 0.0 {
-                    c.logit * repeat
-                } else {
-                    c.logit / repeat
-                };
+                c.logit = if c.logit <= 0.0 { c.logit * repeat } else { c.logit / repeat };
                 c.logit -= run.len() as f32 * frequency + presence;
             }
         }
@@ -237,11 +224,7 @@ impl Sampler {
         if p.is_nan() || p >= 1.0 {
             return;
         }
-        let max = if *sorted {
-            self.cands[0].logit
-        } else {
-            self.first_max().logit
-        };
+        let max = if *sorted { self.cands[0].logit } else { self.first_max().logit };
         let total: f64 = self.cands.iter().map(|c| weight(c.logit, max, 1.0)).sum();
         if total <= 0.0 || !total.is_finite() {
             return;
@@ -288,15 +271,10 @@ impl Sampler {
         if p.is_nan() || p <= 0.0 {
             return;
         }
-        let max = if sorted {
-            self.cands[0].logit
-        } else {
-            self.first_max().logit
-        };
+        let max = if sorted { self.cands[0].logit } else { self.first_max().logit };
         let threshold = max as f64 + (p.min(1.0) as f64).ln();
         // The max itself always survives (logit - max = 0 >= ln(p) for p <= 1).
-        self.cands
-            .retain(|c| c.logit as f64 >= threshold || c.logit == max);
+        self.cands.retain(|c| c.logit as f64 >= threshold || c.logit == max);
     }
 
     /// Softmax at the configured temperature, then one seeded draw.
@@ -307,11 +285,7 @@ impl Sampler {
             return max.id;
         }
         let inv_t = 1.0 / self.cfg.temperature as f64;
-        let total: f64 = self
-            .cands
-            .iter()
-            .map(|c| weight(c.logit, max.logit, inv_t))
-            .sum();
+        let total: f64 = self.cands.iter().map(|c| weight(c.logit, max.logit, inv_t)).sum();
         if total <= 0.0 || !total.is_finite() {
             return max.id;
         }
@@ -412,9 +386,7 @@ mod tests {
     fn noisy_logits(n: usize, salt: u32) -> Vec<f32> {
         (0..n as u32)
             .map(|i| {
-                let x = i
-                    .wrapping_mul(2_654_435_761)
-                    .wrapping_add(salt.wrapping_mul(40_503));
+                let x = i.wrapping_mul(2_654_435_761).wrapping_add(salt.wrapping_mul(40_503));
                 (x % 10_000) as f32 / 1000.0 - 5.0
             })
             .collect()
@@ -447,10 +419,7 @@ mod tests {
     fn top_k_one_equals_greedy() {
         for salt in 0..10 {
             let logits = noisy_logits(50_000, salt);
-            let mut s = Sampler::new(SamplerConfig {
-                seed: salt as u64,
-                ..cfg(1.5, 1, 1.0, 0.0)
-            });
+            let mut s = Sampler::new(SamplerConfig { seed: salt as u64, ..cfg(1.5, 1, 1.0, 0.0) });
             assert_eq!(s.sample(&logits, &[]), argmax(&logits));
         }
     }
@@ -459,20 +428,14 @@ mod tests {
     fn same_seed_same_sequence() {
         let logits = noisy_logits(50_000, 7);
         let run = |seed| {
-            let mut s = Sampler::new(SamplerConfig {
-                seed,
-                ..cfg(1.0, 0, 1.0, 0.0)
-            });
+            let mut s = Sampler::new(SamplerConfig { seed, ..cfg(1.0, 0, 1.0, 0.0) });
             (0..32).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
         };
         assert_eq!(run(123), run(123));
         assert_ne!(run(123), run(124));
         // Default chain, too.
         let run_default = |seed| {
-            let mut s = Sampler::new(SamplerConfig {
-                seed,
-                ..SamplerConfig::default()
-            });
+            let mut s = Sampler::new(SamplerConfig { seed, ..SamplerConfig::default() });
             (0..32).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
         };
         assert_eq!(run_default(5), run_default(5));
@@ -511,25 +474,14 @@ mod tests {
         for (salt, p) in [(1, 0.05), (2, 0.3), (3, 0.9), (4, 0.999)] {
             let logits = noisy_logits(5_000, salt);
             let mut s = Sampler::new(cfg(1.0, 0, p, 0.0));
-            s.cands
-                .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
-                    id: i as u32,
-                    logit: l,
-                }));
+            s.cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, logit: l }));
             let mut sorted = false;
             s.apply_top_p(&mut sorted);
             assert!(sorted);
             let got: Vec<u32> = s.cands.iter().map(|c| c.id).collect();
 
             // Reference: full sort, then the shortest prefix reaching p.
-            let mut all: Vec<Candidate> = logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| Candidate {
-                    id: i as u32,
-                    logit: l,
-                })
-                .collect();
+            let mut all: Vec<Candidate> = logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, logit: l }).collect();
             all.sort_by(by_logit_desc);
             let max = all[0].logit;
             let total: f64 = all.iter().map(|c| weight(c.logit, max, 1.0)).sum();
@@ -599,42 +551,27 @@ mod tests {
         }
         for (c, p) in counts.iter().zip([0.7, 0.2, 0.1]) {
             let f = *c as f64 / n as f64;
-            assert!(
-                (f - p).abs() < 0.02,
-                "frequency {f} vs probability {p}: {counts:?}"
-            );
+            assert!((f - p).abs() < 0.02, "frequency {f} vs probability {p}: {counts:?}");
         }
     }
 
     #[test]
     fn repeat_penalty_discourages_recent_tokens() {
         let logits = [2.0, 1.9, -1.0, -1.1];
-        let penalised = SamplerConfig {
-            repeat_penalty: 1.5,
-            ..cfg(0.0, 0, 1.0, 0.0)
-        };
+        let penalised = SamplerConfig { repeat_penalty: 1.5, ..cfg(0.0, 0, 1.0, 0.0) };
         // Token 0 seen: 2.0 / 1.5 < 1.9, so token 1 wins.
         assert_eq!(Sampler::new(penalised.clone()).sample(&logits, &[0]), 1);
         // Seen three times, still penalised once: 2.0 / 1.5 = 1.33 > 1.9 / 1.5.
-        assert_eq!(
-            Sampler::new(penalised.clone()).sample(&logits, &[0, 0, 0, 1]),
-            0
-        );
+        assert_eq!(Sampler::new(penalised.clone()).sample(&logits, &[0, 0, 0, 1]), 0);
         // Negative logits are multiplied: -1.0 * 1.5 = -1.5 < -1.1.
         let neg = [-1.0, -1.1];
         assert_eq!(Sampler::new(penalised.clone()).sample(&neg, &[0]), 1);
         // Only the last repeat_last_n tokens count.
-        let window = SamplerConfig {
-            repeat_last_n: 2,
-            ..penalised.clone()
-        };
+        let window = SamplerConfig { repeat_last_n: 2, ..penalised.clone() };
         assert_eq!(Sampler::new(window).sample(&logits, &[0, 5, 6]), 0);
         // Off when 1.0, or when the value is nonsense.
         for p in [1.0, 0.0, -2.0, f32::NAN, f32::INFINITY] {
-            let off = SamplerConfig {
-                repeat_penalty: p,
-                ..penalised.clone()
-            };
+            let off = SamplerConfig { repeat_penalty: p, ..penalised.clone() };
             assert_eq!(Sampler::new(off).sample(&logits, &[0]), 0, "penalty {p}");
         }
         // Out-of-vocabulary ids in history are ignored.
@@ -645,11 +582,8 @@ mod tests {
     fn presence_and_frequency_penalties_subtract_from_seen_tokens() {
         let logits = [2.0, 1.5, 1.0, 0.0];
         let greedy = cfg(0.0, 0, 1.0, 0.0);
-        let with = |presence: f32, frequency: f32| SamplerConfig {
-            presence_penalty: presence,
-            frequency_penalty: frequency,
-            ..greedy.clone()
-        };
+        let with =
+            |presence: f32, frequency: f32| SamplerConfig { presence_penalty: presence, frequency_penalty: frequency, ..greedy.clone() };
         // Control: no penalty, token 0 wins.
         assert_eq!(Sampler::new(greedy.clone()).sample(&logits, &[0, 0, 1]), 0);
         // Presence: 2.0 - 0.6 = 1.4 < 1.5, whatever the count.
@@ -665,10 +599,7 @@ mod tests {
         // Negative values encourage repeats: token 3 jumps to 0.0 + 2.5.
         assert_eq!(Sampler::new(with(-2.5, 0.0)).sample(&logits, &[3]), 3);
         // Only the window counts; non-finite values are off.
-        let window = SamplerConfig {
-            repeat_last_n: 1,
-            ..with(0.0, 0.2)
-        };
+        let window = SamplerConfig { repeat_last_n: 1, ..with(0.0, 0.2) };
         assert_eq!(Sampler::new(window).sample(&logits, &[0, 0, 0, 2]), 0);
         assert_eq!(Sampler::new(with(f32::NAN, f32::INFINITY)).sample(&logits, &[0]), 0);
     }
@@ -676,10 +607,7 @@ mod tests {
     #[test]
     fn repeat_penalty_applies_when_sampling() {
         let logits = [5.0, 0.0];
-        let cfg = SamplerConfig {
-            repeat_penalty: 1e6,
-            ..cfg(1.0, 0, 1.0, 0.0)
-        };
+        let cfg = SamplerConfig { repeat_penalty: 1e6, ..cfg(1.0, 0, 1.0, 0.0) };
         let mut s = Sampler::new(cfg);
         // 5.0 / 1e6 ≈ 0: both tokens about equally likely now.
         assert_eq!(support(&mut s, &logits, 500), vec![0, 1]);
@@ -701,23 +629,14 @@ mod tests {
             cfg(1.0, 0, 1.0, 0.0),
             cfg(1e-30, 0, 0.5, 0.5),
             cfg(f32::INFINITY, 2, f32::NAN, f32::NAN),
-            SamplerConfig {
-                repeat_penalty: 1.3,
-                ..cfg(0.7, 0, 0.9, 0.1)
-            },
-            SamplerConfig {
-                repeat_penalty: 1.3,
-                ..cfg(0.0, 0, 1.0, 0.0)
-            },
+            SamplerConfig { repeat_penalty: 1.3, ..cfg(0.7, 0, 0.9, 0.1) },
+            SamplerConfig { repeat_penalty: 1.3, ..cfg(0.0, 0, 1.0, 0.0) },
         ];
         for c in &configs {
             let mut s = Sampler::new(c.clone());
             for logits in cases {
                 let id = s.sample(logits, &[0, 1, 2, 3]);
-                assert!(
-                    logits.is_empty() && id == 0 || (id as usize) < logits.len(),
-                    "{c:?} {logits:?} -> {id}"
-                );
+                assert!(logits.is_empty() && id == 0 || (id as usize) < logits.len(), "{c:?} {logits:?} -> {id}");
             }
         }
         // NaN is never chosen when something else exists; +inf always is.
@@ -732,10 +651,7 @@ mod tests {
     #[test]
     fn buffer_is_reused() {
         let logits = noisy_logits(50_000, 3);
-        let mut s = Sampler::new(SamplerConfig {
-            seed: 1,
-            ..SamplerConfig::default()
-        });
+        let mut s = Sampler::new(SamplerConfig { seed: 1, ..SamplerConfig::default() });
         s.sample(&logits, &[]);
         let cap = s.cands.capacity();
         let ptr = s.cands.as_ptr();

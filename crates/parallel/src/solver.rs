@@ -594,7 +594,12 @@ fn explain(
             "  device {i} ({}): {} layers{}, {} resident of a {} budget, {:.2} ms compute, {:.2} ms disk, {:.2} ms link\n",
             devices[i].profile.name,
             k * windows[i],
-            if p.streaming { " (streamed from disk, next window prefetched)" } else { "" },
+            match (p.streaming, p.disk_ms > 0.0) {
+                (true, _) => " (streamed from disk, next window prefetched)",
+                // prima.cpp's page-cache spill: what the budget does not hold is read again
+                (false, true) => " (more than its budget holds: the rest re-read from disk every token)",
+                (false, false) => "",
+            },
             gib(p.resident_bytes as f64),
             gib(devices[i].budget_bytes as f64),
             p.compute_ms,

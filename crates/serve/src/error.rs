@@ -139,7 +139,13 @@ impl ApiError {
     /// 503: a device of the group failed while this request was in flight (the message
     /// names it); the server goes on over the devices left, so a retry may succeed.
     pub fn device_failed(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), kind: "server_error", param: None, code: Some("worker_failed") }
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("worker_failed"),
+        }
     }
 
     /// The JSON body.

@@ -8,12 +8,12 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::openai::{self, Head, Kind};
 use crate::request::{self, Format, Params, Prompt};
-use crate::tools::{self, CallStream, Piece, ToolChoice};
 use crate::sequence::{Event, Finish, Job, TokenLogprob};
+use crate::tools::{self, CallStream, Piece, ToolChoice};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::extract::DefaultBodyLimit;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -142,8 +142,7 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
             .chain(&app.aliases)
             .map(|id| serde_json::json!({"id": id, "object": "model", "created": app.started, "owned_by": "hearth", "meta": meta}))
             .collect();
-        Json(serde_json::json!({"object": "list", "data": data}))
-        .into_response()
+        Json(serde_json::json!({"object": "list", "data": data})).into_response()
     });
     answer(&app, "/v1/models", r)
 }

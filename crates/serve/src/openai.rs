@@ -38,7 +38,13 @@ impl Head {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
-        Self { id: format!("{prefix}-{:x}{n:04x}", now.as_micros()), created: now.as_secs(), model: model.to_string(), kind, prompt_chars: 0 }
+        Self {
+            id: format!("{prefix}-{:x}{n:04x}", now.as_micros()),
+            created: now.as_secs(),
+            model: model.to_string(),
+            kind,
+            prompt_chars: 0,
+        }
     }
 
     fn object(&self, chunk: bool) -> &'static str {

@@ -241,7 +241,7 @@ fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
     for (k, b) in o {
         let Ok(id) = k.parse::<u32>() else { return bad(format!("`logit_bias` keys must be token ids, got {k:?}")) };
         match b.as_f64() {
-            Some(b) if b == -100.0 => out.push((id, f32::NEG_INFINITY)),
+            Some(-100.0) => out.push((id, f32::NEG_INFINITY)),
             Some(b) if (-100.0..=100.0).contains(&b) => out.push((id, b as f32)),
             _ => return bad(format!("`logit_bias` values must be numbers between -100 and 100, got {b} for token {k}")),
         }
@@ -282,7 +282,9 @@ fn tool_calls(at: &str, v: &Value) -> Result<Value, ApiError> {
     let bad = || {
         ApiError::invalid(
             &format!("{at}.tool_calls"),
-            format!("`{at}.tool_calls` must be a list of {{\"type\": \"function\", \"function\": {{\"name\": ..., \"arguments\": \"...\"}}}}"),
+            format!(
+                "`{at}.tool_calls` must be a list of {{\"type\": \"function\", \"function\": {{\"name\": ..., \"arguments\": \"...\"}}}}"
+            ),
         )
     };
     let list = v.as_array().ok_or_else(bad)?;
@@ -315,7 +317,12 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         let role = match o.get("role").and_then(Value::as_str) {
             Some("developer") => "system",
             Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-            Some(r) => return Err(ApiError::invalid(&format!("{at}.role"), format!("unknown role `{r}` (system, developer, user, assistant, tool)"))),
+            Some(r) => {
+                return Err(ApiError::invalid(
+                    &format!("{at}.role"),
+                    format!("unknown role `{r}` (system, developer, user, assistant, tool)"),
+                ))
+            }
             None => return Err(ApiError::invalid(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
         };
         let content = match o.get("content") {
@@ -416,7 +423,9 @@ mod tests {
         assert_eq!((p.max_tokens, p.sampler.temperature, p.sampler.top_k, p.stream, p.include_usage), (Some(5), 0.0, 3, true, true));
         assert_eq!((p.stop.len(), p.logprobs), (2, Some(2)));
         // Seed -1 is a random one, as no seed is; other seeds are kept.
-        let seed = |s: &str| chat(format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"seed":{s}}}"#).as_bytes()).unwrap().params.sampler.seed;
+        let seed = |s: &str| {
+            chat(format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"seed":{s}}}"#).as_bytes()).unwrap().params.sampler.seed
+        };
         assert_ne!(seed("-1"), seed("-1"));
         assert_eq!((seed("7"), seed("-2")), (7, (-2i64) as u64));
         let bias = chat(br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"29":-100,"5":2.5},"top_p":0}"#).unwrap().params;
@@ -459,16 +468,23 @@ mod tests {
         assert_eq!(err(completion(br#"{}"#)), (400, p("prompt")));
         // A response_format that is not understood is refused by name, never ignored.
         let u = r#""messages":[{"role":"user","content":"x"}]"#;
-        for rf in [r#"{"type":"json_schema","json_schema":{}}"#, r#""json""#, r#"{}"#, r#"{"type":"xml"}"#,
-                   r#"{"type":"json_schema","json_schema":{"schema":3}}"#] {
+        for rf in [
+            r#"{"type":"json_schema","json_schema":{}}"#,
+            r#""json""#,
+            r#"{}"#,
+            r#"{"type":"xml"}"#,
+            r#"{"type":"json_schema","json_schema":{"schema":3}}"#,
+        ] {
             let body = format!(r#"{{{u},"response_format":{rf}}}"#);
             assert_eq!(err(chat(body.as_bytes())), (400, p("response_format")), "{rf}");
         }
         assert!(chat(format!(r#"{{{u},"response_format":{{"type":"text"}}}}"#).as_bytes()).is_ok());
         let json = |rf: &str| chat(format!(r#"{{{u},"response_format":{rf}}}"#).as_bytes()).unwrap().params.format;
         assert_eq!(json(r#"{"type":"json_object"}"#), Some(Format::JsonObject));
-        assert_eq!(json(r#"{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"string"}}}"#),
-                   Some(Format::JsonSchema(serde_json::json!({"type":"string"}))));
+        assert_eq!(
+            json(r#"{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"string"}}}"#),
+            Some(Format::JsonSchema(serde_json::json!({"type":"string"})))
+        );
         let tool = r#""tools":[{"type":"function","function":{"name":"f"}}]"#;
         let both = format!(r#"{{{u},{tool},"tool_choice":"required","response_format":{{"type":"json_object"}}}}"#);
         assert_eq!(err(chat(both.as_bytes())), (400, p("response_format")));
@@ -477,7 +493,10 @@ mod tests {
         let calls = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
             "function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]}"#;
         let r = chat(calls.as_bytes()).unwrap();
-        assert_eq!((r.fields[0]["tool_calls"][0]["function"]["name"].as_str(), r.fields[1]["tool_call_id"].as_str()), (Some("f"), Some("c")));
+        assert_eq!(
+            (r.fields[0]["tool_calls"][0]["function"]["name"].as_str(), r.fields[1]["tool_call_id"].as_str()),
+            (Some("f"), Some("c"))
+        );
         assert_eq!(err(chat(format!(r#"{{{u},"presence_penalty":2.5}}"#).as_bytes())), (400, p("presence_penalty")));
         assert_eq!(err(chat(format!(r#"{{{u},"frequency_penalty":"x"}}"#).as_bytes())), (400, p("frequency_penalty")));
     }

@@ -292,7 +292,13 @@ fn run(
             let running = active
                 .iter()
                 .filter(|_| prompt_cache)
-                .map(|s| (common_prefix(&s.tokens[..s.fed], &job.prompt).min(want), common_prefix(&s.tokens[..s.prompt_len()], &job.prompt).min(want), s.slot))
+                .map(|s| {
+                    (
+                        common_prefix(&s.tokens[..s.fed], &job.prompt).min(want),
+                        common_prefix(&s.tokens[..s.prompt_len()], &job.prompt).min(want),
+                        s.slot,
+                    )
+                })
                 .max();
             if running.is_some_and(|(now, later, _)| later > now && later > shared && 2 * later >= want) {
                 deferred.push(job); // its prompt is still being evaluated next door
@@ -310,7 +316,7 @@ fn run(
             active.push(Seq::new(job, slot, tok, cached));
         }
         deferred.extend(retry); // no free slot left for them this step
-        // Cancel sequences whose client has gone.
+                                // Cancel sequences whose client has gone.
         active.retain(|s| {
             let gone = s.events.is_closed();
             if gone {

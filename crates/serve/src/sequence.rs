@@ -290,7 +290,12 @@ impl<'t> Seq<'t> {
             if let (Some(first), true) = (self.first_token, n > 1) {
                 metrics.tpot.observe((now - first).as_secs_f64() / (n - 1) as f64);
             }
-            self.last.get_or_insert(Event::Done { finish: f, prompt_tokens: self.prompt_len, cached_tokens: self.cached, completion_tokens: n });
+            self.last.get_or_insert(Event::Done {
+                finish: f,
+                prompt_tokens: self.prompt_len,
+                cached_tokens: self.cached,
+                completion_tokens: n,
+            });
         }
         finish
     }

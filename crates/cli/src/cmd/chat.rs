@@ -4,12 +4,12 @@
 use super::generate::{chat_prompt, SamplingArgs};
 use crate::common::ModelArgs;
 use anyhow::{Context as _, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use hearth_chat::Message;
 use hearth_model::{generate, StopReason};
 use hearth_tokenizer::StreamDecoder;
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Flags of `hearth chat`.
 #[derive(clap::Args, Debug)]
@@ -40,7 +40,7 @@ pub fn run(a: Args) -> Result<()> {
     // Fail now, not after the first message, if the template cannot render.
     chat_prompt(&model, &[Message { role: "user".into(), content: "hi".into() }])?;
     let mut cached: Vec<u32> = Vec::new(); // tokens whose K/V are in ctx
-    // Ctrl-C while a reply streams stops that reply; at the prompt it quits.
+                                           // Ctrl-C while a reply streams stops that reply; at the prompt it quits.
     let replying = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -56,27 +56,50 @@ pub fn run(a: Args) -> Result<()> {
         .context("installing the Ctrl-C handler")?;
     }
     eprintln!("hearth chat — type a message, Enter to send; Ctrl-C stops a reply; /reset starts over; /exit or Ctrl-D quits.");
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut stdin = std::io::stdin().lock();
+    let (mut sent, mut failed) = (0usize, 0usize);
+    let mut raw = Vec::new();
     loop {
         eprint!("> ");
-        let Some(line) = lines.next() else { break };
-        let line = line?;
-        match line.trim() {
+        raw.clear();
+        if stdin.read_until(b'\n', &mut raw).context("reading stdin")? == 0 {
+            break;
+        }
+        // A line that is not UTF-8 is sent with U+FFFD in place of its bad bytes (the
+        // session goes on).
+        let line = match String::from_utf8(raw.clone()) {
+            Ok(l) => l,
+            Err(_) => {
+                eprintln!("[the line is not valid UTF-8: its bad bytes are sent as U+FFFD]");
+                String::from_utf8_lossy(&raw).into_owned()
+            }
+        };
+        let line = line.strip_suffix('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).unwrap_or(&line).to_string();
+        let command = line.trim();
+        match command {
             "" => continue,
-            "/exit" | "/quit" => break,
-            "/help" => {
-                eprintln!("/reset: forget the conversation · /exit: quit · anything else is sent to the model");
+            "/exit" | "/quit" | "/bye" => break,
+            "/help" | "/?" => {
+                eprintln!("/reset: forget the conversation · /exit: quit · //text sends \"/text\" · anything else is sent to the model");
                 continue;
             }
-            "/reset" => {
+            "/reset" | "/clear" => {
                 messages.retain(|m| m.role == "system");
                 cached.clear();
                 ctx.truncate(0);
                 continue;
             }
+            c if c.starts_with('/') && !c.starts_with("//") => {
+                eprintln!("[unknown command {c}: /help lists them; start a message with // to send one beginning with /]");
+                continue;
+            }
             _ => {}
         }
+        let line = match command.strip_prefix("//") {
+            Some(rest) => format!("/{rest}"),
+            None => line,
+        };
+        sent += 1;
         messages.push(Message { role: "user".into(), content: line });
         let ids = chat_prompt(&model, &messages)?;
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
@@ -120,6 +143,7 @@ pub fn run(a: Args) -> Result<()> {
                     eprintln!("(/reset starts a new conversation with an empty context)");
                 }
                 messages.pop();
+                failed += 1;
                 continue;
             }
         };
@@ -138,5 +162,9 @@ pub fn run(a: Args) -> Result<()> {
         cached.truncate(ctx.n_past());
     }
     eprintln!();
+    // Piped input: the exit status says whether every message got its reply.
+    if failed > 0 {
+        anyhow::bail!("{failed} of {sent} messages got no reply (the errors are above)");
+    }
     Ok(())
 }

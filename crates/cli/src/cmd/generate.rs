@@ -38,13 +38,21 @@ pub struct SamplingArgs {
     /// How many trailing tokens the penalties look at (0 = off)
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
-    /// RNG seed; the same seed and settings reproduce a run [default: random]
-    #[arg(long)]
+    /// RNG seed; the same seed and settings reproduce a run (-1: random, as llama.cpp) [default: random]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_seed)]
     pub seed: Option<u64>,
     /// Add BIAS to token ID's logit, written as llama.cpp takes it: 15043+1, 15043-0.5,
     /// 15043-inf (never this token) (repeatable)
     #[arg(long, short = 'l', value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
     pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// A seed, or -1 for a random one.
+fn parse_seed(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "-1" => Ok(rand::random()),
+        t => t.parse::<u64>().map_err(|_| format!("{s:?} is not a seed: give a whole number >= 0, or -1 for a random one")),
+    }
 }
 
 /// `ID+BIAS` / `ID-BIAS` (`inf` allowed) as llama.cpp's `--logit-bias` takes it.
@@ -133,6 +141,9 @@ pub struct Args {
 
 /// Render `messages` with the model's chat template.
 pub fn chat_prompt(model: &Model, messages: &[Message]) -> Result<Vec<u32>> {
+    if model.chat_template().is_none() {
+        anyhow::bail!("this model has no chat template (tokenizer.chat_template): `hearth chat` and --chat need one; run `hearth generate` without --chat on plain text");
+    }
     let tmpl = hearth_serve::chat_template(model).map_err(anyhow::Error::msg)?;
     hearth_serve::chat_prompt(&model.tokenizer, &tmpl, messages).map_err(anyhow::Error::msg)
 }
@@ -155,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
         model.tokenizer.encode(&text, true, true)
     };
     if ids.is_empty() {
-        anyhow::bail!("the prompt is empty: give some text with --prompt");
+        anyhow::bail!("the prompt is empty: give some text with --prompt or in --prompt-file");
     }
     let crate::common::Prepared { mut ctx, window, cluster } = a.model.prepare(&model, 2048, false)?;
     let comm0 = cluster.as_ref().map(|c| c.snapshot());
@@ -171,7 +182,10 @@ pub fn run(a: Args) -> Result<()> {
     let sampler = a.sampling.config(model.config.n_vocab)?;
     let mut spec = a.spec.speculation(&model, ctx.n_ctx(), ctx.n_batch(), ctx.n_threads())?;
     if let (Some(p), Some(_)) = (&a.spec.draft_model, &a.model.budget.mem_budget) {
-        eprintln!("warning: the draft model {} is mapped whole, outside --mem-budget's plan (its pages count in the RSS)", p.display());
+        eprintln!(
+            "warning: the draft model {} is outside --mem-budget's plan: its mapped weights, KV cache and buffers all add to the RSS",
+            p.display()
+        );
     }
     let (mut write_err, mut streamed) = (None, false);
     let out = generate_speculative(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, spec.as_mut(), |id| {
@@ -258,13 +272,16 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         dec.finish(); // an incomplete last character is not printed as U+FFFD
         writeln!(stdout).context("writing to stdout")?;
+        // A rate needs two tokens: the first comes with the prefill (TTFT).
+        let decode = match out.tokens.len() {
+            n @ 0..=1 => hearth_engine::plural(n, "token"),
+            n => format!("{n} tokens at {:.1} tok/s", t.decode_tok_s()),
+        };
         eprintln!(
-            "\nprompt {} tokens, prefill {:.1} tok/s, decode {} tokens at {:.1} tok/s, TTFT {:.1} ms ({}, stop: {:?})\n\
+            "\nprompt {} tokens, prefill {:.1} tok/s, decode {decode}, TTFT {:.1} ms ({}, stop: {:?})\n\
              {}",
             t.prompt_tokens,
             t.prefill_tok_s(),
-            out.tokens.len(),
-            t.decode_tok_s(),
             t.ttft_ms,
             hearth_engine::plural(a.model.threads(), "thread"),
             out.stop,

@@ -2,9 +2,8 @@
 
 use crate::common::print_out;
 use anyhow::{Context as _, Result};
-use std::fmt::Write as _;
-use hearth_gguf::GgufFile;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 /// Flags of `hearth inspect`.
@@ -27,7 +26,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     // (clap requires one of the two.)
     let file = a.file.or(a.model).context("give the GGUF file")?;
-    let f = GgufFile::open(&file)?;
+    let f = crate::common::open_gguf(&file)?;
     let mut totals: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
     for t in f.tensors() {
         let e = totals.entry(t.ty.name()).or_default();
@@ -54,16 +53,21 @@ pub fn run(a: Args) -> Result<()> {
             .iter()
             .map(|t| serde_json::json!({"name": t.name, "type": t.ty.name(), "shape": t.dims, "offset": t.offset, "bytes": t.size}))
             .collect();
-        let by_type: serde_json::Map<_, _> = totals
-            .iter()
-            .map(|(k, (n, el, b))| (k.to_string(), serde_json::json!({"tensors": n, "elements": el, "bytes": b})))
-            .collect();
+        let by_type: serde_json::Map<_, _> =
+            totals.iter().map(|(k, (n, el, b))| (k.to_string(), serde_json::json!({"tensors": n, "elements": el, "bytes": b}))).collect();
         let v = serde_json::json!({"version": f.version(), "alignment": f.alignment(), "data_offset": f.data_offset(),
             "metadata": meta, "tensors": tensors, "totals": by_type});
         return print_out(&format!("{v}\n"));
     }
     let mut o = String::new();
-    writeln!(o, "GGUF v{} · {} metadata keys · {} tensors · data at offset {}", f.version(), f.metadata().len(), f.tensors().len(), f.data_offset())?;
+    writeln!(
+        o,
+        "GGUF v{} · {} metadata keys · {} tensors · data at offset {}",
+        f.version(),
+        f.metadata().len(),
+        f.tensors().len(),
+        f.data_offset()
+    )?;
     writeln!(o, "\nmetadata:")?;
     for (k, v) in f.metadata() {
         writeln!(o, "  {k:<44} {}", v.summary(a.max_items))?;

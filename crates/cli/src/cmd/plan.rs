@@ -5,7 +5,9 @@
 use crate::common::{print_out, resolve_model, CacheTypeArg};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
-use hearth_memory::plan::{plan, plan_experts, plan_window, Plan, WindowPlan, ModelSummary, PlanParams, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB};
+use hearth_memory::plan::{
+    plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB,
+};
 use hearth_quant::GgmlType;
 use std::path::PathBuf;
 
@@ -149,7 +151,8 @@ pub fn run(a: Args) -> Result<()> {
                     "--shape {s} describes a dense model: plan a mixture of experts with --shape 30b-a3b or a2.7b, or a file with -m (hearth synth --arch qwen2moe|qwen3moe|mixtral writes one)"
                 );
             }
-            let m = ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
+            let m =
+                ModelSummary::from_config(&c, ty, out, false).with_context(|| format!("--shape {s} rows are not whole blocks of {ty}"))?;
             (m, c.n_ctx_train, format!("shape {s} {} {ty}", c.arch.name()))
         }
         None => {
@@ -157,6 +160,10 @@ pub fn run(a: Args) -> Result<()> {
             let f = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
             let m = ModelSummary::from_gguf(&f).with_context(|| format!("reading {}", path.display()))?;
             let train = hearth_model::ModelConfig::from_gguf(&f)?.n_ctx_train;
+            // A plan for a file generate would refuse is no plan: check its tensors as the
+            // loader does (mapped, not read; a hand-edited block_count or width shows here).
+            drop(f);
+            hearth_model::Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
             file = Some(path.clone());
             (m, train, path.display().to_string())
         }
@@ -230,7 +237,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(budget) => {
             let (disk, disk_src) = match (a.disk_bw, &file) {
                 (Some(g), _) if g > 0.0 && g <= 1e4 => (g, "--disk-bw"),
-                (Some(g), _) => bail!("--disk-bw {g:e} must be a bandwidth in GB/s, above 0 and at most 10000"),
+                (Some(g), _) => bail!("--disk-bw {g} must be a bandwidth in GB/s, above 0 and at most 10000"),
                 (None, Some(f)) => {
                     let g = hearth_memory::window::measure_read_gbps(f, 1 << 30)
                         .with_context(|| format!("measuring the read bandwidth of {}", f.display()))?;

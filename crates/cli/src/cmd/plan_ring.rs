@@ -87,7 +87,9 @@ fn given_windows(cost: &ModelCost, devices: &[DeviceSpec], given: &[usize]) -> R
     hearth_engine::ring::check_windows(given, cost.n_layer)?;
     let k = cost.n_layer / given.iter().sum::<usize>();
     let (ms, per_device) = hearth_parallel::solver::predict(cost, devices, k, given).ok_or_else(|| {
-        anyhow::anyhow!("--layer-window {given:?} does not fit these devices' memory budgets or links (without it, the solver picks windows that do)")
+        anyhow::anyhow!(
+            "--layer-window {given:?} does not fit these devices' memory budgets or links (without it, the solver picks windows that do)"
+        )
     })?;
     let explanation = format!("windows {given:?} from --layer-window (not the solver's choice)");
     Ok(hearth_parallel::solver::Assignment { k, windows: given.to_vec(), predicted_ms_per_token: ms, per_device, explanation })
@@ -155,7 +157,11 @@ pub fn report(devices: &[DeviceSpec], cost: &ModelCost, n_prompt: usize, layout:
             p.disk_ms,
             p.network_ms,
             p.resident_bytes as f64 / (1 << 20) as f64,
-            if p.streaming { "streamed, next window prefetched" } else { "resident" }
+            match (p.streaming, p.disk_ms > 0.0) {
+                (true, _) => "streamed, next window prefetched",
+                (false, true) => "over budget, re-read every token",
+                (false, false) => "resident",
+            }
         );
     }
     o += &format!(

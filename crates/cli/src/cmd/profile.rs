@@ -138,6 +138,9 @@ fn device_profile(
     refresh: bool,
     why: Option<&str>,
 ) -> Result<(DeviceProfile, String)> {
+    if let Err(e) = std::fs::metadata(model) {
+        anyhow::bail!("{}: {e} (the disk is measured on the model's file system)", model.display());
+    }
     anyhow::ensure!(model.is_file(), "{} is not a file (the disk is measured on the model's file system)", model.display());
     let cores = system::cores();
     let mut threads: Vec<usize> = if threads.is_empty() { vec![1, cores] } else { threads.to_vec() };

@@ -8,8 +8,7 @@ use crate::common::{file_type_name, mib};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
 use hearth_model::quantize::{
-    plan_quantize, quantize_target_names, quantized_metadata, target_file_type, write_quantized, QuantizeOptions,
-    QuantizeError,
+    plan_quantize, quantize_target_names, quantized_metadata, target_file_type, write_quantized, QuantizeError, QuantizeOptions,
 };
 use hearth_quant::GgmlType;
 use std::collections::BTreeMap;
@@ -32,10 +31,10 @@ pub struct Args {
     /// Type of output.weight (the tied embedding when there is none) [default: recipe]
     #[arg(long, value_name = "TYPE")]
     pub output_type: Option<String>,
-    /// Type of token_embd.weight [default: recipe]
+    /// Type of token_embd.weight (when tied, it is the output head and --output-type wins) [default: recipe]
     #[arg(long, value_name = "TYPE")]
     pub token_embedding_type: Option<String>,
-    /// Allow requantizing tensors that are already quantized (compounds rounding errors)
+    /// Allow requantizing tensors that are already quantized to another quantized type (compounds rounding errors; dequantizing to f32/f16/bf16 needs no flag)
     #[arg(long)]
     pub allow_requantize: bool,
     /// Every matrix to --type, without the K-quant mixes and output-head upgrade
@@ -48,9 +47,7 @@ pub struct Args {
 }
 
 fn parse_type(flag: &str, s: &str) -> Result<GgmlType> {
-    GgmlType::from_name(s).with_context(|| {
-        format!("{flag} {s:?}: unknown type (supported: {})", quantize_target_names())
-    })
+    GgmlType::from_name(s).with_context(|| format!("{flag} {s:?}: unknown type (supported: {})", quantize_target_names()))
 }
 
 /// The directory `p` will be created in.
@@ -72,9 +69,8 @@ pub fn run(a: Args) -> Result<()> {
     };
     let in_path = a.input.canonicalize().with_context(|| format!("reading {}", a.input.display()))?;
     let out_dir = parent_dir(&a.output);
-    let out_dir_abs = out_dir
-        .canonicalize()
-        .with_context(|| format!("cannot write {}: directory {}", a.output.display(), out_dir.display()))?;
+    let out_dir_abs =
+        out_dir.canonicalize().with_context(|| format!("cannot write {}: directory {}", a.output.display(), out_dir.display()))?;
     let out_abs = a.output.canonicalize().unwrap_or_else(|_| out_dir_abs.join(a.output.file_name().unwrap_or_default()));
     if out_abs == in_path {
         bail!("the output {} is the input file; write to another path", a.output.display());
@@ -92,16 +88,14 @@ pub fn run(a: Args) -> Result<()> {
         e => e.into(),
     })?;
     let meta = quantized_metadata(&src, opts.ty);
-    let specs: Vec<_> =
-        plan.iter().map(|p| hearth_gguf::TensorSpec { name: p.name.clone(), dims: p.dims.clone(), ty: p.dst }).collect();
+    let specs: Vec<_> = plan.iter().map(|p| hearth_gguf::TensorSpec { name: p.name.clone(), dims: p.dims.clone(), ty: p.dst }).collect();
     let needed = file_bytes(&meta, &specs)?;
     check_space(&a.output, needed, free_bytes(&out_dir)?)?;
 
     let threads = crate::common::threads_or_default(a.threads);
     let data: u64 = specs.iter().map(|t| t.size().unwrap_or(0)).sum();
     let pb = crate::common::byte_progress(data, format!("quantizing to {}", a.output.display()));
-    write_quantized(&src, &a.output, &meta, &plan, threads, &|n| pb.inc(n))
-        .with_context(|| format!("writing {}", a.output.display()))?;
+    write_quantized(&src, &a.output, &meta, &plan, threads, &|n| pb.inc(n)).with_context(|| format!("writing {}", a.output.display()))?;
     pb.finish_and_clear();
 
     let in_bytes = std::fs::metadata(&in_path).map(|m| m.len()).unwrap_or(0);

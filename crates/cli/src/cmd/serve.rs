@@ -89,10 +89,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.model.ctx_size == Some(1) {
         bail!("--ctx-size 1 leaves no position to generate into: a slot needs at least 2");
     }
-    let draft = a.spec.enabled().then(|| hearth_serve::Draft {
-        max: a.spec.draft_max.map_or(16, |n| n as usize),
-        min: a.spec.draft_min.map_or(1, |n| n as usize),
-    });
+    let draft = a
+        .spec
+        .enabled()
+        .then(|| hearth_serve::Draft { max: a.spec.draft_max.map_or(16, |n| n as usize), min: a.spec.draft_min.map_or(1, |n| n as usize) });
     a.spec.check()?;
     // A bad --host is found before the model loads, not after.
     if let Err(e) = std::net::ToSocketAddrs::to_socket_addrs(&(a.host.as_str(), a.port)) {
@@ -136,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut opts = a.model.engine_options_with_slots(&model, 2048, false, slots)?;
     opts.n_threads = threads;
     opts.pin = false; // pinned from each engine's scheduler thread, to its own CPUs
-    // Every pass on the f32 attention path (see hearth_serve::scheduler): workers too.
+                      // Every pass on the f32 attention path (see hearth_serve::scheduler): workers too.
     opts.f32_attention_from = Some(1);
     let mut engines = Vec::with_capacity(groups);
     for g in 0..groups {
@@ -166,7 +166,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     let across = engines[0].across.is_some();
     let ctx = &engines[0].ctx;
-    let pooling = a.pooling.map(Into::into).or_else(|| hearth_model::embed::Pooling::of_model(&model)).unwrap_or(hearth_model::embed::Pooling::Mean);
+    let pooling =
+        a.pooling.map(Into::into).or_else(|| hearth_model::embed::Pooling::of_model(&model)).unwrap_or(hearth_model::embed::Pooling::Mean);
     let model_id = a.alias.first().cloned().unwrap_or_else(|| {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
@@ -184,6 +185,18 @@ pub fn run(a: Args) -> Result<()> {
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" },
         draft.map_or(String::new(), |d| format!(", speculative decoding with {} (up to {} guesses)", a.spec.describe(), d.max)),
     );
-    let opts = hearth_serve::ServeOptions { host: a.host, port: a.port, api_key: a.api_key, queue_size: a.queue_size as usize, model_id, aliases: a.alias.iter().skip(1).cloned().collect(), strict_model: a.strict_model, prompt_cache: !a.no_prompt_cache, pooling: Some(pooling), draft, cors_origins: a.cors_origin };
+    let opts = hearth_serve::ServeOptions {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        queue_size: a.queue_size as usize,
+        model_id,
+        aliases: a.alias.iter().skip(1).cloned().collect(),
+        strict_model: a.strict_model,
+        prompt_cache: !a.no_prompt_cache,
+        pooling: Some(pooling),
+        draft,
+        cors_origins: a.cors_origin,
+    };
     hearth_serve::serve(engines, opts).context("serving")
 }

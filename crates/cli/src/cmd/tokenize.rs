@@ -3,7 +3,6 @@
 
 use crate::common::{parse_bool, print_out, resolve_model};
 use anyhow::{Context as _, Result};
-use hearth_gguf::GgufFile;
 use hearth_tokenizer::Tokenizer;
 use std::io::Read;
 use std::path::PathBuf;
@@ -33,7 +32,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let path = resolve_model(a.model.as_ref())?;
-    let f = GgufFile::open(&path)?;
+    let f = crate::common::open_gguf(&path)?;
     let tok = Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = match (&a.text, &a.file) {
         (Some(t), _) => t.clone(),
