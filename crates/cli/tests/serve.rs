@@ -126,8 +126,11 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     assert!(local.contains("access-control-allow-headers: authorization, content-type"), "{local}");
     let named = preflight("https://chat.example.org");
     assert!(named.contains("access-control-allow-origin: https://chat.example.org"), "{named}");
-    let other = preflight("https://evil.example");
-    assert!(!other.contains("access-control-allow-origin"), "{other}");
+    for other in ["https://evil.example", "http://localhost:3000@evil.example", "http://localhost.evil.example", "http://localhost:abc"] {
+        let r = preflight(other);
+        assert!(!r.contains("access-control-allow-origin"), "{other}: {r}");
+    }
+    assert!(preflight("http://[::1]:8080").contains("access-control-allow-origin: http://[::1]:8080"));
 
     // Still serving, and counting.
     let (st, ok) = s.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}));

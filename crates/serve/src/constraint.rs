@@ -57,7 +57,13 @@ impl Grammars {
 /// state (`<state>…</state><grammar>…`), which is no use to a client.
 fn brief(e: &str) -> String {
     let e = e.split("<state>").next().unwrap_or(e);
-    e.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("llguidance failed").to_string()
+    // One line; a regex error's reason comes on the lines after "regex parse error:".
+    let one: Vec<&str> = e.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let one = if one.is_empty() { "llguidance failed".to_string() } else { one.join(" ") };
+    match one.char_indices().nth(400) {
+        Some((cut, _)) => format!("{}…", &one[..cut]),
+        None => one,
+    }
 }
 
 /// The token trie and factory for `tok`. A token's bytes are what it adds to the text;
@@ -189,6 +195,9 @@ mod tests {
         let e = g.constraint(tok, json_grammar(Some(&bad_schema))).unwrap_err();
         assert!(e.contains("integer_number"), "{e}");
         // Schemas that compile but match nothing are refused before any token, briefly.
+        let bad_regex = serde_json::json!({"type": "string", "pattern": "(("});
+        let e = g.constraint(tok, json_grammar(Some(&bad_regex))).unwrap_err();
+        assert!(e.contains("regex parse error") && e.len() > "regex parse error:".len() + 8 && !e.contains('\n'), "{e}");
         for empty in [serde_json::json!({"$ref": "#"}), serde_json::json!({"allOf": [{"$ref": "#"}]})] {
             let e = g.constraint(tok, json_grammar(Some(&empty))).unwrap_err();
             assert!(e.starts_with("the grammar matches no text") && !e.contains("<state>") && !e.contains('\n'), "{empty}: {e}");

@@ -94,12 +94,15 @@ fn cors(extra: &[String]) -> CorsLayer {
         if any || extra.iter().any(|e| e == o) {
             return true;
         }
+        // scheme://host[:port] and nothing more, as browsers send it.
         let host = o.strip_prefix("http://").or_else(|| o.strip_prefix("https://")).unwrap_or("");
-        let name = match host.strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or(""),
-            None => host.split(':').next().unwrap_or(""),
+        let (name, port) = match host.strip_prefix('[') {
+            Some(v6) => v6.split_once(']').unwrap_or(("", "x")),
+            None => host.split_at(host.find(':').unwrap_or(host.len())),
         };
-        matches!(name, "localhost" | "127.0.0.1" | "::1")
+        let port_ok = port.is_empty()
+            || port.strip_prefix(':').is_some_and(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+        port_ok && matches!(name, "localhost" | "127.0.0.1" | "::1")
     };
     CorsLayer::new()
         .allow_origin(AllowOrigin::predicate(allowed))
