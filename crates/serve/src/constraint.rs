@@ -53,8 +53,8 @@ impl Grammars {
     }
 }
 
-/// The first line of llguidance's message: its errors may carry the parser's whole
-/// state (`<state>…</state><grammar>…`), which is no use to a client.
+/// llguidance's message on one line (at most 400 characters), without the parser state
+/// its errors may carry (`<state>…</state><grammar>…`), which is no use to a client.
 fn brief(e: &str) -> String {
     let e = e.split("<state>").next().unwrap_or(e);
     // One line; a regex error's reason comes on the lines after "regex parse error:".

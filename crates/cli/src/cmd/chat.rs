@@ -39,8 +39,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     // Fail now, not after the first message, if the template cannot render.
     chat_prompt(&model, &[Message { role: "user".into(), content: "hi".into() }])?;
-    let mut cached: Vec<u32> = Vec::new(); // tokens whose K/V are in ctx
-                                           // Ctrl-C while a reply streams stops that reply; at the prompt it quits.
+    // Tokens whose K/V are in ctx.
+    let mut cached: Vec<u32> = Vec::new();
+    // Ctrl-C while a reply streams stops that reply; at the prompt it quits.
     let replying = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -67,13 +68,10 @@ pub fn run(a: Args) -> Result<()> {
         }
         // A line that is not UTF-8 is sent with U+FFFD in place of its bad bytes (the
         // session goes on).
-        let line = match String::from_utf8(raw.clone()) {
-            Ok(l) => l,
-            Err(_) => {
-                eprintln!("[the line is not valid UTF-8: its bad bytes are sent as U+FFFD]");
-                String::from_utf8_lossy(&raw).into_owned()
-            }
-        };
+        if std::str::from_utf8(&raw).is_err() {
+            eprintln!("[the line is not valid UTF-8: its bad bytes are sent as U+FFFD]");
+        }
+        let line = String::from_utf8_lossy(&raw).into_owned();
         let line = line.strip_suffix('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).unwrap_or(&line).to_string();
         let command = line.trim();
         match command {

@@ -135,8 +135,9 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut opts = a.model.engine_options_with_slots(&model, 2048, false, slots)?;
     opts.n_threads = threads;
-    opts.pin = false; // pinned from each engine's scheduler thread, to its own CPUs
-                      // Every pass on the f32 attention path (see hearth_serve::scheduler): workers too.
+    // Pinned from each engine's scheduler thread, to its own CPUs.
+    opts.pin = false;
+    // Every pass on the f32 attention path (see hearth_serve::scheduler): workers too.
     opts.f32_attention_from = Some(1);
     let mut engines = Vec::with_capacity(groups);
     for g in 0..groups {
