@@ -43,8 +43,14 @@ pub enum WindowIo {
 }
 
 impl BudgetArgs {
-    /// Before loading: `--cold`.
+    /// Before loading: `--cold`, and a warning when `--mem-budget` is more than this machine
+    /// has available (the budget then cannot keep the run out of swap or the OOM killer).
     pub fn before_load(&self, path: &Path) -> Result<()> {
+        if let (Some(budget), Some(available)) = (self.mem_budget, hearth_memory::available_bytes()) {
+            if let Some(w) = over_available(budget, available) {
+                eprintln!("{w}");
+            }
+        }
         if self.cold {
             hearth_memory::drop_page_cache(path).with_context(|| format!("--cold: dropping {} from the page cache", path.display()))?;
         }
@@ -64,6 +70,19 @@ impl BudgetArgs {
             size_flags: "--ctx-size / --batch-size",
         })
     }
+}
+
+/// The warning for a budget above the RAM available now (`MemAvailable`, or the cgroup's
+/// limit minus its usage where lower), or `None` when it fits.
+fn over_available(budget: u64, available: u64) -> Option<String> {
+    (budget > available).then(|| {
+        format!(
+            "warning: --mem-budget {} is more than the {} of RAM available now; the run may swap or be killed. \
+             Give at most the available RAM to stream the model within it",
+            hearth_engine::mib(budget),
+            hearth_engine::mib(available)
+        )
+    })
 }
 
 /// One line on weight I/O over `passes` forward passes.
@@ -132,7 +151,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{over_available, parse_size};
+
+    #[test]
+    fn a_budget_above_the_available_ram_is_warned_about() {
+        assert_eq!(over_available(1 << 30, 2 << 30), None);
+        assert_eq!(over_available(2 << 30, 2 << 30), None);
+        let w = over_available(3 << 30, 2 << 30).unwrap();
+        assert!(w.contains("3072.0 MiB") && w.contains("2048.0 MiB"), "{w}");
+    }
 
     #[test]
     fn sizes() {

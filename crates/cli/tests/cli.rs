@@ -39,6 +39,36 @@ fn generate_greedy_json() {
     assert_eq!(m["cache_type"], "f16");
 }
 
+/// `--stop`: generation ends at the first stop string, which is not printed; text that could
+/// still become one is held back, and printed when it does not. The control is the same run
+/// without the flag, which goes on past the newline.
+#[test]
+fn generate_stops_at_a_stop_string() {
+    let m = model();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "--temperature", "0", "-n", "16"];
+        args.extend_from_slice(extra);
+        let out = hearth(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    let json = |extra: &[&str]| -> serde_json::Value { serde_json::from_slice(&run(&[extra, &["--json"]].concat()).stdout).unwrap() };
+    let free = json(&[]);
+    let text = free["text"].as_str().unwrap();
+    assert!(text.starts_with(" Paris") && text.contains('\n'), "{free}");
+    assert_eq!(free["stop_reason"], "Length");
+    let cut = json(&["--stop", "\\n"]);
+    assert_eq!(cut["text"], text[..text.find('\n').unwrap()], "{cut}");
+    assert_eq!(cut["stop_reason"], "StopString");
+    assert!(cut["completion_tokens"].as_array().unwrap().len() < 16, "{cut}");
+    // A stop string that never matches: the held-back prefix ("Par" of "Paris!") comes out.
+    assert_eq!(json(&["--stop", "Paris!"])["text"], text);
+    // Streamed: the same text up to the match.
+    let out = run(&["--stop", "\\n"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}\n", &text[..text.find('\n').unwrap()]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stop: StopString"));
+}
+
 /// `HEARTH_SIMD` naming another architecture's level, or nothing known: a warning that
 /// lists this CPU's levels, and the best level (not a silent cap to scalar or none).
 #[test]
@@ -256,6 +286,10 @@ fn bad_flags_and_paths_are_clean_errors() {
     assert_clean_error(&hearth(&["perplexity", "-m", m, "--file", "/dev/zero"]), "not a regular file");
     assert_clean_error(&hearth(&["plan", "-m", m, "--type", "q4_k"]), "--shape");
     assert_clean_error(&hearth(&["plan", "--shape", "7b", "--membw", "1e300"]), "--membw");
+    assert_clean_error(&hearth(&["quantize", m, "-", "--type", "q8_0"]), "standard output");
+    assert!(!Path::new("-").exists(), "no file named '-' was written");
+    let out = hearth(&["generate", "-m", m, "-p", "hi", "--stop", ""]); // a usage error: clap's exit status 2
+    assert!(out.status.code() == Some(2) && String::from_utf8_lossy(&out.stderr).contains("cannot be empty"));
     let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/vocab/ggml-vocab-llama-spm.gguf");
     if vocab.is_file() {
         assert_clean_error(&hearth(&["generate", "-m", vocab.to_str().unwrap(), "-p", "hi"]), "vocab-only");

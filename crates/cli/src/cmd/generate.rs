@@ -55,6 +55,27 @@ fn parse_seed(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A stop string with `\n`, `\t` and `\\` unescaped, so a shell can pass a newline.
+fn parse_stop(s: &str) -> Result<String, String> {
+    let (mut out, mut chars) = (String::new(), s.chars());
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('\\') => out.push('\\'),
+            other => out.extend(std::iter::once('\\').chain(other)),
+        }
+    }
+    if out.is_empty() {
+        return Err("a stop string cannot be empty".into());
+    }
+    Ok(out)
+}
+
 /// `ID+BIAS` / `ID-BIAS` (`inf` allowed) as llama.cpp's `--logit-bias` takes it.
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     let s = s.trim();
@@ -127,6 +148,10 @@ pub struct Args {
     /// Maximum number of tokens to generate
     #[arg(short = 'n', long, default_value_t = 256)]
     pub max_tokens: usize,
+    /// Stop when the output contains TEXT, which is not printed (repeatable; as the API's
+    /// `stop`). Escapes \n and \t are read as a newline and a tab
+    #[arg(long, value_name = "TEXT", value_parser = parse_stop)]
+    pub stop: Vec<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Wrap the prompt as a user message in the model's chat template
@@ -188,21 +213,30 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let (mut write_err, mut streamed) = (None, false);
+    // With stop strings, text is released only once it cannot be the start of one.
+    let mut stop = (!a.stop.is_empty()).then(|| hearth_serve::stop::StopText::new(a.stop.clone()));
+    let (mut released, mut stopped) = (String::new(), false);
     let out = generate_speculative(&mut ctx, &ids, a.max_tokens, &sampler, !a.ignore_eos, spec.as_mut(), |id| {
         // The first token comes right after prefill: split the group's counters there.
         if comm1.is_none() {
             comm1 = cluster.as_ref().map(|c| c.snapshot());
             nodes1 = cluster.as_ref().and_then(|c| c.all_stats());
         }
-        if !json && !tok.is_eog(id) {
-            let s = dec.push(id);
-            streamed |= !s.is_empty();
-            if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()) {
-                write_err = Some(e);
-                return false;
+        if (!json || stop.is_some()) && !tok.is_eog(id) {
+            let mut s = dec.push(id);
+            if let Some(st) = stop.as_mut() {
+                (s, stopped) = st.push(&s);
+                released.push_str(&s);
+            }
+            if !json {
+                streamed |= !s.is_empty();
+                if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()) {
+                    write_err = Some(e);
+                    return false;
+                }
             }
         }
-        true
+        !stopped
     });
     let out = match out {
         Ok(o) => o,
@@ -217,6 +251,13 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }
+    // What a stop string held back when none matched after all.
+    let held = match stop.as_mut() {
+        Some(st) if !stopped => st.finish(),
+        _ => String::new(),
+    };
+    released.push_str(&held);
+    let stop_reason = if stopped { "StopString".to_string() } else { format!("{:?}", out.stop) };
     let t = &out.timings;
     let mem = MemoryReport::now(&ctx);
     // Per node over decode: this node's and every worker's counters after vs before.
@@ -238,8 +279,8 @@ pub fn run(a: Args) -> Result<()> {
         let v = serde_json::json!({
             "prompt_tokens": ids,
             "completion_tokens": out.tokens,
-            "text": StreamDecoder::text_of(tok, &text_ids),
-            "stop_reason": format!("{:?}", out.stop),
+            "text": if stop.is_some() { released } else { StreamDecoder::text_of(tok, &text_ids) },
+            "stop_reason": stop_reason,
             "timings": {
                 "ttft_ms": t.ttft_ms,
                 "prefill_ms": t.prefill_ms,
@@ -271,20 +312,20 @@ pub fn run(a: Args) -> Result<()> {
         print_out(&format!("{v}\n"))?;
     } else {
         dec.finish(); // an incomplete last character is not printed as U+FFFD
-        writeln!(stdout).context("writing to stdout")?;
+        write!(stdout, "{held}").and_then(|_| writeln!(stdout)).context("writing to stdout")?;
         // A rate needs two tokens: the first comes with the prefill (TTFT).
         let decode = match out.tokens.len() {
             n @ 0..=1 => hearth_engine::plural(n, "token"),
             n => format!("{n} tokens at {:.1} tok/s", t.decode_tok_s()),
         };
         eprintln!(
-            "\nprompt {} tokens, prefill {:.1} tok/s, decode {decode}, TTFT {:.1} ms ({}, stop: {:?})\n\
+            "\nprompt {} tokens, prefill {:.1} tok/s, decode {decode}, TTFT {:.1} ms ({}, stop: {})\n\
              {}",
             t.prompt_tokens,
             t.prefill_tok_s(),
             t.ttft_ms,
             hearth_engine::plural(a.model.threads(), "thread"),
-            out.stop,
+            stop_reason,
             mem.human(),
         );
         if let Some(s) = &out.speculative {
@@ -311,4 +352,19 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_stop;
+
+    #[test]
+    fn stop_strings_take_newline_and_tab_escapes() {
+        assert_eq!(parse_stop("\\n\\n").unwrap(), "\n\n");
+        assert_eq!(parse_stop("User:\\t").unwrap(), "User:\t");
+        assert_eq!(parse_stop("a\\\\n").unwrap(), "a\\n");
+        assert_eq!(parse_stop("\\x").unwrap(), "\\x");
+        assert_eq!(parse_stop("end\\").unwrap(), "end\\");
+        assert!(parse_stop("").is_err());
+    }
 }

@@ -67,6 +67,11 @@ pub fn run(a: Args) -> Result<()> {
         allow_requantize: a.allow_requantize,
         pure: a.pure,
     };
+    // The file is written beside OUT and renamed onto it, so it cannot go to a pipe; and a
+    // file named "-" is what nobody means.
+    if a.output.as_os_str() == "-" {
+        bail!("cannot write the quantized file to standard output (\"-\"); give a file name, e.g. model-q4_k.gguf");
+    }
     let in_path = a.input.canonicalize().with_context(|| format!("reading {}", a.input.display()))?;
     let out_dir = parent_dir(&a.output);
     let out_dir_abs =
