@@ -502,6 +502,36 @@ fn matmul_is_thread_and_batch_invariant() {
     }
 }
 
+/// A decode matvec over panels long enough for the quarter-interleaved order of the
+/// 256-bit levels (`tile::run_matvec`: tile `i` takes rows `i`, `q + i`, `2q + i`,
+/// `3q + i`) gives each row the bits the same token gets inside a prefill batch, on 1 to 3
+/// threads (whose panels, and so quarters, differ), rows not a multiple of 4 included.
+#[test]
+fn long_matvec_panels_are_batch_invariant() {
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    for wty in WTYPES {
+        let (rows, cols, tokens) = (1003, 64 + if wty.block_size() == 1 { 3 } else { 0 }, 3);
+        let (w, x) = problem(wty, rows, cols, tokens, 7);
+        let view = WeightView::new(wty, &w, rows, cols).unwrap();
+        for level in levels() {
+            let mut scratch = Vec::new();
+            let mut base = vec![0f32; rows * tokens];
+            matmul_with(level, &pools[0], &view, &x, tokens, &mut base, &mut scratch).unwrap();
+            for pool in &pools {
+                for t in 0..tokens {
+                    let mut out = vec![f32::NAN; rows];
+                    matmul_with(level, pool, &view, &x[t * cols..(t + 1) * cols], 1, &mut out, &mut scratch).unwrap();
+                    let want = &base[t * rows..(t + 1) * rows];
+                    if let Some(r) = (0..rows).find(|&r| out[r].to_bits() != want[r].to_bits()) {
+                        let n = pool.n_threads();
+                        panic!("{level:?} {wty}, {n} threads: token {t} alone differs at row {r}: {} vs {}", out[r], want[r]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `matmul_many` gives each job exactly what `matmul` alone gives it: jobs of
 /// several types and token counts, two of them sharing one input (quantized
 /// once), one of them empty, over 1–3 threads and every level.

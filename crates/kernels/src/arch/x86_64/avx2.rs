@@ -19,7 +19,7 @@ use super::avx2_k_low;
 use super::avx2_q8;
 use super::avx2_rows;
 use super::int_dot::{IntDot, Madd};
-use super::tile::{f16_at, hsum256, run_panel, tail_dot, Fmt};
+use super::tile::{f16_at, hsum256, run_matvec, run_panel, tail_dot, Fmt};
 use crate::arch::tail::{rd_bf16, rd_f16, rd_f32};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
@@ -67,7 +67,7 @@ fn panel<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32],
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn panel_avx2<F: Fmt, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
     if p.n_tokens == 1 {
-        run_panel::<F, 4, 1>(p, out)
+        run_matvec::<F>(p, out)
     } else {
         run_panel::<F, R, T>(p, out)
     }
@@ -91,7 +91,7 @@ unsafe fn block_panel_avx2<F: Fmt, B: avx2_q8::Block>(p: &Panel<'_>, out: &mut [
 #[inline(always)]
 pub(super) unsafe fn block_tiles<F: Fmt, B: avx2_q8::Block, D: IntDot>(p: &Panel<'_>, out: &mut [f32]) {
     if p.n_tokens == 1 {
-        run_panel::<F, 4, 1>(p, out)
+        run_matvec::<F>(p, out)
     } else {
         avx2_q8::run::<B, D>(p, out)
     }
