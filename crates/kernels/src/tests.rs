@@ -505,14 +505,27 @@ fn matmul_is_thread_and_batch_invariant() {
 /// A decode matvec over panels long enough for the quarter-interleaved order of the
 /// 256-bit levels (`tile::run_matvec`: tile `i` takes rows `i`, `q + i`, `2q + i`,
 /// `3q + i`) gives each row the bits the same token gets inside a prefill batch, on 1 to 3
-/// threads (whose panels, and so quarters, differ), rows not a multiple of 4 included.
+/// threads (whose panels, and so quarters, differ), rows not a multiple of 4 included, and
+/// through a view narrower than its rows (stride > row bytes, the last row ending short; with
+/// 1000 rows the last panel is 4 whole quarters).
 #[test]
 fn long_matvec_panels_are_batch_invariant() {
     let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
-    for wty in WTYPES {
-        let (rows, cols, tokens) = (1003, 64 + if wty.block_size() == 1 { 3 } else { 0 }, 3);
-        let (w, x) = problem(wty, rows, cols, tokens, 7);
-        let view = WeightView::new(wty, &w, rows, cols).unwrap();
+    let cases = WTYPES.iter().flat_map(|&t| [(t, 1003, false), (t, 1000, true), (t, 1003, true)]);
+    for (wty, rows, narrow) in cases {
+        let (cols, tokens) = (64 + if wty.block_size() == 1 { 3 } else { 0 }, 3);
+        let (full, x) = problem(wty, rows, cols, tokens, 7);
+        let rb = full.len() / rows;
+        // Narrow: each row followed by 40 bytes of other data, and none after the last.
+        let gap = if narrow { 40 } else { 0 };
+        let mut w = Vec::new();
+        for row in full.chunks(rb) {
+            w.extend_from_slice(row);
+            w.extend(std::iter::repeat_n(0xa5u8, gap));
+        }
+        w.truncate(w.len() - gap);
+        let stride = rb + gap;
+        let view = WeightView::with_stride(wty, &w, rows, cols, stride).unwrap();
         for level in levels() {
             let mut scratch = Vec::new();
             let mut base = vec![0f32; rows * tokens];
@@ -521,6 +534,20 @@ fn long_matvec_panels_are_batch_invariant() {
                 for t in 0..tokens {
                     let mut out = vec![f32::NAN; rows];
                     matmul_with(level, pool, &view, &x[t * cols..(t + 1) * cols], 1, &mut out, &mut scratch).unwrap();
+                    // First of two jobs, as a decode's Q/K/V are: its one panel is all of
+                    // it, up to the end of the view's bytes (the narrow view's last row ends
+                    // short of a stride).
+                    if t == 0 && pool.n_threads() == 1 {
+                        let (fill_w, fill_x) = problem(wty, 2000, cols, 1, 8);
+                        let fill = WeightView::new(wty, &fill_w, 2000, cols).unwrap();
+                        let (mut a, mut b) = (vec![f32::NAN; rows], vec![0f32; 2000]);
+                        let mut jobs = [
+                            crate::MatJob { w: &view, x: &x[..cols], n_tokens: 1, out: &mut a },
+                            crate::MatJob { w: &fill, x: &fill_x, n_tokens: 1, out: &mut b },
+                        ];
+                        crate::matmul::matmul_many_with(level, pool, &mut jobs, &mut scratch).unwrap();
+                        assert!(bits(&a) == bits(&base[..rows]), "{level:?} {wty}: first of two jobs differs");
+                    }
                     let want = &base[t * rows..(t + 1) * rows];
                     if let Some(r) = (0..rows).find(|&r| out[r].to_bits() != want[r].to_bits()) {
                         let n = pool.n_threads();

@@ -269,18 +269,20 @@ pub(super) unsafe fn run_matvec<F: Fmt>(p: &Panel<'_>, out: &mut [f32]) {
     let rs = p.row_stride;
     let mut sub = Panel { row_stride: q * rs, n_rows: 4, ..*p };
     let mut o = [0f32; 4];
-    // Bounded to the panel: `tile`'s prefetch of rows past its own then finds no room and
-    // stays off (the hardware's stream prefetchers follow 4 far-apart streams).
-    let w = p.w.get_unchecked(..4 * q * rs);
+    // Bounded to the panel's 4q rows: `tile`'s prefetch of rows past its own then finds no
+    // room and stays off (the hardware's stream prefetchers follow 4 far-apart streams).
+    // The last row may end short of a whole stride (a view narrower than its rows), so
+    // `p.w` may end before 4q strides.
+    let w = &p.w[..p.w.len().min(4 * q * rs)];
     for i in 0..q {
-        sub.w = w.get_unchecked(i * rs..);
+        sub.w = &w[i * rs..];
         tile::<F, 4, 1>(&sub, 0, 0, &mut o);
         for (k, &v) in o.iter().enumerate() {
-            *out.get_unchecked_mut(k * q + i) = v;
+            out[k * q + i] = v;
         }
     }
-    let rest = Panel { w: p.w.get_unchecked(4 * q * rs..), n_rows: p.n_rows - 4 * q, ..*p };
-    if rest.n_rows > 0 {
+    if p.n_rows > 4 * q {
+        let rest = Panel { w: &p.w[4 * q * rs..], n_rows: p.n_rows - 4 * q, ..*p };
         run_panel::<F, 4, 1>(&rest, &mut out[4 * q..]);
     }
 }
