@@ -67,8 +67,13 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     let models: Value = serde_json::from_str(&s.get("/v1/models")).unwrap();
     let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["smol", "gpt-4o-mini"]);
-    let (st, ok) = s.post(chat, &json!({"messages": msgs, "model": "gpt-4o-mini", "max_tokens": 1}));
-    assert_eq!((st, ok["model"].as_str()), (200, Some("smol")), "{ok}");
+    // Each served name is answered with itself; the id for none.
+    for (asked, answered) in [("gpt-4o-mini", "gpt-4o-mini"), ("smol", "smol"), ("", "smol")] {
+        let (st, ok) = s.post(chat, &json!({"messages": msgs, "model": asked, "max_tokens": 1}));
+        assert_eq!((st, ok["model"].as_str()), (200, Some(answered)), "{ok}");
+    }
+    let (st, ok) = s.post("/v1/embeddings", &json!({"input": "hi", "model": "gpt-4o-mini"}));
+    assert_eq!((st, ok["model"].as_str()), (200, Some("gpt-4o-mini")), "{ok}");
     let long = s.post("/v1/completions", &json!({"prompt": "word ".repeat(100)}));
     assert_eq!(long.1["error"]["code"], "context_length_exceeded", "{}", long.1);
     assert_error(long, 400, "invalid_request_error", Some("prompt"));
@@ -141,7 +146,7 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     let metrics = s.request("GET", "/metrics", None, "").1;
     for want in [
         "hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}",
-        "hearth_ttft_seconds_count 7",
+        "hearth_ttft_seconds_count 9",
         "hearth_queue_depth 0",
         "hearth_rss_file_bytes ",
     ] {
@@ -366,6 +371,96 @@ fn a_burst_as_large_as_the_slots_is_never_refused() {
     assert_eq!(code, 200, "{v}");
     let (code, v) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2, "n": 6}));
     assert_eq!((code, v["error"]["param"].as_str()), (400, Some("n")), "{v}");
+}
+
+/// Send `sig` (`-TERM`, `-INT`) to `pid`.
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+}
+
+#[test]
+fn a_second_signal_stops_the_server_mid_generation() {
+    // A long generation held `hearth serve` after Ctrl-C until it ended, with further
+    // signals ignored (new-user pass: 47 s for a 2044-token stream).
+    let mut s = Server::start(&["--parallel", "1", "--ctx-size", "4096"]);
+    let body =
+        json!({"prompt": "Count to one thousand:", "max_tokens": 3000, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = c.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    let pid = s.child.id();
+    signal(pid, "-TERM");
+    // The first signal drains: no new connections, the stream goes on.
+    let t0 = Instant::now();
+    while TcpStream::connect(&s.addr).is_ok() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "still accepting connections after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(c.read(&mut buf).unwrap() > 0, "the stream in flight stopped at the first signal");
+    assert!(s.child.try_wait().unwrap().is_none(), "control: the first signal lets the request in flight finish");
+    let log = s.log.lock().unwrap().clone();
+    assert!(log.contains("the 1 generating and 0 queued finish first (Ctrl-C again to stop now)"), "{log}");
+    // The second stops the server long before 3000 tokens.
+    signal(pid, "-INT");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the server still runs 10 s after a second signal");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    // The client sees its stream end, unfinished.
+    let mut rest = Vec::new();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = c.read_to_end(&mut rest);
+    assert!(!String::from_utf8_lossy(&rest).contains("[DONE]"));
+    std::thread::sleep(Duration::from_millis(200));
+    let log = s.log.lock().unwrap().clone();
+    assert!(log.contains("stopping now, cutting off the requests in flight"), "{log}");
+}
+
+#[test]
+fn an_idle_server_stops_at_the_first_signal() {
+    let mut s = Server::start(&[]);
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(st, 200, "{r}");
+    signal(s.child.id(), "-INT");
+    let t0 = Instant::now();
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "an idle server still runs 10 s after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_taken_port_is_named_before_the_model_loads() {
+    let s = Server::start(&[]);
+    let port = s.addr.rsplit_once(':').unwrap().1;
+    // No model at all: the port is what is reported, so it was checked first.
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["serve", "--port", port, "-m", "/nonexistent/model.gguf"])
+        .env_remove("HEARTH_MODEL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("cannot listen on 127.0.0.1:{port}")) && err.contains("another server is on that port"), "{err}");
+    assert!(!err.contains("nonexistent"), "{err}");
+    // Control: on a free port the same command reaches the model and fails on it.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["serve", "--port", &free, "-m", "/nonexistent/model.gguf"])
+        .env_remove("HEARTH_MODEL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("nonexistent") && !err.contains("cannot listen"), "{err}");
 }
 
 #[test]

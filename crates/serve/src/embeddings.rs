@@ -155,7 +155,7 @@ pub async fn embeddings(State(app): State<Arc<App>>, headers: HeaderMap, body: R
             let sep = if index > 0 { "," } else { "" };
             body.push_str(&format!(r#"{sep}{{"object":"embedding","index":{index},"embedding":{embedding}}}"#));
         }
-        let model = serde_json::to_string(&app.model_id).unwrap_or_else(|_| "\"\"".into());
+        let model = serde_json::to_string(app.answer_name(req.model.as_deref())).unwrap_or_else(|_| "\"\"".into());
         body.push_str(&format!(r#"],"model":{model},"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}"#));
         Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
     }

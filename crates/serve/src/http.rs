@@ -276,6 +276,13 @@ impl App {
     pub(crate) fn serves(&self, name: &str) -> bool {
         self.names().contains(&name)
     }
+
+    /// The name a response carries: the one the request asked for when it is the id or an
+    /// alias (a client that asked for `b` of `--alias a --alias b` is answered `b`, as
+    /// vLLM answers with the served name asked for), else the id.
+    pub(crate) fn answer_name<'a>(&'a self, asked: Option<&'a str>) -> &'a str {
+        asked.filter(|m| self.serves(m)).unwrap_or(&self.model_id)
+    }
 }
 
 /// `GET /v1/models/{id}`: one model, as `/v1/models` lists it.
@@ -344,7 +351,7 @@ async fn generate(
         rxs.push(rx);
     }
     let events = merge(rxs);
-    let mut head = Head::new(kind, &app.model_id);
+    let mut head = Head::new(kind, app.answer_name(p.model.as_deref()));
     if kind == Kind::Completion && p.logprobs.is_some() {
         head.prompt_chars = app.model.tokenizer.detokenize(&prompt, true, false).chars().count();
     }

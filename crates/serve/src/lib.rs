@@ -34,15 +34,12 @@ pub mod topology;
 use hearth_chat::{ChatTemplate, Message};
 use hearth_tokenizer::Tokenizer;
 use hearth_model::{Context, Model};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// How to serve.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// Address to bind (`127.0.0.1`, `0.0.0.0`, `::1`).
-    pub host: String,
-    /// Port (0: any free one; the listening line says which).
-    pub port: u16,
     /// Requests to `/v1/*` must carry `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
     /// Requests that may wait once every slot of an engine is taken; more are answered 429.
@@ -133,10 +130,15 @@ pub struct Engine {
     pub draft: Option<Context>,
 }
 
-/// Serve `engines` (one, or a worker group each; requests go to the least loaded) until
-/// Ctrl-C or SIGTERM. Prints `hearth serve listening on http://ADDR` to stderr once
+/// Serve `engines` (one, or a worker group each; requests go to the least loaded) on
+/// `listener` (bound by the caller, so that a taken port is found before the model loads)
+/// until Ctrl-C or SIGTERM. Prints `hearth serve listening on http://ADDR` to stderr once
 /// requests are accepted.
-pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
+///
+/// The first signal stops accepting connections and lets the requests in flight finish;
+/// a second one stops at once, cutting them off (a long generation could otherwise hold
+/// the server for minutes, and a user's second Ctrl-C would do nothing).
+pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeOptions) -> std::io::Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let Some(model) = engines.first().map(|e| e.ctx.model().clone()) else {
         return Err(std::io::Error::other("no engine to serve with"));
@@ -155,32 +157,74 @@ pub fn serve(engines: Vec<Engine>, opts: ServeOptions) -> std::io::Result<()> {
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics, started, pooling, grammars: Default::default(), cors_origins: opts.cors_origins });
+    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics: metrics.clone(), started, pooling, grammars: Default::default(), cors_origins: opts.cors_origins });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;
+    let result = rt.block_on(async move {
+        let mut signals = Signals::new()?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         eprintln!("hearth serve listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, http::router(app)).with_graceful_shutdown(shutdown()).await
-    })
+        let (drain, drained) = tokio::sync::oneshot::channel::<()>();
+        let server = axum::serve(listener, http::router(app)).with_graceful_shutdown(async {
+            let _ = drained.await;
+        });
+        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+        tokio::select! {
+            r = &mut server => return r,
+            () = signals.recv() => {}
+        }
+        let (active, queued) = (metrics.active.load(Relaxed), metrics.queue_depth.load(Relaxed));
+        if active + queued == 0 {
+            eprintln!("hearth serve: stopping");
+        } else {
+            eprintln!(
+                "hearth serve: stopping: no new requests; the {active} generating and {queued} queued finish first (Ctrl-C again to stop now)"
+            );
+        }
+        let _ = drain.send(());
+        tokio::select! {
+            r = server => r,
+            () = signals.recv() => {
+                eprintln!("hearth serve: stopping now, cutting off the requests in flight");
+                Ok(())
+            }
+        }
+    });
+    // Connections cut off by a second signal still hold tasks: do not wait for them.
+    rt.shutdown_background();
+    result
 }
 
-/// Ctrl-C or SIGTERM.
-async fn shutdown() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Ctrl-C (SIGINT) and SIGTERM, each delivery seen once. Registered once for the server's
+/// life: from then on neither signal kills the process by default.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals { int: signal(SignalKind::interrupt())?, term: signal(SignalKind::terminate())? })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next Ctrl-C or SIGTERM.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 #[cfg(test)]

@@ -94,10 +94,19 @@ pub fn run(a: Args) -> Result<()> {
         .enabled()
         .then(|| hearth_serve::Draft { max: a.spec.draft_max.map_or(16, |n| n as usize), min: a.spec.draft_min.map_or(1, |n| n as usize) });
     a.spec.check()?;
-    // A bad --host is found before the model loads, not after.
+    // A bad --host or a taken port is found before the model loads, not after.
     if let Err(e) = std::net::ToSocketAddrs::to_socket_addrs(&(a.host.as_str(), a.port)) {
         bail!("--host {}: {e}", a.host);
     }
+    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => " (another server is on that port: stop it, or pick another with --port)",
+            std::io::ErrorKind::AddrNotAvailable => " (no interface of this machine has that address: see --host)",
+            std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pick another with --port)",
+            _ => "",
+        };
+        anyhow::anyhow!("cannot listen on {}: {e}{hint}", address(&a.host, a.port))
+    })?;
     let path = resolve_model(a.model.model.as_ref())?;
     let model = a.model.load()?;
     let draft_model = match &a.spec.draft_model {
@@ -187,8 +196,6 @@ pub fn run(a: Args) -> Result<()> {
         draft.map_or(String::new(), |d| format!(", speculative decoding with {} (up to {} guesses)", a.spec.describe(), d.max)),
     );
     let opts = hearth_serve::ServeOptions {
-        host: a.host,
-        port: a.port,
         api_key: a.api_key,
         queue_size: a.queue_size as usize,
         model_id,
@@ -199,5 +206,14 @@ pub fn run(a: Args) -> Result<()> {
         draft,
         cors_origins: a.cors_origin,
     };
-    hearth_serve::serve(engines, opts).context("serving")
+    hearth_serve::serve(engines, listener, opts).context("serving")
+}
+
+/// `HOST:PORT`, with an IPv6 host in brackets.
+fn address(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }

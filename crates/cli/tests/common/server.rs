@@ -16,6 +16,8 @@ pub struct Server {
     pub child: Child,
     /// `HOST:PORT` it listens on.
     pub addr: String,
+    /// Its stderr after the listening line, as it arrives.
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Server {
@@ -43,8 +45,16 @@ impl Server {
             }
         };
         // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Server { child, addr }
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        Server { child, addr, log }
     }
 
     /// One request; returns (status, body).
