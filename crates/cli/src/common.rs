@@ -255,7 +255,31 @@ pub fn read_text(path: &std::path::Path) -> Result<String> {
     if !meta.is_file() && !pipe {
         bail!("reading {}: not a regular file or pipe (a device?)", path.display());
     }
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    utf8_text(bytes, &path.display().to_string())
+}
+
+/// All of stdin as text (`-f -`).
+pub fn read_stdin_text() -> Result<String> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).context("reading stdin")?;
+    utf8_text(bytes, "stdin")
+}
+
+/// `bytes` as text, or an error that says where the first byte that is not UTF-8 sits
+/// (a Latin-1 or UTF-16 file is the usual cause), so the user can find and fix it.
+pub fn utf8_text(bytes: Vec<u8>, what: &str) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let b = e.as_bytes();
+        let line = b[..at].iter().filter(|&&c| c == b'\n').count() + 1;
+        let column = at - b[..at].iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1) + 1;
+        anyhow::anyhow!(
+            "{what} is not UTF-8 text: byte 0x{:02x} at byte offset {at} (line {line}, byte {column} of the line) is not part of a \
+             valid character; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+            b[at]
+        )
+    })
 }
 
 

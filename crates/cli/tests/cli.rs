@@ -219,6 +219,53 @@ fn tiny_model_runs_and_bad_models_are_refused() {
 }
 
 #[test]
+fn a_sampled_run_prints_the_seed_that_reproduces_it() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let out =
+            hearth(&[&["generate", "-m", m, "-p", "Once upon a time", "-n", "24", "--temperature", "1.2", "-t", "1"], extra].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (text, err) = run(&[]);
+    let seed = err.split(", seed ").nth(1).and_then(|r| r.split(',').next()).unwrap_or_else(|| panic!("no seed in {err}"));
+    // The printed seed gives the same text again; control: another seed does not.
+    assert_eq!(run(&["--seed", seed]).0, text);
+    let other = (seed.parse::<u64>().unwrap() ^ 1).to_string();
+    assert_ne!(run(&["--seed", &other]).0, text);
+    // Greedy needs no seed, and -n 0 has no first token to time.
+    let out = hearth(&["generate", "-m", m, "-p", "Hi", "-n", "0", "--temperature", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("decode 0 tokens") && !err.contains("seed") && !err.contains("TTFT"), "{err}");
+}
+
+#[test]
+fn a_prompt_file_that_is_not_utf8_is_refused_where_it_breaks() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let bad = tmp("latin1.txt");
+    std::fs::write(&bad, b"Hello\nwor\xe9ld caf\xe9\n").unwrap();
+    let want = "is not UTF-8 text: byte 0xe9 at byte offset 9 (line 2, byte 4 of the line)";
+    let f = bad.to_str().unwrap();
+    assert_clean_error(&hearth(&["generate", "-m", m, "-f", f, "-n", "1"]), want);
+    assert_clean_error(&hearth(&["tokenize", "-m", m, "-f", f]), want);
+    assert_clean_error(&hearth(&["perplexity", "-m", m, "-f", f]), want);
+    let stdin = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["generate", "-m", m, "-f", "-", "-n", "1"])
+        .env_remove("HEARTH_MODEL")
+        .stdin(std::fs::File::open(&bad).unwrap())
+        .output()
+        .unwrap();
+    assert_clean_error(&stdin, &format!("stdin {want}"));
+    // Control: the same text in UTF-8 is a prompt.
+    let good = tmp("utf8.txt");
+    std::fs::write(&good, "Hello\nworéld café\n").unwrap();
+    let out = hearth(&["tokenize", "-m", m, "-f", good.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn empty_and_oversized_prompts() {
     let m = model();
     let m = m.to_str().unwrap();

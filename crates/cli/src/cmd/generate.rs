@@ -174,17 +174,14 @@ pub fn chat_prompt(model: &Model, messages: &[Message]) -> Result<Vec<u32>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = a.model.load()?;
+    // The prompt first: a file that cannot be read is reported before the model loads.
     let text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) if f.as_os_str() == "-" => {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the prompt from stdin")?;
-            s
-        }
+        (None, Some(f)) if f.as_os_str() == "-" => crate::common::read_stdin_text().context("reading the prompt")?,
         (None, Some(f)) => crate::common::read_text(f)?,
         (None, None) => unreachable!("clap requires --prompt or --prompt-file"),
     };
+    let model = a.model.load()?;
     let ids = if a.chat {
         chat_prompt(&model, &[Message { role: "user".into(), content: text }])?
     } else {
@@ -318,12 +315,15 @@ pub fn run(a: Args) -> Result<()> {
             n @ 0..=1 => hearth_engine::plural(n, "token"),
             n => format!("{n} tokens at {:.1} tok/s", t.decode_tok_s()),
         };
+        // No token, no time to first token (-n 0).
+        let ttft = if out.tokens.is_empty() { String::new() } else { format!(", TTFT {:.1} ms", t.ttft_ms) };
+        // The seed reproduces a sampled run (llama.cpp prints it too); greedy needs none.
+        let seed = if sampler.temperature > 0.0 { format!(", seed {}", sampler.seed) } else { String::new() };
         eprintln!(
-            "\nprompt {} tokens, prefill {:.1} tok/s, decode {decode}, TTFT {:.1} ms ({}, stop: {})\n\
+            "\nprompt {} tokens, prefill {:.1} tok/s, decode {decode}{ttft} ({}{seed}, stop: {})\n\
              {}",
             t.prompt_tokens,
             t.prefill_tok_s(),
-            t.ttft_ms,
             hearth_engine::plural(a.model.threads(), "thread"),
             stop_reason,
             mem.human(),

@@ -4,7 +4,6 @@
 use crate::common::{parse_bool, print_out, resolve_model};
 use anyhow::{Context as _, Result};
 use hearth_tokenizer::Tokenizer;
-use std::io::Read;
 use std::path::PathBuf;
 
 /// Flags of `hearth tokenize`.
@@ -36,11 +35,7 @@ pub fn run(a: Args) -> Result<()> {
     let tok = Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = match (&a.text, &a.file) {
         (Some(t), _) => t.clone(),
-        (None, Some(p)) if p.as_os_str() == "-" => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
-            s
-        }
+        (None, Some(p)) if p.as_os_str() == "-" => crate::common::read_stdin_text()?,
         (None, Some(p)) => crate::common::read_text(p)?,
         (None, None) => unreachable!("clap requires --text or --file"),
     };
