@@ -156,6 +156,29 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        // A refusal that a retry may get past says when to retry: OpenAI's clients wait
+        // `Retry-After` seconds before their next try (a slot frees within about a second
+        // of decode; a failed device's replan takes about as long).
+        let retry = matches!(self.code, Some("queue_full" | "worker_failed"));
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if retry {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_a_retry_may_pass_say_when_to_retry() {
+        let retry_after = |e: ApiError| e.into_response().headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(retry_after(ApiError::queue_full(4)).as_deref(), Some("1"));
+        assert_eq!(retry_after(ApiError::device_failed("node 1 failed")).as_deref(), Some("1"));
+        // Control: errors a retry cannot fix carry none.
+        assert_eq!(retry_after(ApiError::invalid("n", "bad")), None);
+        assert_eq!(retry_after(ApiError::unavailable()), None);
     }
 }
