@@ -252,6 +252,46 @@ fn streamed_tool_calls_assemble_to_the_whole_answer() {
     assert_eq!(vec![got], calls_of(&whole));
 }
 
+/// A forced call cut by `max_tokens` is still a call, as OpenAI returns one: the tool's
+/// name with the arguments so far, `content` null and `finish_reason` "length", whole and
+/// streamed alike. (It was returned as `content` holding the `<tool_call>` markup.)
+#[test]
+fn a_tool_call_cut_by_max_tokens_is_a_call_with_finish_length() {
+    let s = Server::start(&["--parallel", "2"]);
+    let mut body = json!({"messages": user("What's the weather in Rome, in celsius?"), "tools": [weather_tool(), time_tool()],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 120});
+    let (st, whole) = s.post("/v1/chat/completions", &body);
+    assert_eq!(st, 200, "{whole}");
+    let (name, args) = calls_of(&whole).remove(0);
+    let n = whole["usage"]["completion_tokens"].as_u64().unwrap();
+    // Cut inside the arguments: the name is whole by then.
+    body["max_tokens"] = json!(n * 2 / 3);
+    let (st, cut) = s.post("/v1/chat/completions", &body);
+    assert_eq!(st, 200, "{cut}");
+    let c = &cut["choices"][0];
+    assert_eq!((c["finish_reason"].as_str(), &c["message"]["content"]), (Some("length"), &Value::Null), "{cut}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("no tool_calls: {cut}"));
+    assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some(name.as_str())), "{cut}");
+    let partial = calls[0]["function"]["arguments"].as_str().unwrap();
+    assert!(partial.starts_with('{') && serde_json::from_str::<Value>(partial).is_err(), "{cut}");
+    // Its first key is the whole call's.
+    let key = args.as_object().unwrap().keys().next().unwrap();
+    assert!(partial.len() < 3 + key.len() || partial.contains(&format!("\"{key}\"")), "{partial} vs {args}");
+    // Streamed: the same call, then the same finish.
+    body["stream"] = json!(true);
+    let (mut got_name, mut got_args, mut finish) = (String::new(), String::new(), None);
+    for ch in s.stream("/v1/chat/completions", &body) {
+        let c = &ch["choices"][0];
+        assert!(c["delta"]["content"].as_str().unwrap_or("").is_empty(), "content streamed: {ch}");
+        for tc in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            got_name.push_str(tc["function"]["name"].as_str().unwrap_or(""));
+            got_args.push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+        }
+        finish = c["finish_reason"].as_str().map(String::from).or(finish);
+    }
+    assert_eq!((got_name.as_str(), got_args.as_str(), finish.as_deref()), (name.as_str(), partial, Some("length")));
+}
+
 /// `auto`: the model answers in text or calls a tool; either way the answer is
 /// well-formed. A conversation holding an earlier call and its result is accepted, and
 /// `none` answers in text.

@@ -276,21 +276,40 @@ impl CallStream {
         }
     }
 
-    /// The end of the text: what is held back is content (an unfinished call cut by
-    /// `max_tokens` included). Whitespace after calls is dropped.
+    /// The end of the text: what is held back is content, except in calls. There a call
+    /// cut short (by `max_tokens` or a stop string; the grammar ends none early) is
+    /// returned as OpenAI returns one cut by `length`: its tool's name, once whole, with
+    /// the arguments as far as they came (not valid JSON: `finish_reason` says `length`).
+    /// Its markup is never content, and whitespace after calls is dropped.
     pub fn finish(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.buf);
-        let keep = match self.mode {
-            Mode::Calls | Mode::Undecided => !rest.trim().is_empty(),
-            Mode::Text => !rest.is_empty(),
-        };
-        self.mode = Mode::Text;
-        if keep {
-            vec![Piece::Text(rest)]
-        } else {
-            Vec::new()
+        let mode = std::mem::replace(&mut self.mode, Mode::Text);
+        match mode {
+            Mode::Calls => cut_call(rest.trim_start()).map(Piece::Call).into_iter().collect(),
+            Mode::Undecided if rest.trim().is_empty() => Vec::new(),
+            Mode::Undecided | Mode::Text if !rest.is_empty() => vec![Piece::Text(rest)],
+            _ => Vec::new(),
         }
     }
+}
+
+/// The call in `text`, an unfinished `<tool_call>` as the grammar writes it
+/// (`{"name": "N", "arguments": ARGS`): whole when only the closing tag is missing, else
+/// the name with the arguments so far; `None` before the name is whole.
+fn cut_call(text: &str) -> Option<Call> {
+    let body = text.strip_prefix(OPEN)?.trim_start();
+    // Cut within the closing tag: the call itself is whole.
+    let whole = body.trim_end();
+    let whole = (1..=CLOSE.len()).find_map(|n| whole.strip_suffix(&CLOSE[..n])).unwrap_or(whole);
+    if let Some(c) = call_of(whole.trim_end()) {
+        return Some(c);
+    }
+    let after = body.strip_prefix("{\"name\": ")?;
+    // The name is a JSON string: the prefix that parses as one, up to its closing quote.
+    let end = after.char_indices().skip(1).find(|&(i, c)| c == '"' && !after[..i].ends_with('\\')).map(|(i, _)| i + 1)?;
+    let name: String = serde_json::from_str(&after[..end]).ok()?;
+    let arguments = after[end..].strip_prefix(", \"arguments\": ").unwrap_or("").to_string();
+    Some(Call { name, arguments })
 }
 
 /// A whole text's content (`None` when it is only calls) and calls.
@@ -455,7 +474,6 @@ mod tests {
         for text in [
             "Hello there",
             "Let me check. <tool_call>{\"name\": \"f\"}</tool_call>",
-            "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}",
             "<tool_call>{\"name\": \"f\", \"arguments\": {</tool_call>",
             "<tool_call>{\"arguments\": {}}</tool_call>",
             "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
@@ -465,6 +483,25 @@ mod tests {
             assert_eq!(parse_calls(text), (Some(text.to_string()), vec![]), "{text:?}");
         }
         assert_eq!(parse_calls(""), (None, vec![]));
+    }
+
+    /// A call cut short (`max_tokens`) is a call, never its markup as content: whole when
+    /// only the closing tag is missing, else the name and the arguments so far, and
+    /// nothing before the name is whole. Calls before it are kept.
+    #[test]
+    fn a_cut_call_is_a_call_not_content() {
+        let open = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
+        assert_eq!(parse_calls(open), (None, vec![call("get_weather", r#"{"city": "Par"#)]));
+        let whole = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_";
+        assert_eq!(parse_calls(whole), (None, vec![call("f", r#"{"x":1}"#)]));
+        assert_eq!(parse_calls(&whole[..whole.len() - 8]), (None, vec![call("f", r#"{"x":1}"#)]));
+        assert_eq!(parse_calls("<tool_call>\n{\"name\": \"f\""), (None, vec![call("f", "")]));
+        assert_eq!(parse_calls("<tool_call>\n{\"name\": \"a\\\"b\", \"arguments\": {"), (None, vec![call("a\"b", "{")]));
+        for before_the_name in ["<tool_call>", "<tool_call>\n{\"na", "<tool_call>\n{\"name\": \"get_wea"] {
+            assert_eq!(parse_calls(before_the_name), (None, vec![]), "{before_the_name:?}");
+        }
+        let two = format!("{}\n</tool_call>\n{open}", &whole[..whole.len() - 8]);
+        assert_eq!(parse_calls(&two).1, vec![call("f", r#"{"x":1}"#), call("get_weather", r#"{"city": "Par"#)]);
     }
 
     /// Streamed in pieces of any size, the text gives the same calls and content, and
