@@ -136,6 +136,23 @@ fn errors_are_openai_json_and_the_server_stays_up() {
         assert!(!r.contains("access-control-allow-origin"), "{other}: {r}");
     }
     assert!(preflight("http://[::1]:8080").contains("access-control-allow-origin: http://[::1]:8080"));
+    // A form-style POST (text/plain: no preflight) from another origin is refused before
+    // it runs; control: the same from this machine's page, or with no Origin, runs.
+    let simple_post = |origin: Option<&str>| {
+        let body = json!({"prompt": "Hello", "max_tokens": 1}).to_string();
+        let origin = origin.map(|o| format!("Origin: {o}\r\n")).unwrap_or_default();
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n{origin}Authorization: Bearer {KEY}\r\nContent-Type: text/plain\r\n\
+                   Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut raw = String::new();
+        c.read_to_string(&mut raw).unwrap();
+        raw
+    };
+    let evil = simple_post(Some("https://evil.example"));
+    assert!(evil.starts_with("HTTP/1.1 403") && evil.contains("\"origin_not_allowed\"") && evil.contains("--cors-origin https://evil.example"), "{evil}");
+    for ok in [simple_post(Some("http://localhost:5173")), simple_post(Some("https://chat.example.org")), simple_post(None)] {
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    }
 
     // Still serving, and counting.
     let (st, ok) = s.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}));
@@ -146,7 +163,7 @@ fn errors_are_openai_json_and_the_server_stays_up() {
     let metrics = s.request("GET", "/metrics", None, "").1;
     for want in [
         "hearth_requests_total{endpoint=\"/v1/chat/completions\",code=\"400\"}",
-        "hearth_ttft_seconds_count 9",
+        "hearth_ttft_seconds_count 12",
         "hearth_queue_depth 0",
         "hearth_rss_file_bytes ",
     ] {

@@ -72,6 +72,20 @@ impl ApiError {
         }
     }
 
+    /// 403: a browser page of an origin the server does not allow (CORS) sent a request
+    /// that needs no preflight (a form-style POST): refused before it runs.
+    pub fn origin_not_allowed(origin: &str) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            message: format!(
+                "requests from web pages at {origin} are refused; to allow that origin, start the server with --cors-origin {origin}"
+            ),
+            kind: "permission_error",
+            param: None,
+            code: Some("origin_not_allowed"),
+        }
+    }
+
     /// 404: a model this server does not serve.
     pub fn unknown_model(asked: &str, served: &[&str]) -> Self {
         let names = served.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");

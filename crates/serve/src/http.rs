@@ -62,7 +62,8 @@ pub struct App {
 
 /// The routes.
 pub fn router(app: Arc<App>) -> Router {
-    let cors = cors(&app.cors_origins);
+    let origins = Origins::new(&app.cors_origins);
+    let cors = cors(origins.clone());
     let mut r = Router::new().route("/health", get(health)).route("/metrics", get(metrics));
     // The OpenAI paths, and the same without `/v1` (llama.cpp's server takes both).
     for v in ["/v1", ""] {
@@ -76,6 +77,15 @@ pub fn router(app: Arc<App>) -> Router {
     r.fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move { ApiError::wrong_method(&method, uri.path()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let refused = refused_origin(&origins, &req);
+            async move {
+                match refused {
+                    Some(origin) => ApiError::origin_not_allowed(&origin).into_response(),
+                    None => next.run(req).await,
+                }
+            }
+        }))
         .layer(cors)
         .with_state(app)
 }
@@ -83,15 +93,26 @@ pub fn router(app: Arc<App>) -> Router {
 /// Largest request body, bytes: 256 embedding inputs of 2048 token ids fit (≈ 3 MiB).
 pub const MAX_BODY: usize = 16 << 20;
 
-/// Cross-origin requests from browsers: origins on this machine (`localhost`,
-/// `127.0.0.1`, `[::1]`, any port and scheme) and those in `extra` (`*`: any) may call
-/// the API, as Ollama allows by default; preflight `OPTIONS` requests are answered.
-fn cors(extra: &[String]) -> CorsLayer {
-    let any = extra.iter().any(|o| o == "*");
-    let extra: Vec<String> = extra.iter().map(|o| o.trim_end_matches('/').to_string()).collect();
-    let allowed = move |origin: &HeaderValue, _: &axum::http::request::Parts| {
+/// Browser origins that may call the API: this machine's (`localhost`, `127.0.0.1`,
+/// `[::1]`, any port and scheme) and those of `--cors-origin` (`*`: any), as Ollama
+/// allows by default.
+#[derive(Clone)]
+struct Origins {
+    any: bool,
+    extra: Arc<Vec<String>>,
+}
+
+impl Origins {
+    fn new(extra: &[String]) -> Origins {
+        Origins {
+            any: extra.iter().any(|o| o == "*"),
+            extra: Arc::new(extra.iter().map(|o| o.trim_end_matches('/').to_string()).collect()),
+        }
+    }
+
+    fn allow(&self, origin: &HeaderValue) -> bool {
         let Ok(o) = origin.to_str() else { return false };
-        if any || extra.iter().any(|e| e == o) {
+        if self.any || self.extra.iter().any(|e| e == o) {
             return true;
         }
         // scheme://host[:port] and nothing more, as browsers send it.
@@ -103,12 +124,27 @@ fn cors(extra: &[String]) -> CorsLayer {
         let port_ok = port.is_empty()
             || port.strip_prefix(':').is_some_and(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
         port_ok && matches!(name, "localhost" | "127.0.0.1" | "::1")
-    };
+    }
+}
+
+/// Cross-origin requests from allowed origins: preflight `OPTIONS` requests answered,
+/// the origin echoed.
+fn cors(origins: Origins) -> CorsLayer {
     CorsLayer::new()
-        .allow_origin(AllowOrigin::predicate(allowed))
+        .allow_origin(AllowOrigin::predicate(move |o: &HeaderValue, _: &axum::http::request::Parts| origins.allow(o)))
         .allow_methods([Method::GET, Method::POST])
         .allow_headers(AllowHeaders::mirror_request())
         .max_age(std::time::Duration::from_secs(3600))
+}
+
+/// The origin of a request a browser sent from a page the server does not allow, if it
+/// is one. CORS only hides the answer from such a page; a POST that needs no preflight
+/// (`Content-Type: text/plain`, as a form sends) would still run, so any web page could
+/// make a server without an API key generate. Requests without `Origin` (curl, SDKs)
+/// and preflights pass.
+fn refused_origin(origins: &Origins, req: &axum::extract::Request) -> Option<String> {
+    let origin = req.headers().get(axum::http::header::ORIGIN)?;
+    (req.method() != Method::OPTIONS && !origins.allow(origin)).then(|| String::from_utf8_lossy(origin.as_bytes()).into_owned())
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
