@@ -263,6 +263,8 @@ fn a_prompt_file_that_is_not_utf8_is_refused_where_it_breaks() {
     std::fs::write(&good, "Hello\nworéld café\n").unwrap();
     let out = hearth(&["tokenize", "-m", m, "-f", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A context too short for perplexity is one line, with no chunks announced first.
+    assert_clean_error(&hearth(&["perplexity", "-m", m, "-f", good.to_str().unwrap(), "-c", "2"]), "at least 4 tokens (--ctx-size), got 2");
 }
 
 #[test]

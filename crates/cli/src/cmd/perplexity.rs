@@ -27,6 +27,10 @@ pub fn run(a: Args) -> Result<()> {
     // 512: llama-perplexity's default chunk size.
     let mut ctx = a.model.prepare(&model, 512, true)?.ctx;
     let n_ctx = ctx.n_ctx();
+    // Before the chunk line, which would otherwise announce chunks that never run.
+    if n_ctx < 4 {
+        anyhow::bail!("perplexity needs a context of at least 4 tokens (--ctx-size), got {n_ctx}");
+    }
     let start = Instant::now();
     let json = a.json;
     if !json && tokens.len() >= n_ctx {
