@@ -142,14 +142,22 @@ fn errors_are_openai_json_and_the_server_stays_up() {
         let body = json!({"prompt": "Hello", "max_tokens": 1}).to_string();
         let origin = origin.map(|o| format!("Origin: {o}\r\n")).unwrap_or_default();
         let mut c = TcpStream::connect(&s.addr).unwrap();
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n{origin}Authorization: Bearer {KEY}\r\nContent-Type: text/plain\r\n\
-                   Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n{origin}Authorization: Bearer {KEY}\r\nContent-Type: text/plain\r\n\
+                   Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
         let mut raw = String::new();
         c.read_to_string(&mut raw).unwrap();
         raw
     };
     let evil = simple_post(Some("https://evil.example"));
-    assert!(evil.starts_with("HTTP/1.1 403") && evil.contains("\"origin_not_allowed\"") && evil.contains("--cors-origin https://evil.example"), "{evil}");
+    assert!(
+        evil.starts_with("HTTP/1.1 403") && evil.contains("\"origin_not_allowed\"") && evil.contains("--cors-origin https://evil.example"),
+        "{evil}"
+    );
     for ok in [simple_post(Some("http://localhost:5173")), simple_post(Some("https://chat.example.org")), simple_post(None)] {
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     }
@@ -390,6 +398,20 @@ fn a_burst_as_large_as_the_slots_is_never_refused() {
     assert_eq!((code, v["error"]["param"].as_str()), (400, Some("n")), "{v}");
 }
 
+/// A streamed greedy completion of `max_tokens` tokens (EOS ignored), its status line
+/// read: the connection, with the stream going on.
+fn long_stream(s: &Server, max_tokens: usize) -> TcpStream {
+    let body = json!({"prompt": "Count to one thousand:", "max_tokens": max_tokens, "temperature": 0, "stream": true, "ignore_eos": true})
+        .to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = c.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    c
+}
+
 /// Send `sig` (`-TERM`, `-INT`) to `pid`.
 fn signal(pid: u32, sig: &str) {
     assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
@@ -400,14 +422,8 @@ fn a_second_signal_stops_the_server_mid_generation() {
     // A long generation held `hearth serve` after Ctrl-C until it ended, with further
     // signals ignored (new-user pass: 47 s for a 2044-token stream).
     let mut s = Server::start(&["--parallel", "1", "--ctx-size", "4096"]);
-    let body =
-        json!({"prompt": "Count to one thousand:", "max_tokens": 3000, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
-        .unwrap();
+    let mut c = long_stream(&s, 3000);
     let mut buf = [0u8; 4096];
-    let n = c.read(&mut buf).unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
     let pid = s.child.id();
     signal(pid, "-TERM");
     // The first signal drains: no new connections, the stream goes on.
@@ -483,15 +499,7 @@ fn a_taken_port_is_named_before_the_model_loads() {
 #[test]
 fn a_client_that_disconnects_frees_its_slot() {
     let s = Server::start(&["--parallel", "1"]);
-    let body =
-        json!({"prompt": "Count to one thousand:", "max_tokens": 1500, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}", body.len())
-        .unwrap();
-    let mut buf = [0u8; 4096];
-    let n = c.read(&mut buf).unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
-    drop(c);
+    drop(long_stream(&s, 1500));
     // The slot is freed long before 1500 tokens; the next request gets it.
     let t0 = Instant::now();
     loop {
