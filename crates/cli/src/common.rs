@@ -241,9 +241,12 @@ impl MemoryReport {
     }
 }
 
-/// The whole text of `path`: a regular file or a pipe (`<(…)`), not a device that may
-/// never end (`/dev/zero`) or a directory.
+/// The whole text of `path` (`-`: stdin): a regular file or a pipe (`<(…)`), not a
+/// device that may never end (`/dev/zero`) or a directory.
 pub fn read_text(path: &std::path::Path) -> Result<String> {
+    if path.as_os_str() == "-" {
+        return read_stdin_text();
+    }
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     #[cfg(unix)]
     let pipe = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
@@ -268,7 +271,15 @@ pub fn read_stdin_text() -> Result<String> {
 
 /// `bytes` as text, or an error that says where the first byte that is not UTF-8 sits
 /// (a Latin-1 or UTF-16 file is the usual cause), so the user can find and fix it.
-pub fn utf8_text(bytes: Vec<u8>, what: &str) -> Result<String> {
+pub fn utf8_text(mut bytes: Vec<u8>, what: &str) -> Result<String> {
+    // A byte-order mark is not text: UTF-8's is dropped (editors on Windows write it);
+    // UTF-16's says what to convert from.
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        bytes.drain(..3);
+    }
+    if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") {
+        bail!("{what} is UTF-16 text (it starts with a UTF-16 byte-order mark): convert it to UTF-8 (e.g. `iconv -f utf-16 -t utf-8`)");
+    }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let b = e.as_bytes();

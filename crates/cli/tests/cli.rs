@@ -238,6 +238,8 @@ fn a_sampled_run_prints_the_seed_that_reproduces_it() {
     let out = hearth(&["generate", "-m", m, "-p", "Hi", "-n", "0", "--temperature", "0"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && err.contains("decode 0 tokens") && !err.contains("seed") && !err.contains("TTFT"), "{err}");
+    let v = ok(hearth(&["generate", "-m", m, "-p", "Hi", "-n", "0", "--json"]));
+    assert_eq!(v["timings"].get("ttft_ms"), Some(&serde_json::Value::Null), "{v}");
 }
 
 #[test]
@@ -263,8 +265,27 @@ fn a_prompt_file_that_is_not_utf8_is_refused_where_it_breaks() {
     std::fs::write(&good, "Hello\nworéld café\n").unwrap();
     let out = hearth(&["tokenize", "-m", m, "-f", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // A context too short for perplexity is one line, with no chunks announced first.
+    // A context too short for perplexity is one line, with no chunks announced first;
+    // perplexity reads `-f -` from stdin as generate and tokenize do.
     assert_clean_error(&hearth(&["perplexity", "-m", m, "-f", good.to_str().unwrap(), "-c", "2"]), "at least 4 tokens (--ctx-size), got 2");
+    let stdin = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["perplexity", "-m", m, "-f", "-", "-c", "2"])
+        .env_remove("HEARTH_MODEL")
+        .stdin(std::fs::File::open(&good).unwrap())
+        .output()
+        .unwrap();
+    assert_clean_error(&stdin, "at least 4 tokens");
+    // Byte-order marks: UTF-16's is named, UTF-8's is not text (control: the same text
+    // without it tokenizes the same).
+    let utf16 = tmp("utf16.txt");
+    std::fs::write(&utf16, b"\xff\xfeh\x00i\x00").unwrap();
+    assert_clean_error(&hearth(&["tokenize", "-m", m, "-f", utf16.to_str().unwrap()]), "is UTF-16 text");
+    let bom = tmp("utf8-bom.txt");
+    std::fs::write(&bom, b"\xef\xbb\xbfHello").unwrap();
+    let ids = |f: &Path| ok(hearth(&["tokenize", "-m", m, "-f", f.to_str().unwrap(), "--json"]));
+    let plain = tmp("utf8-plain.txt");
+    std::fs::write(&plain, b"Hello").unwrap();
+    assert_eq!(ids(&bom), ids(&plain));
 }
 
 #[test]

@@ -45,7 +45,7 @@ fn openai_python_client() {
 
 #[test]
 fn errors_are_openai_json_and_the_server_stays_up() {
-    let s = Server::start(&["--parallel", "2", "--ctx-size", "64", "--strict-model", "--alias", "smol", "--alias", "gpt-4o-mini",
+    let s = Server::start(&["--parallel", "2", "--ctx-size", "64", "--strict-model", "--alias", "smol", "--alias", "gpt-4o-mini", "--alias", "smol", "--alias", "gpt-4o-mini",
         "--cors-origin", "https://chat.example.org/"]);
     let chat = "/v1/chat/completions";
     let msgs = json!([{"role": "user", "content": "hi"}]);
@@ -436,7 +436,7 @@ fn a_second_signal_stops_the_server_mid_generation() {
     assert!(c.read(&mut buf).unwrap() > 0, "the stream in flight stopped at the first signal");
     assert!(s.child.try_wait().unwrap().is_none(), "control: the first signal lets the request in flight finish");
     let log = s.log.lock().unwrap().clone();
-    assert!(log.contains("the 1 generating and 0 queued finish first (Ctrl-C again to stop now)"), "{log}");
+    assert!(log.contains("the 1 generating and 0 queued finish first (Ctrl-C or SIGTERM again to stop now)"), "{log}");
     // The second stops the server long before 3000 tokens.
     signal(pid, "-INT");
     let t0 = Instant::now();
@@ -463,10 +463,34 @@ fn an_idle_server_stops_at_the_first_signal() {
     let mut s = Server::start(&[]);
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(st, 200, "{r}");
+    // A client that sent half a request (new-user pass: it held the stop for good).
+    let mut half = TcpStream::connect(&s.addr).unwrap();
+    write!(half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{\"prompt\"").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
     signal(s.child.id(), "-INT");
     let t0 = Instant::now();
     while s.child.try_wait().unwrap().is_none() {
         assert!(t0.elapsed() < Duration::from_secs(10), "an idle server still runs 10 s after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_first_signal_lets_a_stream_finish_then_stops() {
+    let mut s = Server::start(&["--parallel", "1"]);
+    let mut c = long_stream(&s, 200);
+    // Beside it, a client that sent half a request and waits.
+    let mut half = TcpStream::connect(&s.addr).unwrap();
+    write!(half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{").unwrap();
+    signal(s.child.id(), "-TERM");
+    let mut rest = Vec::new();
+    c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    c.read_to_end(&mut rest).unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("data: [DONE]") && rest.contains("\"finish_reason\":\"length\""), "{rest}");
+    let t0 = Instant::now();
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "still running 10 s after its last stream ended");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -485,6 +509,10 @@ fn a_taken_port_is_named_before_the_model_loads() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(&format!("cannot listen on 127.0.0.1:{port}")) && err.contains("another server is on that port"), "{err}");
     assert!(!err.contains("nonexistent"), "{err}");
+    // An empty model name is refused at once too.
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(["serve", "--alias", "", "-m", "/nonexistent/model.gguf"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("a model name must be non-empty"), "{err}");
     // Control: on a free port the same command reaches the model and fails on it.
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))

@@ -173,20 +173,35 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
             r = &mut server => return r,
             () = signals.recv() => {}
         }
-        let (active, queued) = (metrics.active.load(Relaxed), metrics.queue_depth.load(Relaxed));
-        if active + queued == 0 {
+        let in_flight = || metrics.active.load(Relaxed) + metrics.queue_depth.load(Relaxed);
+        if in_flight() == 0 {
             eprintln!("hearth serve: stopping");
         } else {
             eprintln!(
-                "hearth serve: stopping: no new requests; the {active} generating and {queued} queued finish first (Ctrl-C again to stop now)"
+                "hearth serve: stopping: no new requests; the {} generating and {} queued finish first (Ctrl-C or SIGTERM again to stop now)",
+                metrics.active.load(Relaxed),
+                metrics.queue_depth.load(Relaxed)
             );
         }
         let _ = drain.send(());
-        tokio::select! {
-            r = server => r,
-            () = signals.recv() => {
-                eprintln!("hearth serve: stopping now, cutting off the requests in flight");
-                Ok(())
+        // The drain ends when every connection has closed, or once nothing has generated
+        // or waited for a second (time for the last answers to be written): a client that
+        // sent half a request, or keeps an idle connection open, does not hold the stop.
+        let mut idle_since = None;
+        loop {
+            tokio::select! {
+                r = &mut server => return r,
+                () = signals.recv() => {
+                    eprintln!("hearth serve: stopping now, cutting off the requests in flight");
+                    return Ok(());
+                }
+                () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                    if in_flight() > 0 {
+                        idle_since = None;
+                    } else if idle_since.get_or_insert_with(std::time::Instant::now).elapsed() >= std::time::Duration::from_secs(1) {
+                        return Ok(());
+                    }
+                }
             }
         }
     });

@@ -276,7 +276,8 @@ impl CallStream {
         }
     }
 
-    /// The end of the text: what is held back is content, except in calls. There a call
+    /// The end of the text: what is held back is content, except in calls (or a call's
+    /// opening tag cut short, `<tool`: nothing). There a call
     /// cut short (by `max_tokens` or a stop string; the grammar ends none early) is
     /// returned as OpenAI returns one cut by `length`: its tool's name, once whole, with
     /// the arguments as far as they came (not valid JSON: `finish_reason` says `length`).
@@ -286,9 +287,10 @@ impl CallStream {
         let mode = std::mem::replace(&mut self.mode, Mode::Text);
         match mode {
             Mode::Calls => cut_call(rest.trim_start()).map(Piece::Call).into_iter().collect(),
-            Mode::Undecided if rest.trim().is_empty() => Vec::new(),
-            Mode::Undecided | Mode::Text if !rest.is_empty() => vec![Piece::Text(rest)],
-            _ => Vec::new(),
+            // Whitespace, or a call's opening tag cut short (`<tool`): markup, not text.
+            Mode::Undecided => Vec::new(),
+            Mode::Text if !rest.is_empty() => vec![Piece::Text(rest)],
+            Mode::Text => Vec::new(),
         }
     }
 }
@@ -478,11 +480,12 @@ mod tests {
             "<tool_call>{\"arguments\": {}}</tool_call>",
             "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
             "<tool_call>{\"name\": 3}</tool_call>",
-            "<tool",
         ] {
             assert_eq!(parse_calls(text), (Some(text.to_string()), vec![]), "{text:?}");
         }
         assert_eq!(parse_calls(""), (None, vec![]));
+        // An opening tag cut short is markup, not text.
+        assert_eq!(parse_calls(" <tool"), (None, vec![]));
     }
 
     /// A call cut short (`max_tokens`) is a call, never its markup as content: whole when

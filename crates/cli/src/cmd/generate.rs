@@ -279,7 +279,7 @@ pub fn run(a: Args) -> Result<()> {
             "text": if stop.is_some() { released } else { StreamDecoder::text_of(tok, &text_ids) },
             "stop_reason": stop_reason,
             "timings": {
-                "ttft_ms": t.ttft_ms,
+                "ttft_ms": (!out.tokens.is_empty()).then_some(t.ttft_ms),
                 "prefill_ms": t.prefill_ms,
                 "prefill_tok_s": t.prefill_tok_s(),
                 "decode_ms": t.decode_ms,

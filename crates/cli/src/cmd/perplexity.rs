@@ -12,7 +12,7 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Text file to score
+    /// Text file to score (`-`: stdin)
     #[arg(short, long)]
     pub file: PathBuf,
     /// Print {"ppl": …, "chunks": …} instead of the running log

@@ -11,8 +11,8 @@ pub struct Args {
     /// the KV cache slots (sequences generated at once); -c is positions per slot
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to listen on
-    #[arg(long, default_value = "127.0.0.1")]
+    /// Address to listen on (an IPv6 one with or without brackets: ::1, [::1])
+    #[arg(long, default_value = "127.0.0.1", value_parser = parse_host)]
     pub host: String,
     /// Port to listen on (0: any free port; the listening line says which)
     #[arg(long, default_value_t = 8080)]
@@ -29,9 +29,10 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on /v1/* requests
     #[arg(long, env = "HEARTH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// A name of the served model (repeatable): the first is the id /v1/models lists and
-    /// responses carry [default: the file name without .gguf]; the others are listed too
-    #[arg(long, value_name = "NAME")]
+    /// A name of the served model (repeatable): the first is the id /v1/models lists first
+    /// [default: the file name without .gguf]; the others are listed too. A response
+    /// carries the name its request asked for when it is one of these, else the id
+    #[arg(long, value_name = "NAME", value_parser = parse_alias)]
     pub alias: Vec<String>,
     /// Answer 404 to a request naming a model other than the id or an --alias (by default
     /// any name is served, as clients often send a fixed one such as gpt-4o-mini)
@@ -50,7 +51,7 @@ pub struct Args {
     /// A browser origin allowed to call the API (CORS), e.g. https://chat.example.org
     /// (repeatable; `*`: any). Pages served from this machine (localhost, 127.0.0.1, [::1],
     /// any port) are always allowed
-    #[arg(long, value_name = "ORIGIN")]
+    #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
     pub cors_origin: Vec<String>,
     /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
     #[command(flatten)]
@@ -195,11 +196,18 @@ pub fn run(a: Args) -> Result<()> {
         if across { "; across devices a context holds one sequence, so requests take turns (no batching)" } else { "" },
         draft.map_or(String::new(), |d| format!(", speculative decoding with {} (up to {} guesses)", a.spec.describe(), d.max)),
     );
+    // Each name once: a repeated one would be listed twice.
+    let mut aliases: Vec<String> = Vec::new();
+    for n in a.alias.iter().skip(1) {
+        if *n != model_id && !aliases.contains(n) {
+            aliases.push(n.clone());
+        }
+    }
     let opts = hearth_serve::ServeOptions {
         api_key: a.api_key,
         queue_size: a.queue_size as usize,
         model_id,
-        aliases: a.alias.iter().skip(1).cloned().collect(),
+        aliases,
         strict_model: a.strict_model,
         prompt_cache: !a.no_prompt_cache,
         pooling: Some(pooling),
@@ -215,5 +223,65 @@ fn address(host: &str, port: u16) -> String {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
+    }
+}
+
+/// `--alias`: a name a client can send (not empty, no surrounding spaces).
+fn parse_alias(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.trim() != s {
+        return Err(format!("{s:?}: a model name must be non-empty, without spaces around it"));
+    }
+    Ok(s.to_string())
+}
+
+/// `--host`: brackets around an IPv6 address (`[::1]`, as the listening line prints it)
+/// are dropped.
+fn parse_host(s: &str) -> Result<String, String> {
+    Ok(s.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(s).to_string())
+}
+
+/// `--cors-origin`: `*`, `null`, or `scheme://host[:port]` as a browser sends it in
+/// `Origin` (lowercase, no default port, no path): a value pasted from the address bar
+/// (`https://App.example/`) is brought to that form; one that can never match is refused.
+fn parse_origin(s: &str) -> Result<String, String> {
+    if s == "*" || s == "null" {
+        return Ok(s.to_string());
+    }
+    let lower = s.trim_end_matches('/').to_ascii_lowercase();
+    let Some((scheme, host)) = lower.split_once("://").filter(|(_, h)| !h.is_empty()) else {
+        return Err(format!("{s:?} is not an origin: give scheme://host[:port], e.g. https://chat.example.org, or * for any"));
+    };
+    if host.contains(['/', '?', '#', '@']) {
+        return Err(format!("{s:?} is not an origin: an origin has no path, query or user (give {scheme}://HOST[:PORT])"));
+    }
+    let host = match (scheme, host.rsplit_once(':')) {
+        ("https", Some((h, "443"))) | ("http", Some((h, "80"))) if !h.ends_with(':') => h,
+        _ => host,
+    };
+    Ok(format!("{scheme}://{host}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_take_the_form_browsers_send() {
+        for (given, want) in [
+            ("https://App.Example/", "https://app.example"),
+            ("https://app.example:443", "https://app.example"),
+            ("http://app.example:80", "http://app.example"),
+            ("https://app.example:8443", "https://app.example:8443"),
+            ("http://[::1]:80", "http://[::1]"),
+            ("*", "*"),
+            ("null", "null"),
+        ] {
+            assert_eq!(parse_origin(given).as_deref(), Ok(want), "{given}");
+        }
+        for bad in ["app.example", "", "https://", "https://app.example/chat", "https://u@app.example"] {
+            assert!(parse_origin(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_host("[::1]").as_deref(), Ok("::1"));
+        assert_eq!(parse_host("::1").as_deref(), Ok("::1"));
     }
 }
