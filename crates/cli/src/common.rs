@@ -263,7 +263,7 @@ pub fn read_text(path: &std::path::Path) -> Result<String> {
 }
 
 /// All of stdin as text (`-f -`).
-pub fn read_stdin_text() -> Result<String> {
+fn read_stdin_text() -> Result<String> {
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).context("reading stdin")?;
     utf8_text(bytes, "stdin")

@@ -253,13 +253,7 @@ fn a_prompt_file_that_is_not_utf8_is_refused_where_it_breaks() {
     assert_clean_error(&hearth(&["generate", "-m", m, "-f", f, "-n", "1"]), want);
     assert_clean_error(&hearth(&["tokenize", "-m", m, "-f", f]), want);
     assert_clean_error(&hearth(&["perplexity", "-m", m, "-f", f]), want);
-    let stdin = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["generate", "-m", m, "-f", "-", "-n", "1"])
-        .env_remove("HEARTH_MODEL")
-        .stdin(std::fs::File::open(&bad).unwrap())
-        .output()
-        .unwrap();
-    assert_clean_error(&stdin, &format!("stdin {want}"));
+    assert_clean_error(&hearth_stdin(&["generate", "-m", m, "-f", "-", "-n", "1"], &bad), &format!("stdin {want}"));
     // Control: the same text in UTF-8 is a prompt.
     let good = tmp("utf8.txt");
     std::fs::write(&good, "Hello\nworéld café\n").unwrap();
@@ -268,13 +262,7 @@ fn a_prompt_file_that_is_not_utf8_is_refused_where_it_breaks() {
     // A context too short for perplexity is one line, with no chunks announced first;
     // perplexity reads `-f -` from stdin as generate and tokenize do.
     assert_clean_error(&hearth(&["perplexity", "-m", m, "-f", good.to_str().unwrap(), "-c", "2"]), "at least 4 tokens (--ctx-size), got 2");
-    let stdin = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["perplexity", "-m", m, "-f", "-", "-c", "2"])
-        .env_remove("HEARTH_MODEL")
-        .stdin(std::fs::File::open(&good).unwrap())
-        .output()
-        .unwrap();
-    assert_clean_error(&stdin, "at least 4 tokens");
+    assert_clean_error(&hearth_stdin(&["perplexity", "-m", m, "-f", "-", "-c", "2"], &good), "at least 4 tokens");
     // Byte-order marks: UTF-16's is named, UTF-8's is not text (control: the same text
     // without it tokenizes the same).
     let utf16 = tmp("utf16.txt");

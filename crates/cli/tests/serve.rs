@@ -5,6 +5,7 @@
 mod common;
 
 use common::server::{Server, KEY};
+use common::wait_exit;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -439,14 +440,7 @@ fn a_second_signal_stops_the_server_mid_generation() {
     assert!(log.contains("the 1 generating and 0 queued finish first (Ctrl-C or SIGTERM again to stop now)"), "{log}");
     // The second stops the server long before 3000 tokens.
     signal(pid, "-INT");
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the server still runs 10 s after a second signal");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_exit(&mut s.child, "a second signal");
     assert!(status.success(), "{status:?}");
     // The client sees its stream end, unfinished.
     let mut rest = Vec::new();
@@ -468,11 +462,7 @@ fn an_idle_server_stops_at_the_first_signal() {
     write!(half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{\"prompt\"").unwrap();
     std::thread::sleep(Duration::from_millis(200));
     signal(s.child.id(), "-INT");
-    let t0 = Instant::now();
-    while s.child.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "an idle server still runs 10 s after Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_exit(&mut s.child, "Ctrl-C on an idle server");
 }
 
 #[test]
@@ -488,11 +478,7 @@ fn the_first_signal_lets_a_stream_finish_then_stops() {
     c.read_to_end(&mut rest).unwrap();
     let rest = String::from_utf8_lossy(&rest);
     assert!(rest.contains("data: [DONE]") && rest.contains("\"finish_reason\":\"length\""), "{rest}");
-    let t0 = Instant::now();
-    while s.child.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "still running 10 s after its last stream ended");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_exit(&mut s.child, "its last stream ended");
 }
 
 #[test]

@@ -174,13 +174,12 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
             () = signals.recv() => {}
         }
         let in_flight = || metrics.active.load(Relaxed) + metrics.queue_depth.load(Relaxed);
-        if in_flight() == 0 {
+        let (generating, queued) = (metrics.active.load(Relaxed), metrics.queue_depth.load(Relaxed));
+        if generating + queued == 0 {
             eprintln!("hearth serve: stopping");
         } else {
             eprintln!(
-                "hearth serve: stopping: no new requests; the {} generating and {} queued finish first (Ctrl-C or SIGTERM again to stop now)",
-                metrics.active.load(Relaxed),
-                metrics.queue_depth.load(Relaxed)
+                "hearth serve: stopping: no new requests; the {generating} generating and {queued} queued finish first (Ctrl-C or SIGTERM again to stop now)"
             );
         }
         let _ = drain.send(());

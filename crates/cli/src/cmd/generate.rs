@@ -177,7 +177,6 @@ pub fn run(a: Args) -> Result<()> {
     // The prompt first: a file that cannot be read is reported before the model loads.
     let text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) if f.as_os_str() == "-" => crate::common::read_stdin_text().context("reading the prompt")?,
         (None, Some(f)) => crate::common::read_text(f)?,
         (None, None) => unreachable!("clap requires --prompt or --prompt-file"),
     };

@@ -35,7 +35,6 @@ pub fn run(a: Args) -> Result<()> {
     let tok = Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = match (&a.text, &a.file) {
         (Some(t), _) => t.clone(),
-        (None, Some(p)) if p.as_os_str() == "-" => crate::common::read_stdin_text()?,
         (None, Some(p)) => crate::common::read_text(p)?,
         (None, None) => unreachable!("clap requires --text or --file"),
     };

@@ -33,6 +33,24 @@ pub fn hearth(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").output().unwrap()
 }
 
+/// Run the `hearth` binary with `args` and the file `stdin` as its standard input.
+pub fn hearth_stdin(args: &[&str], stdin: &Path) -> Output {
+    let input = std::fs::File::open(stdin).unwrap_or_else(|e| panic!("{}: {e}", stdin.display()));
+    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env_remove("HEARTH_MODEL").stdin(input).output().unwrap()
+}
+
+/// Wait up to 10 s for `child` to exit; `what` says what should have stopped it.
+pub fn wait_exit(child: &mut Child, what: &str) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "still running 10 s after {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A successful run's stdout as JSON.
 pub fn ok(out: Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
