@@ -10,7 +10,7 @@
 
 use hearth_tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use std::sync::{Arc, OnceLock};
 
@@ -44,12 +44,12 @@ impl Grammars {
         // A grammar that compiles may still match nothing (a schema `{"$ref": "#"}` is
         // only itself): its first mask fails. Found here, it is the client's 400, not a
         // failed request after it was queued.
-        match matcher.compute_mask_or_eos() {
+        let first = match matcher.compute_mask_or_eos() {
             Err(e) => return Err(format!("the grammar matches no text ({})", brief(&e.to_string()))),
             Ok(m) if m.is_zero() => return Err("the grammar matches no text".into()),
-            Ok(_) => {}
-        }
-        Ok(Constraint { matcher, masked: Vec::new() })
+            Ok(m) => m,
+        };
+        Ok(Constraint { matcher, first: Some(first), masked: Vec::new() })
     }
 }
 
@@ -111,6 +111,10 @@ fn build_factory(tok: &Tokenizer) -> Result<ParserFactory, String> {
 /// One sequence's grammar state.
 pub struct Constraint {
     matcher: Matcher,
+    /// The mask of the first step, computed when the constraint was built (a grammar that
+    /// matches nothing is refused there): the first `mask` takes it instead of computing it
+    /// again, which on a large vocabulary is the costliest mask of the request.
+    first: Option<SimpleVob>,
     /// The logits row with the mask applied (the scheduler's rows are shared, read-only).
     masked: Vec<f32>,
 }
@@ -126,7 +130,10 @@ impl Constraint {
     /// the tokenizer's vocabulary, padding rows of the output matrix, are never allowed).
     /// Fails with llguidance's message when the matcher is in an error state.
     pub fn mask<'a>(&'a mut self, logits: &[f32]) -> Result<&'a [f32], String> {
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| brief(&e.to_string()))?;
+        let allowed = match self.first.take() {
+            Some(m) => m,
+            None => self.matcher.compute_mask_or_eos().map_err(|e| brief(&e.to_string()))?,
+        };
         self.masked.clear();
         self.masked.extend(logits.iter().enumerate().map(|(i, &l)| if allowed.is_allowed(i as u32) { l } else { f32::NEG_INFINITY }));
         if self.masked.iter().all(|l| *l == f32::NEG_INFINITY) {
@@ -137,6 +144,8 @@ impl Constraint {
 
     /// Advance the grammar by the sampled token.
     pub fn commit(&mut self, id: u32) -> Result<(), String> {
+        // The first mask is for the state before any token.
+        self.first = None;
         self.matcher.consume_token(id).map_err(|e| brief(&e.to_string()))
     }
 
@@ -187,6 +196,14 @@ mod tests {
             assert_eq!(m[im_end as usize], f32::NEG_INFINITY, "end of turn inside the object");
             c.commit(t).unwrap();
         }
+        // The first mask is kept from the refusal check; a token committed before it was
+        // asked for makes it stale (control: a second `{` is allowed before the first).
+        let open = tok.encode("{", false, false)[0];
+        let mut fresh = g.constraint(tok, json_grammar(Some(&schema))).unwrap();
+        assert!(fresh.mask(&logits).unwrap()[open as usize].is_finite());
+        let mut fresh = g.constraint(tok, json_grammar(Some(&schema))).unwrap();
+        fresh.commit(open).unwrap();
+        assert_eq!(fresh.mask(&logits).unwrap()[open as usize], f32::NEG_INFINITY, "a stale first mask after a commit");
         // After the closing brace only the end of generation is allowed.
         let m = c.mask(&logits).unwrap().to_vec();
         assert!(m[im_end as usize].is_finite());
