@@ -481,6 +481,60 @@ fn the_first_signal_lets_a_stream_finish_then_stops() {
     wait_exit(&mut s.child, "its last stream ended");
 }
 
+/// The head of the response to `head` (a request's head, the body not sent), read until
+/// the blank line; "" when nothing came within 10 s.
+fn response_head(s: &Server, head: &str) -> String {
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(head.as_bytes()).unwrap();
+    let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[test]
+fn a_body_over_the_limit_is_refused_before_it_is_sent() {
+    let s = Server::start(&[]);
+    let head = |len: usize| {
+        format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nExpect: 100-continue\r\n\r\n")
+    };
+    // A declared 100 MB gets its 413 at once, not `100 Continue` (curl's cue to send it).
+    let got = response_head(&s, &head(100_000_000));
+    assert!(got.starts_with("HTTP/1.1 413"), "{got:?}");
+    // Control: a body under the limit is asked for.
+    let got = response_head(&s, &head(1000));
+    assert!(got.starts_with("HTTP/1.1 100 Continue"), "{got:?}");
+    // A body over the limit that declares no length (chunked) is refused as it is read.
+    // The answer is read as it comes: the server closes with the rest unread, and the
+    // reset that follows could drop an answer read only after the writes.
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    let mut reader = c.try_clone().unwrap();
+    reader.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let answer = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let _ = reader.read_to_end(&mut got);
+        String::from_utf8_lossy(&got).into_owned()
+    });
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+    let chunk = vec![b' '; 1 << 20];
+    for _ in 0..17 {
+        if write!(c, "{:x}\r\n", chunk.len()).and_then(|_| c.write_all(&chunk)).and_then(|_| c.write_all(b"\r\n")).is_err() {
+            break; // the server answered and closed
+        }
+    }
+    let _ = c.write_all(b"0\r\n\r\n");
+    let answer = answer.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("request_too_large") && answer.contains("limit of 16 MiB"), "{answer}");
+    // The server goes on.
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1}));
+    assert_eq!(st, 200, "{r}");
+}
+
 #[test]
 fn a_taken_port_is_named_before_the_model_loads() {
     let s = Server::start(&[]);

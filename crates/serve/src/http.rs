@@ -79,10 +79,12 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
             let refused = refused_origin(&origins, &req);
+            let too_large = declared_too_large(&req);
             async move {
-                match refused {
-                    Some(origin) => ApiError::origin_not_allowed(&origin).into_response(),
-                    None => next.run(req).await,
+                match (refused, too_large) {
+                    (Some(origin), _) => ApiError::origin_not_allowed(&origin).into_response(),
+                    (None, Some(e)) => e.into_response(),
+                    (None, None) => next.run(req).await,
                 }
             }
         }))
@@ -184,6 +186,20 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         Json(serde_json::json!({"object": "list", "data": data})).into_response()
     });
     answer(&app, "/v1/models", r)
+}
+
+/// A 413 for a request whose declared `Content-Length` is over [`MAX_BODY`], answered
+/// before any of the body is read. Without it the server read up to the limit first, and
+/// to a client that asked `Expect: 100-continue` (curl does above 1 MiB) it said
+/// `100 Continue`, so the client sent megabytes only to have them refused.
+fn declared_too_large(req: &axum::extract::Request) -> Option<ApiError> {
+    let declared: u64 = req.headers().get(axum::http::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()?;
+    (declared > MAX_BODY as u64).then(|| {
+        ApiError::unreadable_body(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body ({declared} bytes) is larger than this server's limit of {} MiB", MAX_BODY >> 20),
+        )
+    })
 }
 
 /// A body that could not be read (too large: axum's limit) as an OpenAI error.
