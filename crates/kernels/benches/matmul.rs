@@ -9,6 +9,9 @@
 //!   this is the kernel's compute speed.
 //! - `matvec_dram/<level>/<type>/<threads>t`: ~256 MiB of weights (beyond
 //!   the L3), one token: what decode sees; compare with `hearth bench --membw`.
+//! - `L2_ROWS=N` (environment): `matvec_l2` with N rows instead of 256 × 4096 / COLS.
+//!   256 rows of 4096-column Q4_0 are 576 KiB, beyond Zen 3's 512 KiB L2 (the bench then
+//!   reads from L3); `L2_ROWS=96` fits it.
 //! - `COLS=576` (environment) gives `matvec_l2` (same bytes) and `matvec_dram` rows of
 //!   that many columns instead of 4096: SmolLM2's short rows (types whose blocks do not
 //!   divide it are skipped).
@@ -63,7 +66,7 @@ fn square(c: &mut Criterion) {
 /// 256×4096 (≤ 2 MB: in L2, or L3 where L2 is smaller): compute-bound speed of the matvec.
 fn cached(c: &mut Criterion) {
     let cols: usize = std::env::var("COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
-    let rows = 256 * 4096 / cols / 4 * 4;
+    let rows = std::env::var("L2_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(256 * 4096 / cols / 4 * 4);
     let pool = ThreadPool::new(1);
     let mut g = c.benchmark_group("matvec_l2");
     g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
