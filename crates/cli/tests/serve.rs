@@ -530,6 +530,16 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     let _ = c.write_all(b"0\r\n\r\n");
     let answer = answer.join().unwrap();
     assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("request_too_large") && answer.contains("limit of 16 MiB"), "{answer}");
+    // A body that is malformed, not large, is a 400 that says so (new-user pass: it was
+    // labelled request_too_large).
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n\r\nzzzz\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("\"invalid_body\"") && answer.contains("could not be read"), "{answer}");
     // The server goes on.
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1}));
     assert_eq!(st, 200, "{r}");

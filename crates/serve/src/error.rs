@@ -41,10 +41,12 @@ impl ApiError {
         }
     }
 
-    /// 413 (or another status of a body that could not be read): axum's rejection as an
-    /// OpenAI error body instead of plain text.
+    /// A body that could not be read, as an OpenAI error body instead of axum's plain
+    /// text: `request_too_large` for a 413, else `invalid_body` (a body cut short, or
+    /// malformed chunks).
     pub fn unreadable_body(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), kind: "invalid_request_error", param: None, code: Some("request_too_large") }
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
+        Self { status, message: message.into(), kind: "invalid_request_error", param: None, code: Some(code) }
     }
 
     /// 400: the prompt (plus at least one generated token) does not fit a slot's context.

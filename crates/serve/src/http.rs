@@ -208,7 +208,9 @@ pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Ap
         let why = if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             format!("the request body is larger than this server's limit of {} MiB", MAX_BODY >> 20)
         } else {
-            e.body_text()
+            // axum's text ("Failed to buffer the request body: error reading a body from
+            // connection") names no cause a client can act on.
+            "the request body could not be read: it ended before its Content-Length, or its chunks are malformed".to_string()
         };
         ApiError::unreadable_body(e.status(), why)
     })
