@@ -481,20 +481,28 @@ fn the_first_signal_lets_a_stream_finish_then_stops() {
     wait_exit(&mut s.child, "its last stream ended");
 }
 
-/// The head of the response to `head` (a request's head, the body not sent), read until
-/// the blank line; "" when nothing came within 10 s.
-fn response_head(s: &Server, head: &str) -> String {
+/// The server's raw answer to `request` (a request's head, then whatever `send` writes),
+/// read as it comes: to the blank line after the head when `head_only`, else until the
+/// server closes; what came within 60 s. Reading beside the writes keeps an answer the
+/// server sends before closing with the rest unread: the reset that follows could drop
+/// an answer read only after the writes.
+fn raw_answer(s: &Server, request: &str, send: impl FnOnce(&mut TcpStream), head_only: bool) -> String {
     let mut c = TcpStream::connect(&s.addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(head.as_bytes()).unwrap();
-    let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        match c.read(&mut buf) {
-            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
-            _ => break,
+    let mut reader = c.try_clone().unwrap();
+    reader.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let answer = std::thread::spawn(move || {
+        let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+        while !(head_only && got.windows(4).any(|w| w == b"\r\n\r\n")) {
+            match reader.read(&mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
         }
-    }
-    String::from_utf8_lossy(&got).into_owned()
+        String::from_utf8_lossy(&got).into_owned()
+    });
+    c.write_all(request.as_bytes()).unwrap();
+    send(&mut c);
+    answer.join().unwrap()
 }
 
 #[test]
@@ -504,41 +512,31 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
         format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nExpect: 100-continue\r\n\r\n")
     };
     // A declared 100 MB gets its 413 at once, not `100 Continue` (curl's cue to send it).
-    let got = response_head(&s, &head(100_000_000));
+    let got = raw_answer(&s, &head(100_000_000), |_| {}, true);
     assert!(got.starts_with("HTTP/1.1 413"), "{got:?}");
     // Control: a body under the limit is asked for.
-    let got = response_head(&s, &head(1000));
+    let got = raw_answer(&s, &head(1000), |_| {}, true);
     assert!(got.starts_with("HTTP/1.1 100 Continue"), "{got:?}");
     // A body over the limit that declares no length (chunked) is refused as it is read.
-    // The answer is read as it comes: the server closes with the rest unread, and the
-    // reset that follows could drop an answer read only after the writes.
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    let mut reader = c.try_clone().unwrap();
-    reader.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let answer = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let _ = reader.read_to_end(&mut got);
-        String::from_utf8_lossy(&got).into_owned()
-    });
-    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
-    let chunk = vec![b' '; 1 << 20];
-    for _ in 0..17 {
-        if write!(c, "{:x}\r\n", chunk.len()).and_then(|_| c.write_all(&chunk)).and_then(|_| c.write_all(b"\r\n")).is_err() {
-            break; // the server answered and closed
-        }
-    }
-    let _ = c.write_all(b"0\r\n\r\n");
-    let answer = answer.join().unwrap();
+    let chunked = format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let answer = raw_answer(
+        &s,
+        &chunked,
+        |c| {
+            let chunk = vec![b' '; 1 << 20];
+            for _ in 0..17 {
+                if write!(c, "{:x}\r\n", chunk.len()).and_then(|_| c.write_all(&chunk)).and_then(|_| c.write_all(b"\r\n")).is_err() {
+                    return; // the server answered and closed
+                }
+            }
+            let _ = c.write_all(b"0\r\n\r\n");
+        },
+        false,
+    );
     assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("request_too_large") && answer.contains("limit of 16 MiB"), "{answer}");
     // A body that is malformed, not large, is a 400 that says so (new-user pass: it was
     // labelled request_too_large).
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n\r\nzzzz\r\n")
-        .unwrap();
-    let mut answer = Vec::new();
-    let _ = c.read_to_end(&mut answer);
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = raw_answer(&s, &format!("{chunked}zzzz\r\n"), |_| {}, false);
     assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("\"invalid_body\"") && answer.contains("could not be read"), "{answer}");
     // The server goes on.
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1}));

@@ -41,12 +41,22 @@ impl ApiError {
         }
     }
 
-    /// A body that could not be read, as an OpenAI error body instead of axum's plain
-    /// text: `request_too_large` for a 413, else `invalid_body` (a body cut short, or
-    /// malformed chunks).
-    pub fn unreadable_body(status: StatusCode, message: impl Into<String>) -> Self {
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
-        Self { status, message: message.into(), kind: "invalid_request_error", param: None, code: Some(code) }
+    /// 413: the request body is over the server's limit (OpenAI's error body instead of
+    /// axum's plain text).
+    pub fn request_too_large(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    /// A body that could not be read for a reason other than its size (cut short before
+    /// its `Content-Length`, malformed chunks), with the status axum chose.
+    pub fn invalid_body(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, message: message.into(), kind: "invalid_request_error", param: None, code: Some("invalid_body") }
     }
 
     /// 400: the prompt (plus at least one generated token) does not fit a slot's context.

@@ -194,25 +194,30 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// `100 Continue`, so the client sent megabytes only to have them refused.
 fn declared_too_large(req: &axum::extract::Request) -> Option<ApiError> {
     let declared: u64 = req.headers().get(axum::http::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()?;
-    (declared > MAX_BODY as u64).then(|| {
-        ApiError::unreadable_body(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body ({declared} bytes) is larger than this server's limit of {} MiB", MAX_BODY >> 20),
-        )
-    })
+    (declared > MAX_BODY as u64).then(|| too_large(Some(declared)))
 }
 
-/// A body that could not be read (too large: axum's limit) as an OpenAI error.
+/// The 413 for a body over [`MAX_BODY`]: `declared` is its `Content-Length` where the
+/// client sent one (a chunked body has none).
+fn too_large(declared: Option<u64>) -> ApiError {
+    let size = declared.map(|n| format!(" ({n} bytes)")).unwrap_or_default();
+    ApiError::request_too_large(format!("the request body{size} is larger than this server's limit of {} MiB", MAX_BODY >> 20))
+}
+
+/// A body axum could not read, as an OpenAI error: over [`MAX_BODY`] (a chunked body
+/// that grew past it) is a 413; cut short or malformed is `invalid_body`.
 pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
-        let why = if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than this server's limit of {} MiB", MAX_BODY >> 20)
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            too_large(None)
         } else {
             // axum's text ("Failed to buffer the request body: error reading a body from
             // connection") names no cause a client can act on.
-            "the request body could not be read: it ended before its Content-Length, or its chunks are malformed".to_string()
-        };
-        ApiError::unreadable_body(e.status(), why)
+            ApiError::invalid_body(
+                e.status(),
+                "the request body could not be read: it ended before its Content-Length, or its chunks are malformed",
+            )
+        }
     })
 }
 

@@ -173,8 +173,9 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
             r = &mut server => return r,
             () = signals.recv() => {}
         }
-        let in_flight = || metrics.active.load(Relaxed) + metrics.queue_depth.load(Relaxed);
-        let (generating, queued) = (metrics.active.load(Relaxed), metrics.queue_depth.load(Relaxed));
+        // (generating, queued) now.
+        let counts = || (metrics.active.load(Relaxed), metrics.queue_depth.load(Relaxed));
+        let (generating, queued) = counts();
         if generating + queued == 0 {
             eprintln!("hearth serve: stopping");
         } else {
@@ -195,7 +196,7 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
                     return Ok(());
                 }
                 () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
-                    if in_flight() > 0 {
+                    if counts() != (0, 0) {
                         idle_since = None;
                     } else if idle_since.get_or_insert_with(std::time::Instant::now).elapsed() >= std::time::Duration::from_secs(1) {
                         return Ok(());
