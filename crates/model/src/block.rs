@@ -26,7 +26,60 @@ use crate::weights::LayerWeights;
 use hearth_kernels::ops::{self, AttnScratch, AttnShape, F16DotOrder};
 use hearth_kernels::{matmul, matmul_many, MatJob, ThreadPool, WeightView};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::Instant;
+
+/// The kinds of work a forward pass's time is split into (`HEARTH_PROFILE=1`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
+    /// Q, K, V, gate and up: the matmuls that read the normed residual.
+    MatIn,
+    /// O and down, with the allreduce or gathers of a tensor-parallel split.
+    MatOut,
+    /// Storing K and V in the cache, and attending.
+    Attention,
+    /// A mixture of experts' FFN: router, experts, shared expert.
+    Moe,
+    Norm,
+    Rope,
+    /// Residual adds, the GLU, biases.
+    Elementwise,
+    /// The output norm and head.
+    Head,
+}
+
+impl Op {
+    pub(crate) const ALL: [Op; 8] = [Op::MatIn, Op::MatOut, Op::Attention, Op::Moe, Op::Norm, Op::Rope, Op::Elementwise, Op::Head];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Op::MatIn => "matmuls Q/K/V/gate/up",
+            Op::MatOut => "matmuls O/down",
+            Op::Attention => "attention",
+            Op::Moe => "MoE FFN",
+            Op::Norm => "norms",
+            Op::Rope => "RoPE",
+            Op::Elementwise => "adds and GLU",
+            Op::Head => "output head",
+        }
+    }
+}
+
+/// Nanoseconds spent in each [`Op`], summed over layers and passes (`HEARTH_PROFILE=1`).
+/// Atomic only so a [`Block`] can add to it through a shared reference.
+#[derive(Debug, Default)]
+pub(crate) struct OpTimes([AtomicU64; Op::ALL.len()]);
+
+impl OpTimes {
+    pub(crate) fn add(&self, op: Op, since: Instant) {
+        self.0[op as usize].fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+    }
+
+    pub(crate) fn get(&self, op: Op) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.0[op as usize].load(Relaxed))
+    }
+}
 
 /// One layer's activations for the `n` tokens of a pass, each `[n, width]` with this
 /// node's widths (all of them on one machine).
@@ -98,11 +151,23 @@ pub(crate) struct Block<'a> {
     /// A sequence feeding at least this many tokens in a pass takes the f32 attention
     /// path (`Context::set_f32_attention_from`).
     pub(crate) f32_attn_from: usize,
-    /// Time spent in attention (`HEARTH_PROFILE`).
-    pub(crate) attention: &'a mut std::time::Duration,
+    /// Where the time goes, when profiling (`HEARTH_PROFILE`).
+    pub(crate) times: Option<&'a OpTimes>,
 }
 
 impl<'a> Block<'a> {
+    /// The start of an op, when profiling.
+    pub(crate) fn clock(&self) -> Option<Instant> {
+        self.times.map(|_| Instant::now())
+    }
+
+    /// Counts the time since `start` (from [`Self::clock`]) to `op`.
+    pub(crate) fn spent(&self, op: Op, start: Option<Instant>) {
+        if let (Some(times), Some(start)) = (self.times, start) {
+            times.add(op, start);
+        }
+    }
+
     /// Print `x`'s sum as llama.cpp's eval-callback names it (`HEARTH_TRACE=1`); with
     /// `HEARTH_TRACE_DIR` set (non-empty), also write `x` there as `NAME-LAYER.f32`
     /// (little-endian f32, `[n_tokens, width]`) for element-by-element comparison. Each
@@ -132,26 +197,33 @@ impl<'a> Block<'a> {
 
     /// `out = rmsnorm(x) · w`, rows of `n_embd`.
     pub fn norm(&self, x: &[f32], w: &[f32], out: &mut [f32], name: &str) {
-        let n = w.len();
+        let (n, t) = (w.len(), self.clock());
         self.pool.for_rows(out, n, |o, r0| ops::rmsnorm(&x[r0 * n..r0 * n + o.len()], w, self.c.rms_eps, o));
+        self.spent(Op::Norm, t);
         self.trace(name, out);
     }
 
     /// `x = rmsnorm(x) · w` in place, rows of `w.len()` (`n_embd`, or one head).
     pub fn norm_inplace(&self, x: &mut [f32], w: &[f32], name: &str) {
+        let t = self.clock();
         self.pool.for_rows(x, w.len(), |x, _| ops::rmsnorm_inplace(x, w, self.c.rms_eps));
+        self.spent(Op::Norm, t);
         self.trace(name, x);
     }
 
     /// `x += y`, `[n, width]` each (a residual add).
     pub fn add(&self, x: &mut [f32], y: &[f32], width: usize) {
+        let t = self.clock();
         self.pool.for_rows(x, width, |x, r0| ops::add_assign(x, &y[r0 * width..r0 * width + x.len()]));
+        self.spent(Op::Elementwise, t);
     }
 
     /// `gate = act(gate) ⊙ up` with `act` SwiGLU's or GEGLU's (`ops::swiglu`,
     /// `ops::geglu`), `[n, width]` each.
     pub fn glu(&self, act: fn(&mut [f32], &[f32]), gate: &mut [f32], up: &[f32], width: usize) {
+        let t = self.clock();
         self.pool.for_rows(gate, width, |g, r0| act(g, &up[r0 * width..r0 * width + g.len()]));
+        self.spent(Op::Elementwise, t);
     }
 
     /// `out += b` for this node's part of a bias of matrix `m`'s outputs (Q, K or V).
@@ -159,7 +231,9 @@ impl<'a> Block<'a> {
         if let Some(b) = b {
             let rows = self.share.shapes[m as usize].0.clone();
             if !rows.is_empty() {
+                let t = self.clock();
                 ops::add_rows(out, &b[rows]);
+                self.spent(Op::Elementwise, t);
             }
         }
     }
@@ -173,12 +247,14 @@ impl<'a> Block<'a> {
         if qd == 0 {
             return;
         }
+        let t = self.clock();
         for sp in self.spans {
             // Each token's rotation depends on its position alone.
             let (nh, nkv, hd) = (self.share.n_head, self.share.n_head_kv, c.head_dim);
             self.pool.for_rows(&mut q[sp.row * qd..(sp.row + sp.len) * qd], qd, |x, t0| ops::rope(x, nh, hd, sp.pos0 + t0, &r));
             self.pool.for_rows(&mut k[sp.row * kvd..(sp.row + sp.len) * kvd], kvd, |x, t0| ops::rope(x, nkv, hd, sp.pos0 + t0, &r));
         }
+        self.spent(Op::Rope, t);
         self.trace("Qrope", q);
         self.trace("Krope", k);
     }
@@ -227,7 +303,9 @@ impl<'a> Block<'a> {
                 jobs.push(MatJob { w, x, n_tokens: n, out });
             }
         }
+        let t = self.clock();
         matmul_many(self.pool, &mut jobs, self.quant)?;
+        self.spent(Op::MatIn, t);
         if self.trace {
             for (m, job) in names.iter().zip(&jobs) {
                 self.trace(["Qcur", "Kcur", "Vcur", "", "ffn_gate", "ffn_up", ""][*m as usize], job.out);
@@ -246,7 +324,9 @@ impl<'a> Block<'a> {
         if !matches!(m, Mat::O | Mat::Down) {
             if !rows.is_empty() {
                 let w = self.view(m, rows, cols)?;
+                let t = self.clock();
                 matmul(self.pool, &w, x, n, out, self.quant)?;
+                self.spent(Op::MatIn, t);
             }
             self.trace(["Qcur", "Kcur", "Vcur", "", "ffn_gate", "ffn_up", ""][m as usize], out);
             return Ok(());
@@ -255,6 +335,7 @@ impl<'a> Block<'a> {
         let full = if m == Mat::O { self.c.q_dim() } else { self.c.n_ff };
         // This node's input columns (its heads or FFN rows) within the full input.
         let local = self.share.shapes[if m == Mat::O { Mat::Q } else { Mat::Gate } as usize].0.clone();
+        let t = self.clock();
         match self.share.gather.clone() {
             None => {
                 if local.is_empty() {
@@ -285,6 +366,7 @@ impl<'a> Block<'a> {
             }
         }
         self.allreduce(out)?;
+        self.spent(Op::MatOut, t);
         self.trace(if m == Mat::O { "attn_out" } else { "ffn_out" }, out);
         Ok(())
     }
@@ -300,6 +382,7 @@ impl<'a> Block<'a> {
         }
         let (qd, kvd) = (nh * hd, self.share.n_head_kv * hd);
         let il = self.il;
+        let t = self.clock();
         for sp in self.spans {
             let r = sp.row * kvd..(sp.row + sp.len) * kvd;
             self.kv.store(il, sp.slot, sp.pos0, &k[r.clone()], &v[r]);
@@ -308,9 +391,8 @@ impl<'a> Block<'a> {
         let caches: Vec<_> = self.spans.iter().map(|sp| kv.layer(il, sp.slot)).collect();
         let ring = kv.layout().held(il);
         let shape = AttnShape { scale: c.attn_scale, window: c.window(il), ring, f16_dot: self.f16_dot, ..AttnShape::causal(nh, self.share.n_head_kv, hd) };
-        let t = std::time::Instant::now();
         attn::run(self.pool, self.items, self.spans, &caches, q, qd, c.n_head / c.n_head_kv, shape, self.f32_attn_from, self.attn_acc, out);
-        *self.attention += t.elapsed();
+        self.spent(Op::Attention, t);
         self.trace("kqv_out", out);
         Ok(())
     }

@@ -193,7 +193,7 @@ struct Profile {
     passes: usize,
     tokens: usize,
     total: std::time::Duration,
-    attention: std::time::Duration,
+    ops: crate::block::OpTimes,
 }
 
 impl Drop for Context {
@@ -208,11 +208,26 @@ impl Drop for Context {
                     100.0 * v / ms(p.total)
                 }
             };
+            let mut split = String::new();
+            let mut counted = wait;
+            for op in crate::block::Op::ALL {
+                let t = ms(p.ops.get(op));
+                if t > 0.0 {
+                    counted += t;
+                    split += &format!("; {} {t:.1} ms ({:.0}%)", op.label(), pct(t));
+                }
+            }
+            if wait > 0.0 {
+                split += &format!("; waiting for weights {wait:.1} ms ({:.0}%)", pct(wait));
+            }
+            let rest = ms(p.total) - counted;
             eprintln!(
-                "profile: {} forward passes, {} tokens, {} threads: {:.1} ms; attention {:.1} ms ({:.0}%), waiting for weights {:.1} ms ({:.0}%), \
-                 matmuls and the rest {:.1} ms ({:.0}%)",
-                p.passes, p.tokens, self.pool.n_threads(), ms(p.total), ms(p.attention), pct(ms(p.attention)), wait, pct(wait),
-                ms(p.total) - ms(p.attention) - wait, pct(ms(p.total) - ms(p.attention) - wait)
+                "profile: {} forward passes, {} tokens, {} threads: {:.1} ms{split}; the rest (embeddings, the threads' hand-offs outside the ops) {rest:.1} ms ({:.0}%)",
+                p.passes,
+                p.tokens,
+                self.pool.n_threads(),
+                ms(p.total),
+                pct(rest)
             );
         }
     }
@@ -742,12 +757,11 @@ impl Context {
         let e = self.model.config.n_embd;
         self.embed(tokens)?;
         let pos0 = spans[0].pos0;
-        let mut attention = std::time::Duration::ZERO;
         if let Some(mut ring) = self.ring.take() {
             // Each round: this device's window, then the rest of the ring.
             let r = (|| {
                 for (round, win) in ring.windows.rounds.iter().enumerate() {
-                    attention += self.blocks(spans, win.clone())?;
+                    self.blocks(spans, win.clone())?;
                     if let Some(link) = ring.link.as_mut() {
                         link.pass(pos0, round, &mut self.s.x[..n * e]).map_err(ModelError::Collective)?;
                     }
@@ -760,14 +774,15 @@ impl Context {
             if let Some(sp) = &mut self.split {
                 sp.comm.begin_pass(pos0, &self.s.x[..n * e], n).map_err(ModelError::Collective)?;
             }
-            attention = self.blocks(spans, 0..self.model.config.n_layer)?;
+            self.blocks(spans, 0..self.model.config.n_layer)?;
         }
+        let th = std::time::Instant::now();
         self.head(rows, out_row)?;
         if let Some(p) = &mut self.profile {
+            p.ops.add(crate::block::Op::Head, th);
             p.passes += 1;
             p.tokens += n;
             p.total += t0.elapsed();
-            p.attention += attention;
         }
         Ok(())
     }
@@ -875,12 +890,10 @@ impl Context {
     }
 
     /// `x: [n, n_embd]` through blocks `layers`, each span's rows at its slot's positions
-    /// `pos0..` (the slots' cached positions end there afterwards); returns the time spent
-    /// in attention. Each block is the architecture's ([`crate::Arch`]); with a split,
+    /// `pos0..` (the slots' cached positions end there afterwards). Each block is the architecture's ([`crate::Arch`]); with a split,
     /// this node's rows and columns only, and the two partial products of each block
     /// summed across nodes (inside [`Block::matmul`]).
-    fn blocks(&mut self, spans: &[Span], layers: std::ops::Range<usize>) -> Result<std::time::Duration> {
-        let mut attention = std::time::Duration::ZERO;
+    fn blocks(&mut self, spans: &[Span], layers: std::ops::Range<usize>) -> Result<()> {
         let model = Arc::clone(&self.model);
         let (c, w, file) = (&model.config, &model.weights, &*model.file);
         let n: usize = spans.iter().map(|sp| sp.len).sum();
@@ -937,7 +950,7 @@ impl Context {
                 trace: self.trace,
                 f16_dot: self.f16_dot,
                 f32_attn_from: self.f32_attn_from,
-                attention: &mut attention,
+                times: self.profile.as_ref().map(|p| &p.ops),
             };
             let mut a = Acts {
                 x: &mut x[..n * e],
@@ -976,7 +989,7 @@ impl Context {
         for sp in spans {
             self.n_past[sp.slot] = sp.pos0 + sp.len;
         }
-        Ok(attention)
+        Ok(())
     }
 
     /// The output head: logits of rows `logit_rows` of `x` into `logits` from row `out_row` on

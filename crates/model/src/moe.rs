@@ -109,7 +109,12 @@ impl<'a> Block<'a> {
         // `gathered` a run of experts' gathered inputs and outputs, [pairs, n_embd] each,
         // and their gate, up (and, gather schedule, all nodes' SwiGLU), [pairs, n_ff] each.
         let (mut part, mut gathered) = (std::mem::take(self.part), std::mem::take(self.gathered));
+        // Timed as a whole: the ops inside (its GLUs) count to it alone.
+        let t = self.clock();
+        let times = self.times.take();
         let r = self.moe_ffn_in(moe, xb, &mut part, &mut gathered);
+        self.times = times;
+        self.spent(crate::block::Op::Moe, t);
         (*self.part, *self.gathered) = (part, gathered);
         r
     }
