@@ -2,8 +2,9 @@
 //!
 //! `cargo bench -p hearth-kernels --bench prefill [-- THREADS [REPS [TOKENS]]] [FILTER]`
 //! (defaults 1, 15, 256; FILTER keeps the cases whose name contains it, e.g.
-//! `smollm2/f16/avx512`). For SmolLM2-135M's layer (576/192/1536) and a 1B
-//! (TinyLlama-shape) layer, each type (F16, Q8_0, Q5_0, Q4_1, Q4_0) and SIMD level runs all
+//! `smollm2/f16/avx512`). For SmolLM2-135M's layer (576/192/1536), a 1B
+//! (TinyLlama-shape) layer, and SmolLM2's down and gate alone (`smol-down`:
+//! long rows of 1536 columns; `smol-gate`: short ones of 576), each type (F16, Q8_0, Q5_0, Q4_1, Q4_0) and SIMD level runs all
 //! the layer's matmuls on TOKENS tokens, REPS times round-robin over the
 //! configurations; the best run of each is printed (GFLOP/s = 2 · rows · cols ·
 //! tokens / s). The best of many interleaved runs is what the code can do; the
@@ -39,7 +40,7 @@ fn main() {
     let filter = std::env::args().skip(1).find(|a| a.parse::<usize>().is_err() && !a.starts_with('-')).unwrap_or_default();
     let pool = ThreadPool::new(threads);
     let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|&l| l != SimdLevel::Scalar && l.is_available()).collect();
-    let models = [("smollm2", layer(576, 192, 1536)), ("1b", layer(2048, 256, 5632))];
+    let models = [("smollm2", layer(576, 192, 1536)), ("1b", layer(2048, 256, 5632)), ("smol-down", vec![(576, 1536)]), ("smol-gate", vec![(1536, 576)])];
     let types = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4_0];
     struct Case {
         name: String,

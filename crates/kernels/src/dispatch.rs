@@ -199,13 +199,15 @@ impl Kernels {
     }
 
     /// The activation type the panel for weights `wty` reads: ggml's
-    /// `vec_dot_type(wty)`, except F16 weights at the SIMD levels, whose panels
-    /// read f32 activations holding f16-rounded values (the same numbers as
-    /// ggml's f16 activations, stored so the tiles multiply them without a
-    /// convert per use: see [`crate::matmul`]).
+    /// `vec_dot_type(wty)`, except F16 weights at the avx512 and NEON levels,
+    /// whose panels read f32 activations holding f16-rounded values (the same
+    /// numbers as ggml's f16 activations, stored so the tiles multiply them
+    /// without a convert per use: see [`crate::matmul`]). The avx2 levels read
+    /// f16: half the bytes, which keeps a tile's activations in L1 on long rows
+    /// (see `panel_f16` in `arch/x86_64/avx2.rs`).
     pub fn act_type(&self, wty: GgmlType) -> GgmlType {
         match (self.level, wty) {
-            (SimdLevel::Scalar, _) => hearth_quant::vec_dot_type(wty),
+            (SimdLevel::Scalar | SimdLevel::Avx2 | SimdLevel::AvxVnni, _) => hearth_quant::vec_dot_type(wty),
             (_, GgmlType::F16) => GgmlType::F32,
             _ => hearth_quant::vec_dot_type(wty),
         }

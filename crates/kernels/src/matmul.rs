@@ -2,8 +2,8 @@
 //!
 //! `matmul` quantizes the activations once per call (into the caller's
 //! scratch, to `vec_dot_type(w.ty)` blocks, exactly like ggml; for F16
-//! weights the avx512 level keeps those f16-rounded values as f32, see
-//! `Kernels::act_type`, so its tiles convert only the weights), then hands
+//! weights the avx512 and NEON levels keep those f16-rounded values as f32,
+//! see `Kernels::act_type`, so their tiles convert only the weights), then hands
 //! panels of [`PANEL_ROWS`] rows (more for a single token) to the pool's
 //! threads through an atomic counter. A panel covers up to [`PANEL_TOKENS`] tokens; inside, the SIMD
 //! kernels work in tiles of a few rows × a few tokens so that each weight

@@ -1105,8 +1105,13 @@ fn float8_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::F16 => rd_f16(w, i),
         _ => rd_bf16(w, i),
     };
-    // F16 weights' activations are f32 at the SIMD levels (`Kernels::act_type`).
-    let ra = |i| if wty == GgmlType::BF16 { rd_bf16(a, i) } else { rd_f32(a, i) };
+    // F16 weights' activations are f16 at the avx2 levels and f32 (the same values) at
+    // the NEON ones (`Kernels::act_type`): told apart by their length.
+    let ra = |i| match wty {
+        GgmlType::BF16 => rd_bf16(a, i),
+        GgmlType::F16 if a.len() == 2 * n => rd_f16(a, i),
+        _ => rd_f32(a, i),
+    };
     let whole = n / 8 * 8;
     let mut acc = [0f32; 8];
     for i in 0..whole {

@@ -39,11 +39,18 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q4_1: block_panel::<Q4_1<Madd>, avx2_q8::Q4_1>,
     panel_q8_0: block_panel::<Q8_0<Madd>, avx2_q8::Q8_0>,
     panel_f32: |p, o| panel::<F32, 2, 4>(p, o, GgmlType::F32),
-    // F16 × f32 (f16-rounded) activations, as at the avx512 level: only the
-    // weights are converted, once per step for the tile's 6 tokens (12
-    // accumulators + 2 weights of the 16 registers; each activation is an
-    // FMA memory operand).
-    panel_f16: |p, o| panel::<F16, 2, 6>(p, o, GgmlType::F32),
+    // F16 × f16 activations, both converted as they are loaded (12
+    // accumulators + 2 weights + 1 activation of the 16 registers). The avx512
+    // level reads f32 activations holding the same f16-rounded values, which
+    // spares the activations' converts but doubles their bytes: 6 tokens of a
+    // 1536-column row (SmolLM2's down) are then 36 KiB, more than a 32 KiB L1,
+    // and the tile streamed them from L2 for every pair of rows. With f16
+    // activations, on Zen 3 (`cargo bench -p hearth-kernels --bench prefill --
+    // T 7 512 f16/avx2`, two interleaved runs each): SmolLM2's layer 76 -> 80-83
+    // GFLOP/s at 1 thread and 138-139 -> 159-162 at 2, its down alone 65-67 ->
+    // 84-88, a 1B layer 60-63 -> 77-83 and 121-122 -> 165-167. The same results,
+    // bit for bit: the activations are the same f16 values either way.
+    panel_f16: |p, o| panel::<F16, 2, 6>(p, o, GgmlType::F16),
     panel_bf16: |p, o| panel::<BF16, 2, 4>(p, o, GgmlType::BF16),
     panel_q5_0: block_panel::<avx2_k::Q5_0<Madd>, avx2_q8::Q5_0>,
     panel_q5_1: block_panel::<avx2_k::Q5_1<Madd>, avx2_q8::Q5_1>,
@@ -239,10 +246,8 @@ float_fmt!(
     F32, (4, load_f32, rd_f32), (4, load_f32, rd_f32)
 );
 float_fmt!(
-    /// F16 weights × f32 activations holding f16-rounded values
-    /// (`Kernels::act_type`): the products of f16 × f16, without a convert
-    /// per activation use.
-    F16, (2, load_f16, rd_f16), (4, load_f32, rd_f32)
+    /// F16 weights × f16 activations.
+    F16, (2, load_f16, rd_f16), (2, load_f16, rd_f16)
 );
 float_fmt!(
     /// BF16 weights × bf16 activations.
