@@ -100,30 +100,35 @@ fn generate_streams_text_and_summary() {
     assert!(err.contains("prefill") && err.contains("decode") && err.contains("TTFT") && err.contains("peak RSS"), "{err}");
 }
 
-/// `HEARTH_PROFILE=1` splits the forward passes' time into ops that together with "the
-/// rest" make up the total: no op counted twice (the rest would go negative) and none
-/// left out (the rest would hold it).
+/// The `profile:` line of a run of `hearth args` with `HEARTH_PROFILE=1`, parsed
+/// ([`profile_figures`]).
+fn profile_line(args: &[&str], ops: &[&str]) -> (f64, Vec<f64>, f64, f64) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("HEARTH_PROFILE", "1").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    profile_figures(&err, ops)
+}
+
+/// `HEARTH_PROFILE=1` splits the forward passes' time into ops that together with the
+/// waits for weights and "the rest" make up the total: no time counted twice (the rest
+/// would go negative) and none left out (the rest would hold it).
 #[test]
 fn the_profile_splits_the_forward_time_by_op() {
     let m = model();
     let args = ["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "--temperature", "0", "-n", "8", "-t", "2"];
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("HEARTH_PROFILE", "1").output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    let line = err.lines().find(|l| l.starts_with("profile: ")).unwrap_or_else(|| panic!("no profile line: {err}"));
-    let ms = |after: &str| -> f64 {
-        let at = line.find(after).unwrap_or_else(|| panic!("{after:?} not in {line}")) + after.len();
-        line[at..].trim_start().split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{after:?}: {e}: {line}"))
-    };
-    let total = ms("threads:");
-    let ops = ["matmuls Q/K/V/gate/up", "matmuls O/down", "attention", "norms", "RoPE", "adds and GLU", "output head"]
-        .map(|op| ms(&format!("; {op}")));
-    let rest = ms("outside the ops)");
-    assert!(ops.iter().all(|&t| t > 0.0) && total > 0.0, "{line}");
+    let names = ["matmuls Q/K/V/gate/up", "matmuls O/down", "attention", "norms", "RoPE", "adds and GLU", "output head"];
+    let (total, ops, wait, rest) = profile_line(&args, &names);
+    assert!(ops.iter().all(|&t| t > 0.0) && total > 0.0 && wait == 0.0, "{ops:?} {total}");
     // The printed figures are rounded to 0.1 ms.
-    assert!(rest > -0.5 && (ops.iter().sum::<f64>() + rest - total).abs() < 1.0, "{line}");
+    assert!(rest > -0.5 && (ops.iter().sum::<f64>() + rest - total).abs() < 1.0, "{ops:?} {rest} {total}");
     // The matmuls are most of a SmolLM2 pass.
-    assert!(ops[0] + ops[1] > total / 2.0, "{line}");
+    assert!(ops[0] + ops[1] > total / 2.0, "{ops:?} {total}");
+    // Weights streamed under a budget: the head's waits for its units count once, as
+    // waits (new-user pass: they were in the output head too, and the rest went negative
+    // by as much).
+    let streamed = [&args[..], &["--mem-budget", "120MiB"]].concat();
+    let (total, ops, wait, rest) = profile_line(&streamed, &names);
+    assert!(wait > 0.0 && rest > -0.5 && (ops.iter().sum::<f64>() + wait + rest - total).abs() < 1.0, "{ops:?} {wait} {rest} {total}");
     // Control: no profile unless asked for.
     let out = hearth(&args);
     assert!(out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("profile: "));

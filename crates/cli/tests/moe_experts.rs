@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{assert_clean_error, hearth, model, ok, tokens};
+use common::{assert_clean_error, hearth, model, ok, profile_figures, tokens};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -59,7 +59,12 @@ fn an_expert_cache_gives_the_mapped_tokens_and_reads_less_than_whole_layers() {
         // The minimum's one window slot and 2 expert slots, + 8 MiB: a second window slot
         // (3.2 MiB, a head chunk) and about 25 expert slots of the 128 (0.2 MiB each).
         let budget = (min_budget(&m) + (8 << 20)).to_string();
-        let v = ok(generate(&m, &["--mem-budget", &budget], &[]));
+        let o = generate(&m, &["--mem-budget", &budget], &[("HEARTH_PROFILE", "1")]);
+        // The profile counts the waits for experts once, as waits (new-user pass: they
+        // were in the MoE FFN's time too, and the rest went negative by as much).
+        let (total, moe, wait, rest) = profile_figures(&String::from_utf8_lossy(&o.stderr), &["MoE FFN"]);
+        assert!(moe[0] > 0.0 && wait > 0.0 && rest > -0.5 && rest < total, "{arch}: {total} {moe:?} {wait} {rest}");
+        let v = ok(o);
         assert_eq!(tokens(&v), mapped, "{arch}: expert cache");
         let plan = &v["window"]["plan"];
         let slots = plan["expert_slots"].as_u64().unwrap();

@@ -72,8 +72,11 @@ impl Op {
 pub(crate) struct OpTimes([AtomicU64; Op::ALL.len()]);
 
 impl OpTimes {
-    pub(crate) fn add(&self, op: Op, since: Instant) {
-        self.0[op as usize].fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+    /// Counts the time since `since` to `op`, less `waited` seconds in it that were spent
+    /// waiting for weights to be read (the profile shows those on their own).
+    pub(crate) fn add(&self, op: Op, since: Instant, waited: f64) {
+        let ns = (since.elapsed().as_secs_f64() - waited).max(0.0) * 1e9;
+        self.0[op as usize].fetch_add(ns as u64, Relaxed);
     }
 
     pub(crate) fn get(&self, op: Op) -> std::time::Duration {
@@ -164,7 +167,7 @@ impl<'a> Block<'a> {
     /// Counts the time since `start` (from [`Self::clock`]) to `op`.
     pub(crate) fn spent(&self, op: Op, start: Option<Instant>) {
         if let (Some(times), Some(start)) = (self.times, start) {
-            times.add(op, start);
+            times.add(op, start, 0.0);
         }
     }
 

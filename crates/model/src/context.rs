@@ -198,7 +198,8 @@ struct Profile {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        if let Some(p) = &self.profile {
+        // Nothing to show for a context that never ran (a load refused before any pass).
+        if let Some(p) = self.profile.as_ref().filter(|p| p.passes > 0) {
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             let wait = self.source_stats().map_or(0.0, |s| s.wait_secs * 1e3);
             let pct = |v: f64| {
@@ -221,11 +222,12 @@ impl Drop for Context {
                 split += &format!("; waiting for weights {wait:.1} ms ({:.0}%)", pct(wait));
             }
             let rest = ms(p.total) - counted;
+            let n = self.pool.n_threads();
             eprintln!(
-                "profile: {} forward passes, {} tokens, {} threads: {:.1} ms{split}; the rest (embeddings, the threads' hand-offs outside the ops) {rest:.1} ms ({:.0}%)",
+                "profile: {} forward passes, {} tokens, {n} thread{}: {:.1} ms{split}; the rest (embeddings, the threads' hand-offs outside the ops) {rest:.1} ms ({:.0}%)",
                 p.passes,
                 p.tokens,
-                self.pool.n_threads(),
+                if n == 1 { "" } else { "s" },
                 ms(p.total),
                 pct(rest)
             );
@@ -776,10 +778,13 @@ impl Context {
             }
             self.blocks(spans, 0..self.model.config.n_layer)?;
         }
-        let th = std::time::Instant::now();
+        // A streamed head's waits for its units count to "waiting for weights", not to it.
+        let waited = |c: &Self| c.source_stats().map_or(0.0, |s| s.wait_secs);
+        let (th, w0) = (std::time::Instant::now(), if self.profile.is_some() { waited(self) } else { 0.0 });
         self.head(rows, out_row)?;
+        let head_wait = if self.profile.is_some() { waited(self) - w0 } else { 0.0 };
         if let Some(p) = &mut self.profile {
-            p.ops.add(crate::block::Op::Head, th);
+            p.ops.add(crate::block::Op::Head, th, head_wait);
             p.passes += 1;
             p.tokens += n;
             p.total += t0.elapsed();

@@ -109,12 +109,16 @@ impl<'a> Block<'a> {
         // `gathered` a run of experts' gathered inputs and outputs, [pairs, n_embd] each,
         // and their gate, up (and, gather schedule, all nodes' SwiGLU), [pairs, n_ff] each.
         let (mut part, mut gathered) = (std::mem::take(self.part), std::mem::take(self.gathered));
-        // Timed as a whole: the ops inside (its GLUs) count to it alone.
-        let t = self.clock();
+        // Timed as a whole: the ops inside (its GLUs) count to it alone, and its waits for
+        // experts read under a memory budget to "waiting for weights".
+        let waited = |b: &Self| b.expert_cache.map_or(0.0, |c| c.borrow().stats().wait_secs);
+        let (t, w0) = (self.clock(), if self.times.is_some() { waited(self) } else { 0.0 });
         let times = self.times.take();
         let r = self.moe_ffn_in(moe, xb, &mut part, &mut gathered);
         self.times = times;
-        self.spent(crate::block::Op::Moe, t);
+        if let (Some(times), Some(t)) = (self.times, t) {
+            times.add(crate::block::Op::Moe, t, waited(self) - w0);
+        }
         (*self.part, *self.gathered) = (part, gathered);
         r
     }

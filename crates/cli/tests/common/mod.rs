@@ -118,6 +118,20 @@ impl Drop for Worker {
 }
 
 /// `completion_tokens` of a `generate --json` output.
+/// The figures of the `profile:` line (`HEARTH_PROFILE=1`) in `stderr`: the total, the
+/// ms of each of `ops`, of "waiting for weights" (0 when absent), and of the rest.
+pub fn profile_figures(stderr: &str, ops: &[&str]) -> (f64, Vec<f64>, f64, f64) {
+    let line = stderr.lines().find(|l| l.starts_with("profile: ")).unwrap_or_else(|| panic!("no profile line: {stderr}"));
+    let ms = |after: &str| -> Option<f64> {
+        let at = line.find(after)? + after.len();
+        Some(line[at..].trim_start().split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{after:?}: {e}: {line}")))
+    };
+    let need = |after: &str| ms(after).unwrap_or_else(|| panic!("{after:?} not in {line}"));
+    let total = ms("threads:").unwrap_or_else(|| need("thread:"));
+    let ops = ops.iter().map(|op| need(&format!("; {op}"))).collect();
+    (total, ops, ms("; waiting for weights").unwrap_or(0.0), need("outside the ops)"))
+}
+
 pub fn tokens(v: &serde_json::Value) -> Vec<u64> {
     v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
 }
