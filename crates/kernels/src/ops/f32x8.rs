@@ -41,6 +41,23 @@ pub(super) trait F32x8: Copy {
     /// `j · 2^n` for integral `n` with one rounding (`_mm512_scalef_ps`): `2^⌊n/2⌋`
     /// then `2^(n − ⌊n/2⌋)`, the first multiply exact; 0 (`n ≤ 0`) or ∞ where |n| > 192.
     unsafe fn scale_pow2(j: Self, n: Self) -> Self;
+    /// The 8 × 8 transpose: lane `j` of result `i` is lane `i` of `r[j]` (moves only, so
+    /// exact). Through memory by default; a level may shuffle in registers instead.
+    #[inline(always)]
+    unsafe fn transpose8(r: [Self; 8]) -> [Self; 8] {
+        let mut m = [[0f32; 8]; 8];
+        for (row, v) in m.iter_mut().zip(r) {
+            v.store(row.as_mut_ptr());
+        }
+        let mut t = [[0f32; 8]; 8];
+        for (i, col) in t.iter_mut().enumerate() {
+            for (j, x) in col.iter_mut().enumerate() {
+                *x = m[j][i];
+            }
+        }
+        let l = |i: usize| Self::load(t[i].as_ptr());
+        [l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7)]
+    }
 }
 
 /// [`super::expf_ggml`] on eight lanes, the same operations lane by lane.
@@ -176,6 +193,40 @@ mod x86 {
             let le0 = _mm256_cmp_ps::<_CMP_LE_OQ>(n.0, _mm256_setzero_ps());
             let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le0);
             Avx2(_mm256_blendv_ps(res, alt, d))
+        }
+        /// In registers: pairs interleaved, then quads, then the 128-bit halves swapped
+        /// (24 shuffles for 64 values, where the store-and-gather did 64 scalar moves).
+        #[inline(always)]
+        unsafe fn transpose8(r: [Self; 8]) -> [Self; 8] {
+            let r = [r[0].0, r[1].0, r[2].0, r[3].0, r[4].0, r[5].0, r[6].0, r[7].0];
+            // t0 = [r0_0 r1_0 r0_1 r1_1 | r0_4 r1_4 r0_5 r1_5], ...
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            // u0 = [r0_0 r1_0 r2_0 r3_0 | r0_4 r1_4 r2_4 r3_4], ...
+            let u0 = _mm256_shuffle_ps::<0b01_00_01_00>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0b11_10_11_10>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0b01_00_01_00>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0b11_10_11_10>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0b01_00_01_00>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0b11_10_11_10>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0b01_00_01_00>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0b11_10_11_10>(t5, t7);
+            [
+                Avx2(_mm256_permute2f128_ps::<0x20>(u0, u4)),
+                Avx2(_mm256_permute2f128_ps::<0x20>(u1, u5)),
+                Avx2(_mm256_permute2f128_ps::<0x20>(u2, u6)),
+                Avx2(_mm256_permute2f128_ps::<0x20>(u3, u7)),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u0, u4)),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u1, u5)),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u2, u6)),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u3, u7)),
+            ]
         }
     }
 }

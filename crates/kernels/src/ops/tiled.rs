@@ -176,21 +176,28 @@ mod simd {
     /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[64, head_dim]`),
     /// rows in order; `off` is the first element of the chunk within a row.
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)] // r indexes p and offsets vf
     unsafe fn pv<V: F32x8, const N: usize>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
         let mut x = [V::splat(0.0); N];
         for (c, a) in x.iter_mut().enumerate() {
             *a = V::load(acc.add(8 * c));
         }
+        pv_rows::<V, N>(&mut x, p, vf, hd, r0, r1);
+        for (c, a) in x.iter().enumerate() {
+            a.store(acc.add(8 * c));
+        }
+    }
+
+    /// `x += Σ_j p_j · v_j` over rows `r0..r1` (`vf` at the chunk's first element), rows
+    /// in order, one FMA each.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // r indexes p and offsets vf
+    unsafe fn pv_rows<V: F32x8, const N: usize>(x: &mut [V; N], p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
         for r in r0..r1 {
             let w = V::splat(p[r]);
             let vr = vf.add(r * hd);
             for (c, a) in x.iter_mut().enumerate() {
                 *a = w.mul_add(V::load(vr.add(8 * c)), *a);
             }
-        }
-        for (c, a) in x.iter().enumerate() {
-            a.store(acc.add(8 * c));
         }
     }
 
@@ -235,17 +242,45 @@ mod simd {
             let (u0, u1) = (lo_all.max(b0), hi_all.min(b0 + TILE_KV));
             // Widen the rows of this block that some query sees. Rows outside u0..u1
             // keep stale values: their scores are masked and their V rows never read.
-            let mut tmp = [0f32; 8];
             for j in u0..u1 {
                 let e = row_elems(j, t.kv_head, s);
-                let (kr, vr) = (k[e.clone()].as_ptr(), v[e].as_ptr());
-                let r = j - b0;
+                let vr = v[e].as_ptr();
+                for c in (0..hd).step_by(8) {
+                    V::load_f16(vr.add(c)).store(vf.add((j - b0) * hd + c));
+                }
+            }
+            // K transposed: whole runs of 8 rows (8 aligned positions) through an 8 × 8
+            // transpose, the rows at either end one element at a time.
+            let (r8a, r8b) = ((u0 - b0).next_multiple_of(8), (u1 - b0) / 8 * 8);
+            let mut tmp = [0f32; 8];
+            for r in u0 - b0..u1 - b0 {
+                if r >= r8a && r < r8b {
+                    if r % 8 == 0 {
+                        // (No closures here: they are not reliably inlined into
+                        // target-feature code.)
+                        let mut kr = [std::ptr::null::<f16>(); 8];
+                        for (i, p) in kr.iter_mut().enumerate() {
+                            *p = k[row_elems(b0 + r + i, t.kv_head, s)].as_ptr();
+                        }
+                        for c in (0..hd).step_by(8) {
+                            let mut rows = [V::splat(0.0); 8];
+                            for (x, p) in rows.iter_mut().zip(kr) {
+                                *x = V::load_f16(p.add(c));
+                            }
+                            let cols = V::transpose8(rows);
+                            for (e, col) in cols.into_iter().enumerate() {
+                                col.store(kt.add((c + e) * TILE_KV + r));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let kr = k[row_elems(b0 + r, t.kv_head, s)].as_ptr();
                 for c in (0..hd).step_by(8) {
                     V::load_f16(kr.add(c)).store(tmp.as_mut_ptr());
                     for (e, &x) in tmp.iter().enumerate() {
                         *kt.add((c + e) * TILE_KV + r) = x;
                     }
-                    V::load_f16(vr.add(c)).store(vf.add(r * hd + c));
                 }
             }
             // Queries that see rows of this block, two at a time for the scores.
@@ -276,9 +311,13 @@ mod simd {
                         s1[c].store(sc.add(TILE_KV + 32 * half + 8 * c));
                     }
                 }
-                step::<V>(&t, i, b0, sc, vf, m, l, acc);
-                if i1 != i {
-                    step::<V>(&t, i1, b0, sc.add(TILE_KV), vf, m, l, acc);
+                let (p0, a0, e0) = step::<V>(&t, i, b0, sc, m, l, acc);
+                if i1 == i {
+                    pv_head::<V>(acc.as_mut_ptr().add(i * hd), &p0, vf, hd, a0, e0);
+                } else {
+                    let (p1, a1, e1) = step::<V>(&t, i1, b0, sc.add(TILE_KV), m, l, acc);
+                    let (x0, x1) = (acc.as_mut_ptr().add(i * hd), acc.as_mut_ptr().add(i1 * hd));
+                    pv_pair::<V>([x0, x1], [&p0, &p1], vf, hd, [(a0, e0), (a1, e1)]);
                 }
                 i = i1 + 1;
             }
@@ -294,10 +333,10 @@ mod simd {
     }
 
     /// One query's update for one block from its 64 scores `sc` (rows it does not see
-    /// hold anything): max, rescale, weights, sum, and the V rows.
+    /// hold anything): max, rescale, weights and sum. Returns the weights and the rows
+    /// `a..b` of the block the query sees, for its `Σ p·v` ([`pv_head`], [`pv_pair`]).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn step<V: F32x8>(t: &Tile, i: usize, b0: usize, sc: *const f32, vf: *const f32, m: &mut [f32], l: &mut [f32], acc: &mut [f32]) {
+    unsafe fn step<V: F32x8>(t: &Tile, i: usize, b0: usize, sc: *const f32, m: &mut [f32], l: &mut [f32], acc: &mut [f32]) -> ([f32; TILE_KV], usize, usize) {
         let hd = t.s.head_dim;
         let (lo, hi) = visible(t, i);
         let (a, bnd) = (lo.max(b0) - b0, hi.min(b0 + TILE_KV) - b0);
@@ -332,7 +371,76 @@ mod simd {
             sum += e.hsum() as f64;
         }
         l[i] = (l[i] as f64 + sum) as f32;
-        pv_head::<V>(ai, &p, vf, hd, a, bnd);
+        (p, a, bnd)
+    }
+
+    /// [`pv_head`] of two queries (accumulators `acc`, weights `p`, rows `r[q].0..r[q].1`)
+    /// over the same V rows: the rows both see share each V load (one load, two FMAs, in
+    /// chunks of 32 elements: 8 accumulators), the rows only one sees go alone before or
+    /// after them. Each query still takes its rows in order, one FMA each, so its bits
+    /// are [`pv_head`]'s. Ranges that do not overlap: one query after the other.
+    #[inline(always)]
+    unsafe fn pv_pair<V: F32x8>(acc: [*mut f32; 2], p: [&[f32; TILE_KV]; 2], vf: *const f32, hd: usize, r: [(usize, usize); 2]) {
+        let (lo, hi) = (r[0].0.max(r[1].0), r[0].1.min(r[1].1));
+        if lo >= hi {
+            pv_head::<V>(acc[0], p[0], vf, hd, r[0].0, r[0].1);
+            pv_head::<V>(acc[1], p[1], vf, hd, r[1].0, r[1].1);
+            return;
+        }
+        // The rows before `lo` belong to the query that starts first, those after `hi`
+        // to the one that ends last.
+        let first = if r[0].0 < r[1].0 { 0 } else { 1 };
+        let last = if r[0].1 > r[1].1 { 0 } else { 1 };
+        let rows = [r[first].0, lo, hi, r[last].1];
+        let mut off = 0;
+        while off < hd {
+            let (a, v) = ([acc[0].add(off), acc[1].add(off)], vf.add(off));
+            match (hd - off) / 8 {
+                1 => pv_pair_chunk::<V, 1>(a, p, v, hd, rows, first, last),
+                2 => pv_pair_chunk::<V, 2>(a, p, v, hd, rows, first, last),
+                3 => pv_pair_chunk::<V, 3>(a, p, v, hd, rows, first, last),
+                _ => pv_pair_chunk::<V, 4>(a, p, v, hd, rows, first, last),
+            }
+            off += 32;
+        }
+    }
+
+    /// [`pv_pair`] on `8·N` elements of the head: rows `rows[0]..rows[1]` of query
+    /// `first` alone, `rows[1]..rows[2]` of both, `rows[2]..rows[3]` of query `last`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // c indexes both queries' accumulators
+    unsafe fn pv_pair_chunk<V: F32x8, const N: usize>(acc: [*mut f32; 2], p: [&[f32; TILE_KV]; 2], vf: *const f32, hd: usize, rows: [usize; 4], first: usize, last: usize) {
+        let mut x = [[V::splat(0.0); N]; 2];
+        for q in 0..2 {
+            for c in 0..N {
+                x[q][c] = V::load(acc[q].add(8 * c));
+            }
+        }
+        // (Constant indices into `x`, so that it stays in registers.)
+        if first == 0 {
+            pv_rows::<V, N>(&mut x[0], p[0], vf, hd, rows[0], rows[1]);
+        } else {
+            pv_rows::<V, N>(&mut x[1], p[1], vf, hd, rows[0], rows[1]);
+        }
+        for row in rows[1]..rows[2] {
+            let (w0, w1) = (V::splat(p[0][row]), V::splat(p[1][row]));
+            let vr = vf.add(row * hd);
+            for c in 0..N {
+                let v = V::load(vr.add(8 * c));
+                x[0][c] = w0.mul_add(v, x[0][c]);
+                x[1][c] = w1.mul_add(v, x[1][c]);
+            }
+        }
+        if last == 0 {
+            pv_rows::<V, N>(&mut x[0], p[0], vf, hd, rows[2], rows[3]);
+        } else {
+            pv_rows::<V, N>(&mut x[1], p[1], vf, hd, rows[2], rows[3]);
+        }
+        for q in 0..2 {
+            for c in 0..N {
+                x[q][c].store(acc[q].add(8 * c));
+            }
+        }
     }
 }
 
