@@ -179,6 +179,8 @@ pub struct MemoryReport {
     pub heap: hearth_memory::HeapStats,
     pub cache_type: &'static str,
     pub model_file_bytes: u64,
+    /// The weights are read into a window's buffers (`--mem-budget`), not used mapped.
+    pub weights_streamed: bool,
 }
 
 impl MemoryReport {
@@ -189,6 +191,7 @@ impl MemoryReport {
             heap: hearth_memory::heap_stats(),
             cache_type: ctx.cache_type().name(),
             model_file_bytes: ctx.model().file.as_bytes().len() as u64,
+            weights_streamed: ctx.streams_weights(),
         }
     }
 
@@ -201,6 +204,7 @@ impl MemoryReport {
             "rss_file_bytes": p.rss_file_bytes,
             "rss_anon_bytes": p.rss_anon_bytes,
             "model_file_bytes": self.model_file_bytes,
+            "weights_streamed": self.weights_streamed,
             "cache_type": self.cache_type,
             "kv_cache_bytes": b.kv_cache_bytes,
             "activations_bytes": b.activations_bytes,
@@ -217,13 +221,27 @@ impl MemoryReport {
     /// Two lines for humans.
     pub fn human(&self) -> String {
         let (p, b) = (&self.proc, &self.buffers);
+        // Streamed weights sit in the window's buffers (anonymous), not in the mapping:
+        // "weights N mapped" beside a few MiB file-backed read as a contradiction.
+        let split = if self.weights_streamed {
+            format!(
+                "now {} file-backed: code; {} anonymous: the window the {} of weights stream through, buffers",
+                mib(p.rss_file_bytes),
+                mib(p.rss_anon_bytes),
+                mib(self.model_file_bytes)
+            )
+        } else {
+            format!(
+                "now {} file-backed: weights {} mapped, code; {} anonymous",
+                mib(p.rss_file_bytes),
+                mib(self.model_file_bytes),
+                mib(p.rss_anon_bytes)
+            )
+        };
         format!(
-            "peak RSS {} (now {} file-backed: weights {} mapped, code; {} anonymous)\n\
+            "peak RSS {} ({split})\n\
              hearth buffers {}: KV cache {} ({}), activations {}, logits {}, quantized activations {}, per-thread {}{}; heap peak {}",
             mib(p.peak_rss_bytes),
-            mib(p.rss_file_bytes),
-            mib(self.model_file_bytes),
-            mib(p.rss_anon_bytes),
             mib(b.total() as u64),
             mib(b.kv_cache_bytes as u64),
             self.cache_type,

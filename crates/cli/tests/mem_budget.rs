@@ -37,7 +37,27 @@ fn budget_below_the_weights_keeps_rss_under_it_and_tokens_unchanged() {
         let read = w["decode_io"]["bytes_read"].as_u64().unwrap();
         assert!(read + 2 * per_pass >= decoded * per_pass && read <= (decoded + 2) * per_pass, "{w}");
         assert!(err.contains("window of"), "{err}");
+        assert_eq!(v["memory"]["weights_streamed"], true, "{b}");
     }
+    assert_eq!(mapped["memory"]["weights_streamed"], false);
+}
+
+/// The human memory line says where the weights are: mapped (file-backed), or read
+/// through the window (anonymous); it said "weights 93.8 MiB mapped" beside 8 MiB
+/// file-backed under a budget.
+#[test]
+fn the_memory_line_says_the_weights_stream_under_a_budget() {
+    let m = model();
+    let line = |budget: &str| {
+        let out = hearth(&["generate", "-m", m.to_str().unwrap(), "-p", "hi", "-n", "2", "-c", "128", "--mem-budget", budget]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err.lines().find(|l| l.starts_with("peak RSS")).unwrap_or_else(|| panic!("no memory line in {err}")).to_string()
+    };
+    let (streamed, mapped) = (line("64MiB"), line("1GiB"));
+    assert!(streamed.contains("file-backed: code;") && streamed.contains("anonymous: the window the 93.8 MiB of weights stream through"), "{streamed}");
+    assert!(!streamed.contains("mapped"), "{streamed}");
+    assert!(mapped.contains("file-backed: weights 93.8 MiB mapped, code;"), "{mapped}");
 }
 
 #[test]

@@ -577,6 +577,12 @@ impl Context {
         n
     }
 
+    /// Whether the weights come through a [`LayerSource`] (read into its buffers under a
+    /// memory budget) rather than in place from the mapped file.
+    pub fn streams_weights(&self) -> bool {
+        self.source.is_some()
+    }
+
     /// The source's I/O counters, when weights come through one.
     pub fn source_stats(&self) -> Option<SourceStats> {
         let stats = self.source.as_ref().map(|s| s.stats());
