@@ -43,7 +43,7 @@ pub(crate) enum Op {
     Moe,
     Norm,
     Rope,
-    /// Residual adds, the GLU, biases.
+    /// Residual adds, the GLU, biases, the query scaling.
     Elementwise,
     /// The output norm and head.
     Head,
@@ -218,6 +218,13 @@ impl<'a> Block<'a> {
     pub fn add(&self, x: &mut [f32], y: &[f32], width: usize) {
         let t = self.clock();
         self.pool.for_rows(x, width, |x, r0| ops::add_assign(x, &y[r0 * width..r0 * width + x.len()]));
+        self.spent(Op::Elementwise, t);
+    }
+
+    /// `x *= s`, element by element (the query scaling of Gemma 3 and Phi-3).
+    pub fn scale(&self, x: &mut [f32], s: f32) {
+        let t = self.clock();
+        ops::scale(x, s);
         self.spent(Op::Elementwise, t);
     }
 

@@ -78,7 +78,7 @@ pub(crate) fn block(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -> Re
     b.norm_inplace(a.q, l.v(Vector::QNorm), "Qcur_normed");
     b.norm_inplace(a.k, l.v(Vector::KNorm), "Kcur_normed");
     b.rope(a.q, a.k);
-    ops::scale(a.q, b.c.q_scale.unwrap_or(1.0));
+    b.scale(a.q, b.c.q_scale.unwrap_or(1.0));
     b.attention(a.q, a.k, a.v, a.attn)?;
     b.matmul(Mat::O, a.attn, a.xb)?;
     b.norm_inplace(a.xb, l.v(Vector::PostAttnNorm), "attn_post_norm");

@@ -56,7 +56,7 @@ pub(crate) fn attention(b: &mut Block<'_>, a: &mut Acts<'_>, l: &LayerWeights) -
     }
     b.rope(a.q, a.k);
     if let Some(s) = b.c.q_scale {
-        ops::scale(a.q, s);
+        b.scale(a.q, s);
     }
     b.attention(a.q, a.k, a.v, a.attn)?;
     // x += attn·Woᵀ
