@@ -225,7 +225,7 @@ impl MemoryReport {
         // "weights N mapped" beside a few MiB file-backed read as a contradiction.
         let split = if self.weights_streamed {
             format!(
-                "now {} file-backed: code; {} anonymous: the window the {} of weights stream through, buffers",
+                "now {} file-backed: code; {} anonymous: buffers and the weights read into the window from the {} file",
                 mib(p.rss_file_bytes),
                 mib(p.rss_anon_bytes),
                 mib(self.model_file_bytes)

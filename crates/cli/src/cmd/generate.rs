@@ -319,9 +319,9 @@ pub fn run(a: Args) -> Result<()> {
         // The seed reproduces a sampled run (llama.cpp prints it too); greedy needs none.
         let seed = if sampler.temperature > 0.0 { format!(", seed {}", sampler.seed) } else { String::new() };
         eprintln!(
-            "\nprompt {} tokens, prefill {:.1} tok/s, decode {decode}{ttft} ({}{seed}, stop: {})\n\
+            "\nprompt {}, prefill {:.1} tok/s, decode {decode}{ttft} ({}{seed}, stop: {})\n\
              {}",
-            t.prompt_tokens,
+            hearth_engine::plural(t.prompt_tokens, "token"),
             t.prefill_tok_s(),
             hearth_engine::plural(a.model.threads(), "thread"),
             stop_reason,

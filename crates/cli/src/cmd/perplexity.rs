@@ -34,7 +34,7 @@ pub fn run(a: Args) -> Result<()> {
     let start = Instant::now();
     let json = a.json;
     if !json && tokens.len() >= n_ctx {
-        eprintln!("{} tokens, {} chunks of {n_ctx}", tokens.len(), tokens.len() / n_ctx);
+        eprintln!("{}, {} of {n_ctx}", hearth_engine::plural(tokens.len(), "token"), hearth_engine::plural(tokens.len() / n_ctx, "chunk"));
     }
     let r = perplexity(&mut ctx, &tokens, |i, ppl| {
         if !json {
@@ -49,7 +49,12 @@ pub fn run(a: Args) -> Result<()> {
         print_out(&format!("{v}\n"))?;
     } else {
         eprintln!();
-        print_out(&format!("Final estimate: PPL = {:.4} ({} chunks, {} tokens scored)\n", r.ppl, r.running.len(), r.scored))?;
+        print_out(&format!(
+            "Final estimate: PPL = {:.4} ({}, {} scored)\n",
+            r.ppl,
+            hearth_engine::plural(r.running.len(), "chunk"),
+            hearth_engine::plural(r.scored, "token")
+        ))?;
         eprintln!("{:.1} s, {:.1} tok/s\n{}", secs, (r.running.len() * n_ctx) as f64 / secs, mem.human());
     }
     Ok(())
