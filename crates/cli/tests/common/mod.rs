@@ -117,7 +117,6 @@ impl Drop for Worker {
     }
 }
 
-/// `completion_tokens` of a `generate --json` output.
 /// The figures of the `profile:` line (`HEARTH_PROFILE=1`) in `stderr`: the total, the
 /// ms of each of `ops`, of "waiting for weights" (0 when absent), and of the rest.
 pub fn profile_figures(stderr: &str, ops: &[&str]) -> (f64, Vec<f64>, f64, f64) {
@@ -132,6 +131,7 @@ pub fn profile_figures(stderr: &str, ops: &[&str]) -> (f64, Vec<f64>, f64, f64) 
     (total, ops, ms("; waiting for weights").unwrap_or(0.0), need("outside the ops)"))
 }
 
+/// `completion_tokens` of a `generate --json` output.
 pub fn tokens(v: &serde_json::Value) -> Vec<u64> {
     v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
 }
