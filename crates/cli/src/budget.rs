@@ -90,17 +90,15 @@ pub fn io_line(what: &str, io: &SourceStats, secs: f64, passes: usize) -> String
     let per = |v: f64| v / passes.max(1) as f64;
     format!(
         // MiB, as the plan's "read per token" (a rate stays in GB/s, as everywhere).
-        "{what}: {:.1} MiB read at {:.2} GB/s; per forward pass {:.0} ms = compute {:.0} ms + waiting for I/O {:.0} ms, {:.1} MiB read",
-        io.bytes_read as f64 / MIB,
+        "{what}: {} read at {:.2} GB/s; per forward pass {:.0} ms = compute {:.0} ms + waiting for I/O {:.0} ms, {} read",
+        hearth_engine::mib(io.bytes_read),
         io.read_gbps(),
         per(secs * 1e3),
         per((secs - io.wait_secs).max(0.0) * 1e3),
         per(io.wait_secs * 1e3),
-        per(io.bytes_read as f64 / MIB),
+        hearth_engine::mib(io.bytes_read / passes.max(1) as u64),
     ) + &experts_text(io)
 }
-
-const MIB: f64 = (1u64 << 20) as f64;
 
 /// `; experts: 62.5% hit (hits, misses)` when an expert cache served the run.
 fn experts_text(io: &SourceStats) -> String {

@@ -66,6 +66,36 @@ fn a_budget_that_holds_the_model_maps_it() {
     assert!(v["window"].is_null() && err.contains("fits mapped"), "{err}");
 }
 
+/// Between the window that keeps every unit and the mapped peak plus its margin, the
+/// model stays mapped: such a window read all the weights into anonymous memory and saved
+/// nothing (a new-user finding). Just below, a window streams some units and says why
+/// the model is not mapped.
+#[test]
+fn a_window_that_would_keep_every_unit_leaves_the_model_mapped() {
+    let m = model();
+    let plan = |b: u64| {
+        let b = b.to_string();
+        ok(hearth(&["plan", "-m", m.to_str().unwrap(), "-c", "128", "--membw", "20", "--disk-bw", "1", "--mem-budget", &b, "--json"]))
+    };
+    let all = plan(1 << 30);
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{all}"));
+    let (mapped_peak, kept_peak) = (n(&all["peak_rss_bytes"]), n(&all["window"]["peak_rss_bytes"]));
+    // The smallest budget whose window keeps every unit: kept + margin(b) <= b.
+    let b = ((kept_peak + 16 * MIB) * 32).div_ceil(31) + 64;
+    assert!(mapped_peak + 16 * MIB + b / 32 > b, "the mapping fits {b} with its margin: {all}");
+    let w = &plan(b)["window"];
+    assert!(w["pinned"] == w["n_units"] && w["stays_mapped"] == true, "{w}");
+    let (v, err) = greedy(&["--mem-budget", &b.to_string()]);
+    assert!(v["window"].is_null() && err.contains("stays mapped") && err.contains("would keep every unit"), "{err}");
+    assert_eq!(v["memory"]["weights_streamed"], false);
+    let below = b - MIB;
+    let w = &plan(below)["window"];
+    assert!(w["pinned"] != w["n_units"] && w["stays_mapped"] == false, "{w}");
+    let (v, err) = greedy(&["--mem-budget", &below.to_string()]);
+    assert_eq!(v["memory"]["weights_streamed"], true);
+    assert!(err.contains("; not mapped: its predicted peak RSS"), "{err}");
+}
+
 #[test]
 fn a_budget_too_small_names_the_minimum() {
     let m = model();
@@ -103,6 +133,21 @@ fn bench_reports_the_window_split() {
         assert!((c + w - all).abs() < 1e-6 * all.max(1.0), "{io}");
         assert!(t["memory"]["peak_rss_bytes"].as_u64().unwrap() <= 64 * MIB, "{t}");
     }
+}
+
+/// Under a budget that holds the model mapped, bench measures no read bandwidth (its
+/// buffer would break the budget) but still reports the weight bandwidth; the JSON says
+/// null, not 0.
+#[test]
+fn bench_under_a_budget_that_maps_reports_the_weight_bandwidth() {
+    let m = model();
+    let args = ["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--mem-budget", "1GiB"];
+    let v = ok(hearth(&[&args[..], &["--json"]].concat()));
+    let t = &v[0];
+    assert!(t["membw_gbps"].is_null() && t["roofline_pct"].is_null() && t["gbps"].as_f64().unwrap_or(0.0) > 0.0, "{t}");
+    let out = hearth(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("no read bandwidth measured under --mem-budget"), "{text}");
 }
 
 #[test]

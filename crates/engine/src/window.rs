@@ -136,10 +136,34 @@ fn apply_units(
             if ctx.n_slots() > 1 { " / --parallel" } else { "" }
         )
     })?;
-    if p.peak_rss_bytes + w.margin_bytes <= budget {
-        eprintln!("--mem-budget {}: the model fits mapped (predicted peak RSS {}), no window needed", mib(budget), mib(p.peak_rss_bytes));
+    if w.stays_mapped(p.peak_rss_bytes) {
+        if p.peak_rss_bytes + w.margin_bytes <= budget {
+            eprintln!(
+                "--mem-budget {}: the model fits mapped (predicted peak RSS {}), no window needed",
+                mib(budget),
+                mib(p.peak_rss_bytes)
+            );
+        } else {
+            eprintln!(
+                "--mem-budget {}: the model stays mapped (predicted peak RSS {}): a window would keep every unit \
+                 (predicted {}), so it would save nothing",
+                mib(budget),
+                mib(p.peak_rss_bytes),
+                mib(w.peak_rss_bytes)
+            );
+        }
         return Ok(None);
     }
+    // Mapped, the model would fit the budget but not its margin: say why a window it is.
+    let why = if p.peak_rss_bytes <= budget {
+        format!(
+            "; not mapped: its predicted peak RSS {} leaves less than the margin of {} under the budget",
+            mib(p.peak_rss_bytes),
+            mib(w.margin_bytes)
+        )
+    } else {
+        String::new()
+    };
     if ring && w.slots < w.n_units {
         w.pinned = 0;
         w.read_bytes_per_token = units.iter().map(|r| hearth_memory::window::aligned_len(r) as u64).sum();
@@ -160,7 +184,7 @@ fn apply_units(
     };
     eprintln!(
         "--mem-budget {}: window of {} × {} for {}{} ({} kept, {} streamed through {}) + KV cache {} + scratch {} \
-         + runtime {} = predicted peak RSS {}; {read} read per token ({} reads){}",
+         + runtime {} = predicted peak RSS {}; {read} read per token ({} reads){}{why}",
         mib(budget),
         crate::plural(w.slots, "slot"),
         mib(w.slot_bytes),

@@ -613,6 +613,18 @@ pub struct WindowPlan {
     pub expert_slot_bytes: u64,
 }
 
+impl WindowPlan {
+    /// Whether a run under this plan's budget keeps the weights mapped instead of opening
+    /// the window, given the mapped run's predicted peak RSS (bytes): when that peak fits
+    /// the budget with the margin, or fits it at all while the window would keep every unit
+    /// (and no expert cache): reading all the weights into anonymous memory would save
+    /// nothing over the mapping's clean file pages, which the kernel can also reclaim.
+    pub fn stays_mapped(&self, mapped_peak: u64) -> bool {
+        mapped_peak + self.margin_bytes <= self.budget_bytes
+            || (self.pinned == self.n_units && self.expert_slots == 0 && mapped_peak <= self.budget_bytes)
+    }
+}
+
 /// Plan a window for `budget` bytes: `p` gives the fixed terms, `units` the bytes each
 /// unit needs in a slot, in forward order (the largest is the slot size).
 /// `Err` carries the plan at the smallest workable budget when even one slot does not fit.

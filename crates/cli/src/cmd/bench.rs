@@ -90,7 +90,9 @@ struct TestResult {
     n_prompt: usize,
     n_gen: usize,
     samples_ns: Vec<u64>,
-    membw_gbps: f64,
+    /// Read bandwidth at these threads (GB/s); `None` under --mem-budget, where its
+    /// buffer would break the budget.
+    membw_gbps: Option<f64>,
     /// Memory after the test (`MemoryReport::json`; the peak is the process's so far).
     memory: serde_json::Value,
     /// Weight I/O over the timed samples, when a window streams the weights.
@@ -231,7 +233,7 @@ pub fn run(a: Args) -> Result<()> {
         pb.set_message(format!("t={t} membw"));
         // Under --mem-budget its 1 GiB buffer would break the budget even when the model
         // fits mapped (no window): skip it, and the roofline column with it.
-        let bw = if windowed || a.budget.mem_budget.is_some() { 0.0 } else { membw::measure(t, bytes, membw::PASSES) };
+        let bw = (!windowed && a.budget.mem_budget.is_none()).then(|| membw::measure(t, bytes, membw::PASSES));
         for &(n_prompt, n_gen) in &tests {
             let mut samples = Vec::with_capacity(reps);
             let (mut io0, mut comm0) = (None, None);
@@ -343,21 +345,22 @@ impl ModelInfo {
         format!("{} {} {}", self.arch, size.replace(".0B", "B"), self.ftype)
     }
 
-    /// Achieved weight bandwidth (GB/s) and its share of the read bandwidth, for decode.
-    fn roofline(&self, r: &TestResult) -> Option<(f64, f64)> {
+    /// Achieved weight bandwidth (GB/s) for decode from mapped weights, and its share of
+    /// the read bandwidth where that was measured.
+    fn roofline(&self, r: &TestResult) -> Option<(f64, Option<f64>)> {
         // (Tensor parallel: this node reads only its share, so no roofline either; with
         // speculation a pass reads the weights once for several tokens.)
-        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() || r.spec.is_some() || r.membw_gbps <= 0.0 {
+        if r.n_gen == 0 || r.io.is_some() || r.comm.is_some() || r.spec.is_some() {
             return None;
         }
         let gbps = self.matrix_bytes as f64 * mean(&r.samples_ts()) / 1e9;
-        Some((gbps, 100.0 * gbps / r.membw_gbps))
+        Some((gbps, r.membw_gbps.filter(|&bw| bw > 0.0).map(|bw| 100.0 * gbps / bw)))
     }
 
     fn json(&self, r: &TestResult, n_batch: u32, cache_type: hearth_model::CacheType) -> serde_json::Value {
         let ts = r.samples_ts();
         let ns: Vec<f64> = r.samples_ns.iter().map(|&v| v as f64).collect();
-        let (gbps, pct) = self.roofline(r).map_or((None, None), |(g, p)| (Some(g), Some(p)));
+        let (gbps, pct) = self.roofline(r).map_or((None, None), |(g, p)| (Some(g), p));
         let mut v = serde_json::json!({
             "build_commit": "", "build_number": 0,
             "cpu_info": cpu_info(), "gpu_info": "", "backends": "CPU",
@@ -417,7 +420,8 @@ impl ModelInfo {
         for r in results {
             let ts = r.samples_ts();
             let (gbps, pct) = match self.roofline(r) {
-                Some((g, p)) => (format!("{g:.1}"), format!("{p:.0}% of {:.1}", r.membw_gbps)),
+                Some((g, Some(p))) => (format!("{g:.1}"), format!("{p:.0}% of {:.1}", r.membw_gbps.unwrap_or(0.0))),
+                Some((g, None)) => (format!("{g:.1}"), "-".into()),
                 None => ("-".into(), "-".into()),
             };
             let _ = writeln!(
@@ -441,6 +445,9 @@ impl ModelInfo {
                     )
                 })
             );
+        }
+        if results.iter().any(|r| r.membw_gbps.is_none() && self.roofline(r).is_some()) {
+            o += "(% of read BW: no read bandwidth measured under --mem-budget, whose budget its buffer would break)\n";
         }
         o
     }

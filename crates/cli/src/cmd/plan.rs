@@ -262,7 +262,11 @@ pub fn run(a: Args) -> Result<()> {
         v["membw_source"] = serde_json::json!(membw_src);
         if let Some((w, src)) = &window {
             v["window"] = match w {
-                Ok(w) => serde_json::to_value(w)?,
+                Ok(w) => {
+                    let mut j = serde_json::to_value(w)?;
+                    j["stays_mapped"] = serde_json::json!(w.stays_mapped(p.peak_rss_bytes));
+                    j
+                }
                 Err(min) => serde_json::json!({"fits": false, "min_budget_bytes": min.min_budget_bytes}),
             };
             v["disk_source"] = serde_json::json!(src);
@@ -414,6 +418,18 @@ pub fn run(a: Args) -> Result<()> {
                     w.token_secs,
                     dec(w.read_bytes_per_token),
                     w.disk_gbps
+                );
+            }
+            // What generate does with this budget (hearth_engine::window::apply).
+            if w.stays_mapped(p.peak_rss_bytes) {
+                o += &format!(
+                    "  generate keeps the model mapped instead (peak RSS {} above): {}\n",
+                    gb(p.peak_rss_bytes),
+                    if p.peak_rss_bytes + w.margin_bytes <= w.budget_bytes {
+                        "it fits the budget with the margin"
+                    } else {
+                        "it fits the budget, and a window keeping every unit would save nothing"
+                    }
                 );
             }
         }

@@ -251,30 +251,28 @@ mod simd {
             }
             // K transposed: whole runs of 8 rows (8 aligned positions) through an 8 × 8
             // transpose, the rows at either end one element at a time.
-            let (r8a, r8b) = ((u0 - b0).next_multiple_of(8), (u1 - b0) / 8 * 8);
-            let mut tmp = [0f32; 8];
-            for r in u0 - b0..u1 - b0 {
-                if r >= r8a && r < r8b {
-                    if r % 8 == 0 {
-                        // (No closures here: they are not reliably inlined into
-                        // target-feature code.)
-                        let mut kr = [std::ptr::null::<f16>(); 8];
-                        for (i, p) in kr.iter_mut().enumerate() {
-                            *p = k[row_elems(b0 + r + i, t.kv_head, s)].as_ptr();
-                        }
-                        for c in (0..hd).step_by(8) {
-                            let mut rows = [V::splat(0.0); 8];
-                            for (x, p) in rows.iter_mut().zip(kr) {
-                                *x = V::load_f16(p.add(c));
-                            }
-                            let cols = V::transpose8(rows);
-                            for (e, col) in cols.into_iter().enumerate() {
-                                col.store(kt.add((c + e) * TILE_KV + r));
-                            }
-                        }
-                    }
-                    continue;
+            let (lo, hi) = (u0 - b0, u1 - b0);
+            let (r8a, r8b) = (lo.next_multiple_of(8), hi / 8 * 8);
+            let head_end = r8a.min(hi);
+            for r in (r8a..r8b).step_by(8) {
+                // (No closures here: they are not reliably inlined into target-feature code.)
+                let mut kr = [std::ptr::null::<f16>(); 8];
+                for (i, p) in kr.iter_mut().enumerate() {
+                    *p = k[row_elems(b0 + r + i, t.kv_head, s)].as_ptr();
                 }
+                for c in (0..hd).step_by(8) {
+                    let mut rows = [V::splat(0.0); 8];
+                    for (x, p) in rows.iter_mut().zip(kr) {
+                        *x = V::load_f16(p.add(c));
+                    }
+                    let cols = V::transpose8(rows);
+                    for (e, col) in cols.into_iter().enumerate() {
+                        col.store(kt.add((c + e) * TILE_KV + r));
+                    }
+                }
+            }
+            let mut tmp = [0f32; 8];
+            for r in (lo..head_end).chain(r8b.max(head_end)..hi) {
                 let kr = k[row_elems(b0 + r, t.kv_head, s)].as_ptr();
                 for c in (0..hd).step_by(8) {
                     V::load_f16(kr.add(c)).store(tmp.as_mut_ptr());
