@@ -189,4 +189,10 @@ fn perplexity_under_a_budget_is_unchanged() {
     assert_eq!(mapped["ppl"], windowed["ppl"]);
     assert!(windowed["peak_rss_bytes"].as_u64().unwrap() <= 90 * MIB, "{windowed}");
     assert!(windowed["memory"]["rss_file_bytes"].as_u64() < Some(20 * MIB), "weights not mapped: {windowed}");
+    // The window and what it read: at least the streamed units once per forward pass.
+    let w = &windowed["window"];
+    let per_pass = w["plan"]["read_bytes_per_token"].as_u64().unwrap();
+    let passes = windowed["chunks"].as_u64().unwrap();
+    assert!(per_pass > 0 && w["io"]["bytes_read"].as_u64().unwrap() >= passes * per_pass, "{w}");
+    assert!(mapped["window"].is_null(), "{mapped}");
 }

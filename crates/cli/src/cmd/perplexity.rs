@@ -25,7 +25,7 @@ pub fn run(a: Args) -> Result<()> {
     let text = crate::common::read_text(&a.file)?;
     let tokens = model.tokenizer.encode(&text, true, true);
     // 512: llama-perplexity's default chunk size.
-    let mut ctx = a.model.prepare(&model, 512, true)?.ctx;
+    let crate::common::Prepared { mut ctx, window, .. } = a.model.prepare(&model, 512, true)?;
     let n_ctx = ctx.n_ctx();
     // Before the chunk line, which would otherwise announce chunks that never run.
     if n_ctx < 4 {
@@ -43,9 +43,12 @@ pub fn run(a: Args) -> Result<()> {
     })?;
     let secs = start.elapsed().as_secs_f64();
     let mem = MemoryReport::now(&ctx);
+    // Under --mem-budget: the weights read through the window over the whole run.
+    let io = window.as_ref().and(ctx.source_stats());
     if json {
         let v = serde_json::json!({"ppl": r.ppl, "chunks": r.running.len(), "n_ctx": n_ctx, "scored_tokens": r.scored,
-            "running": r.running, "seconds": secs, "peak_rss_bytes": mem.proc.peak_rss_bytes, "memory": mem.json()});
+            "running": r.running, "seconds": secs, "peak_rss_bytes": mem.proc.peak_rss_bytes, "memory": mem.json(),
+            "window": window.as_ref().map(|w| serde_json::json!({"plan": w, "io": io.as_ref().map(crate::budget::io_json)}))});
         print_out(&format!("{v}\n"))?;
     } else {
         eprintln!();
@@ -56,6 +59,11 @@ pub fn run(a: Args) -> Result<()> {
             hearth_engine::plural(r.scored, "token")
         ))?;
         eprintln!("{:.1} s, {:.1} tok/s\n{}", secs, (r.running.len() * n_ctx) as f64 / secs, mem.human());
+        if let Some(io) = &io {
+            // Each chunk runs in batches of at most n_batch tokens.
+            let passes = r.running.len() * n_ctx.div_ceil(ctx.n_batch());
+            eprintln!("{}", crate::budget::io_line("weights", io, secs, passes));
+        }
     }
     Ok(())
 }
