@@ -543,6 +543,38 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     assert_eq!(st, 200, "{r}");
 }
 
+/// A client that stops sending mid-request holds its connection for `--timeout`, not for
+/// good: a stalled body is answered 408 (JSON), stalled headers close the connection; a
+/// body sent in pauses shorter than the timeout is served.
+#[test]
+fn a_stalled_request_times_out() {
+    let s = Server::start(&["--timeout", "1"]);
+    let head = |len: usize| {
+        format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n")
+    };
+    let t0 = Instant::now();
+    let answer = raw_answer(&s, &format!("{}{{\"prompt\":", head(100)), |_| {}, false);
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("stopped arriving") && answer.contains("--timeout"), "{answer}");
+    let answer = raw_answer(&s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n", |_| {}, false);
+    assert_eq!(answer, "", "stalled headers");
+    // Both within seconds of the 1 s timeout (raw_answer gives up after 60 s).
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // Control: the same body in three parts 0.4 s apart.
+    let body = r#"{"prompt":"Hi","max_tokens":1}"#;
+    let answer = raw_answer(
+        &s,
+        &head(body.len()),
+        |c| {
+            for part in [&body[..10], &body[10..20], &body[20..]] {
+                std::thread::sleep(Duration::from_millis(400));
+                c.write_all(part.as_bytes()).unwrap();
+            }
+        },
+        true,
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 #[test]
 fn a_taken_port_is_named_before_the_model_loads() {
     let s = Server::start(&[]);

@@ -206,10 +206,27 @@ fn too_large(declared: Option<u64>) -> ApiError {
 
 /// A body axum could not read, as an OpenAI error: over [`MAX_BODY`] (a chunked body
 /// that grew past it) is a 413; cut short or malformed is `invalid_body`.
+/// Whether reading the body failed because it stalled ([`crate::listen`]'s body timeout).
+fn stalled(e: &BytesRejection) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             too_large(None)
+        } else if stalled(&e) {
+            ApiError::invalid_body(
+                axum::http::StatusCode::REQUEST_TIMEOUT,
+                "the request body stopped arriving: nothing came for the server's --timeout; send the whole body without pausing",
+            )
         } else {
             // axum's text ("Failed to buffer the request body: error reading a body from
             // connection") names no cause a client can act on.

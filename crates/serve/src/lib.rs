@@ -22,6 +22,7 @@ pub mod embeddings;
 pub mod engines;
 pub mod error;
 pub mod http;
+mod listen;
 pub mod metrics;
 pub mod openai;
 pub mod request;
@@ -60,6 +61,9 @@ pub struct ServeOptions {
     /// Browser origins (CORS) allowed besides this machine's `localhost`, `127.0.0.1`
     /// and `[::1]`; `*` allows any.
     pub cors_origins: Vec<String>,
+    /// How long a request's headers or body may stop arriving before the connection is
+    /// cut off (headers) or answered 408 (body).
+    pub timeout: std::time::Duration,
 }
 
 /// Speculative decoding in the server: each decoding sequence guesses its next tokens — by
@@ -164,13 +168,10 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         eprintln!("hearth serve listening on http://{}", listener.local_addr()?);
-        let (drain, drained) = tokio::sync::oneshot::channel::<()>();
-        let server = axum::serve(listener, http::router(app)).with_graceful_shutdown(async {
-            let _ = drained.await;
-        });
-        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+        let connections = hyper_util::server::graceful::GracefulShutdown::new();
+        // Accepting stops when the first signal comes (the accept loop is dropped).
         tokio::select! {
-            r = &mut server => return r,
+            () = listen::accept(listener, http::router(app), opts.timeout, &connections) => {}
             () = signals.recv() => {}
         }
         // (generating, queued) now.
@@ -183,14 +184,14 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
                 "hearth serve: stopping: no new requests; the {generating} generating and {queued} queued finish first (Ctrl-C or SIGTERM again to stop now)"
             );
         }
-        let _ = drain.send(());
+        let mut server = std::pin::pin!(connections.shutdown());
         // The drain ends when every connection has closed, or once nothing has generated
         // or waited for a second (time for the last answers to be written): a client that
         // sent half a request, or keeps an idle connection open, does not hold the stop.
         let mut idle_since = None;
         loop {
             tokio::select! {
-                r = &mut server => return r,
+                () = &mut server => return Ok(()),
                 () = signals.recv() => {
                     eprintln!("hearth serve: stopping now, cutting off the requests in flight");
                     return Ok(());

@@ -53,6 +53,11 @@ pub struct Args {
     /// any port) are always allowed
     #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
     pub cors_origin: Vec<String>,
+    /// Seconds a client may pause while sending a request: headers unfinished that long
+    /// close the connection, a body that stops arriving that long is answered 408. A
+    /// generation's own length is not limited
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub timeout: u64,
     /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
     #[command(flatten)]
     pub spec: crate::speculative::SpecArgs,
@@ -213,6 +218,7 @@ pub fn run(a: Args) -> Result<()> {
         pooling: Some(pooling),
         draft,
         cors_origins: a.cors_origin,
+        timeout: std::time::Duration::from_secs(a.timeout),
     };
     hearth_serve::serve(engines, listener, opts).context("serving")
 }
