@@ -517,6 +517,12 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     // Control: a body under the limit is asked for.
     let got = raw_answer(&s, &head(1000), |_| {}, true);
     assert!(got.starts_with("HTTP/1.1 100 Continue"), "{got:?}");
+    // The same head to an unknown path is a 404, to a GET-only path a 405 (new-user
+    // pass: both were 413).
+    for (path, status) in [("/v1/nope", "404"), ("/v1/models", "405")] {
+        let got = raw_answer(&s, &head(100_000_000).replace("/v1/completions", path), |_| {}, true);
+        assert!(got.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {got:?}");
+    }
     // A body over the limit that declares no length (chunked) is refused as it is read.
     let chunked = format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
     let answer = raw_answer(

@@ -192,7 +192,14 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// before any of the body is read. Without it the server read up to the limit first, and
 /// to a client that asked `Expect: 100-continue` (curl does above 1 MiB) it said
 /// `100 Continue`, so the client sent megabytes only to have them refused.
+/// Only a POST to a route that reads a body is refused so: any other request gets its
+/// own answer (404 for an unknown path, 405 for a wrong method) whatever it declares.
 fn declared_too_large(req: &axum::extract::Request) -> Option<ApiError> {
+    let path = req.uri().path();
+    let route = path.strip_prefix("/v1").unwrap_or(path);
+    if req.method() != Method::POST || !matches!(route, "/chat/completions" | "/completions" | "/embeddings") {
+        return None;
+    }
     let declared: u64 = req.headers().get(axum::http::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()?;
     (declared > MAX_BODY as u64).then(|| too_large(Some(declared)))
 }
@@ -204,8 +211,6 @@ fn too_large(declared: Option<u64>) -> ApiError {
     ApiError::request_too_large(format!("the request body{size} is larger than this server's limit of {} MiB", MAX_BODY >> 20))
 }
 
-/// A body axum could not read, as an OpenAI error: over [`MAX_BODY`] (a chunked body
-/// that grew past it) is a 413; cut short or malformed is `invalid_body`.
 /// Whether reading the body failed because it stalled ([`crate::listen`]'s body timeout).
 fn stalled(e: &BytesRejection) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -218,6 +223,9 @@ fn stalled(e: &BytesRejection) -> bool {
     false
 }
 
+/// A body axum could not read, as an OpenAI error: over [`MAX_BODY`] (a chunked body
+/// that grew past it) is a 413; stalled past `--timeout` a 408; cut short or malformed
+/// is `invalid_body`.
 pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
