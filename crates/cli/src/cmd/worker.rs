@@ -245,12 +245,15 @@ pub fn run(a: Args) -> Result<()> {
                         let _ = std::fs::write("/proc/self/clear_refs", "5");
                         // A ring session's "shard" is the whole model (its layers come with the session).
                         let whole = shard.kv_heads == (0..shard.dims.n_head_kv) && shard.ffn_rows == (0..shard.dims.n_ff);
-                        let share = if whole {
-                            String::new()
+                        if whole {
+                            // The solver may leave some of the devices offered out of the ring
+                            // (it said "node 1 of 3" to a worker of a 2-device ring): the
+                            // layers this worker gets are printed when its part arrives.
+                            eprintln!("coordinator {peer}: ring session, one of {} devices offered", shard.n_nodes);
                         } else {
-                            format!(", KV heads {}, FFN rows {}", hearth_parallel::span(&shard.kv_heads), hearth_parallel::span(&shard.ffn_rows))
-                        };
-                        eprintln!("coordinator {peer}: node {} of {}{share}", shard.node, shard.n_nodes);
+                            let (kv, ffn) = (hearth_parallel::span(&shard.kv_heads), hearth_parallel::span(&shard.ffn_rows));
+                            eprintln!("coordinator {peer}: node {} of {}, KV heads {kv}, FFN rows {ffn}", shard.node, shard.n_nodes);
+                        }
                     }
                 };
                 hearth_parallel::serve_session(stream, &worker, key.as_ref(), timeout, &profile, &make, told)
