@@ -115,6 +115,17 @@ fn experts_text(io: &SourceStats) -> String {
     )
 }
 
+/// A run's window plan as JSON: a run measures no disk (the plan's `disk_gbps` is 0), so
+/// the token time it would predict from it is null, not a number without the disk.
+pub fn plan_json(w: &hearth_memory::WindowPlan) -> serde_json::Value {
+    let mut v = serde_json::to_value(w).unwrap_or_default();
+    if w.disk_gbps <= 0.0 {
+        v["disk_gbps"] = serde_json::Value::Null;
+        v["token_secs"] = serde_json::Value::Null;
+    }
+    v
+}
+
 /// A [`SourceStats`] as JSON (bytes, seconds, GB/s).
 pub fn io_json(io: &SourceStats) -> serde_json::Value {
     serde_json::json!({

@@ -162,7 +162,7 @@ fn apply_units(
             mib(w.margin_bytes)
         )
     } else {
-        String::new()
+        format!("; not mapped: its predicted peak RSS {} is over the budget", mib(p.peak_rss_bytes))
     };
     if ring && w.slots < w.n_units {
         w.pinned = 0;

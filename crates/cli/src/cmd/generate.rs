@@ -299,7 +299,7 @@ pub fn run(a: Args) -> Result<()> {
                 })
             }),
             "window": window.as_ref().map(|w| serde_json::json!({
-                "plan": w,
+                "plan": crate::budget::plan_json(w),
                 "prefill_io": io_json(&t.prefill_io),
                 "decode_io": io_json(&t.decode_io),
             })),

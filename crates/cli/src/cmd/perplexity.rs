@@ -48,7 +48,7 @@ pub fn run(a: Args) -> Result<()> {
     if json {
         let v = serde_json::json!({"ppl": r.ppl, "chunks": r.running.len(), "n_ctx": n_ctx, "scored_tokens": r.scored,
             "running": r.running, "seconds": secs, "peak_rss_bytes": mem.proc.peak_rss_bytes, "memory": mem.json(),
-            "window": window.as_ref().map(|w| serde_json::json!({"plan": w, "io": io.as_ref().map(crate::budget::io_json)}))});
+            "window": window.as_ref().map(|w| serde_json::json!({"plan": crate::budget::plan_json(w), "io": io.as_ref().map(crate::budget::io_json)}))});
         print_out(&format!("{v}\n"))?;
     } else {
         eprintln!();
@@ -62,7 +62,8 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(io) = &io {
             // Each chunk runs in batches of at most n_batch tokens.
             let passes = r.running.len() * n_ctx.div_ceil(ctx.n_batch());
-            eprintln!("{}", crate::budget::io_line("weights", io, secs, passes));
+            // (The first pass also reads the units the window keeps.)
+            eprintln!("{}", crate::budget::io_line(&format!("weights over {passes} forward pass{}", if passes == 1 { "" } else { "es" }), io, secs, passes));
         }
     }
     Ok(())

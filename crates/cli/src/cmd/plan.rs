@@ -322,10 +322,10 @@ pub fn run(a: Args) -> Result<()> {
     o += &format!("  peak RSS    {:>12}  = file pages + KV cache + scratch + overhead\n", gb(p.peak_rss_bytes));
     o += &format!("  available   {:>12}  (MemAvailable, capped by the cgroup limit)\n\n", gb(p.available_bytes));
     if p.fits {
-        o += &format!("fits with {} headroom\n", gb(p.headroom_bytes as u64));
+        o += &format!("fits mapped in the available RAM with {} headroom\n", gb(p.headroom_bytes as u64));
     } else {
         o += &format!(
-            "does not fit: {} short; --mem-budget streams the layers from disk through a window (see below, or plan with --mem-budget)\n",
+            "does not fit mapped in the available RAM: {} short; --mem-budget streams the layers from disk through a window (see below, or plan with --mem-budget)\n",
             gb(p.headroom_bytes.unsigned_abs()),
         );
     }

@@ -53,9 +53,10 @@ pub struct Args {
     /// any port) are always allowed
     #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
     pub cors_origin: Vec<String>,
-    /// Seconds a client may pause while sending a request: headers unfinished that long
-    /// close the connection, a body that stops arriving that long is answered 408. A
-    /// generation's own length is not limited
+    /// Seconds a request's headers may take to arrive in all (later: the connection is
+    /// closed; so is an idle keep-alive connection after this long) and its body may pause
+    /// between chunks (longer: a 408 answer). 1 to 86400; a generation's own length is not
+    /// limited
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub timeout: u64,
     /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
