@@ -412,8 +412,6 @@ pub struct Plan {
     pub fits: bool,
     /// `available_bytes - peak_rss_bytes` (negative: the shortfall).
     pub headroom_bytes: i64,
-    /// Largest layer + KV cache + scratch: the least a future sliding window needs.
-    pub min_window_bytes: u64,
     /// Bytes streamed per decoded token (a mixture of experts: the active bytes, the
     /// routed experts' only).
     pub bytes_per_token: u64,
@@ -455,7 +453,6 @@ pub fn plan(m: &ModelSummary, p: PlanParams, available: u64, membw_gbps: f64) ->
         available_bytes: available,
         fits: peak <= available,
         headroom_bytes: available as i64 - peak as i64,
-        min_window_bytes: m.largest_layer_bytes() + kv + scratch,
         bytes_per_token: bpt,
         experts: m.experts,
         expert_bytes: m.expert_bytes(),
