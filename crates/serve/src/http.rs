@@ -192,6 +192,7 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// before any of the body is read. Without it the server read up to the limit first, and
 /// to a client that asked `Expect: 100-continue` (curl does above 1 MiB) it said
 /// `100 Continue`, so the client sent megabytes only to have them refused.
+///
 /// Only a POST to a route that reads a body is refused so: any other request gets its
 /// own answer (404 for an unknown path, 405 for a wrong method) whatever it declares.
 fn declared_too_large(req: &axum::extract::Request) -> Option<ApiError> {
