@@ -560,7 +560,7 @@ fn a_stalled_request_times_out() {
     };
     let t0 = Instant::now();
     let answer = raw_answer(&s, &format!("{}{{\"prompt\":", head(100)), |_| {}, false);
-    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("stopped arriving") && answer.contains("--timeout"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("stopped arriving") && answer.contains("nothing came for 1 s (the server's --timeout)"), "{answer}");
     let answer = raw_answer(&s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n", |_| {}, false);
     assert_eq!(answer, "", "stalled headers");
     // Both within seconds of the 1 s timeout (raw_answer gives up after 60 s).

@@ -9,7 +9,7 @@
 
 use crate::{mib, BudgetOptions};
 use anyhow::Result;
-use hearth_memory::plan::{plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS};
+use hearth_memory::plan::{plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, StaysMapped, WindowPlan, DEFAULT_MEMBW_GBPS};
 use hearth_memory::{ExpertCache, Window};
 use hearth_model::{Context, Model};
 use std::ops::Range;
@@ -136,8 +136,8 @@ fn apply_units(
             if ctx.n_slots() > 1 { " / --parallel" } else { "" }
         )
     })?;
-    if w.stays_mapped(p.peak_rss_bytes) {
-        if p.peak_rss_bytes + w.margin_bytes <= budget {
+    if let Some(why) = w.stays_mapped(p.peak_rss_bytes) {
+        if why == StaysMapped::FitsWithMargin {
             eprintln!(
                 "--mem-budget {}: the model fits mapped (predicted peak RSS {}), no window needed",
                 mib(budget),

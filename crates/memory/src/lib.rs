@@ -18,7 +18,7 @@ pub mod experts;
 pub mod plan;
 pub mod window;
 pub use alloc::{heap_stats, CountingAlloc, HeapStats};
-pub use plan::{available_bytes, plan_experts, plan_window, preset, ModelShape, ModelSummary, Plan, PlanParams, TensorSummary, WindowPlan};
+pub use plan::{available_bytes, plan_experts, plan_window, preset, ModelShape, ModelSummary, Plan, PlanParams, StaysMapped, TensorSummary, WindowPlan};
 pub use experts::ExpertCache;
 pub use window::{drop_page_cache, ReadMode, Window};
 

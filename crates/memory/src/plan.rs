@@ -612,14 +612,28 @@ pub struct WindowPlan {
 
 impl WindowPlan {
     /// Whether a run under this plan's budget keeps the weights mapped instead of opening
-    /// the window, given the mapped run's predicted peak RSS (bytes): when that peak fits
-    /// the budget with the margin, or fits it at all while the window would keep every unit
-    /// (and no expert cache): reading all the weights into anonymous memory would save
-    /// nothing over the mapping's clean file pages, which the kernel can also reclaim.
-    pub fn stays_mapped(&self, mapped_peak: u64) -> bool {
-        mapped_peak + self.margin_bytes <= self.budget_bytes
-            || (self.pinned == self.n_units && self.expert_slots == 0 && mapped_peak <= self.budget_bytes)
+    /// the window, given the mapped run's predicted peak RSS (bytes), and why: when that
+    /// peak fits the budget with the margin, or fits it at all while the window would keep
+    /// every unit (and no expert cache): reading all the weights into anonymous memory would
+    /// save nothing over the mapping's clean file pages, which the kernel can also reclaim.
+    pub fn stays_mapped(&self, mapped_peak: u64) -> Option<StaysMapped> {
+        if mapped_peak + self.margin_bytes <= self.budget_bytes {
+            Some(StaysMapped::FitsWithMargin)
+        } else if self.pinned == self.n_units && self.expert_slots == 0 && mapped_peak <= self.budget_bytes {
+            Some(StaysMapped::WindowKeepsAll)
+        } else {
+            None
+        }
     }
+}
+
+/// Why a run under a memory budget keeps the weights mapped ([`WindowPlan::stays_mapped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StaysMapped {
+    /// The mapped run's predicted peak RSS plus the margin fits the budget.
+    FitsWithMargin,
+    /// The mapped peak fits the budget (not its margin), and a window would keep every unit.
+    WindowKeepsAll,
 }
 
 /// Plan a window for `budget` bytes: `p` gives the fixed terms, `units` the bytes each

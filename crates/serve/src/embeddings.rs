@@ -103,7 +103,7 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
 pub async fn embeddings(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         authorize(&app, &headers)?;
-        let req = parse(&read_body(body)?)?;
+        let req = parse(&read_body(&app, body)?)?;
         if let Some(m) = req.model.as_deref().filter(|m| app.strict_model && !m.is_empty() && !app.serves(m)) {
             return Err(ApiError::unknown_model(m, &app.names()));
         }

@@ -58,6 +58,8 @@ pub struct App {
     pub grammars: constraint::Grammars,
     /// Browser origins allowed besides this machine's (`*`: any); see [`router`].
     pub cors_origins: Vec<String>,
+    /// `--timeout`: how long a request body may pause between chunks (named in the 408).
+    pub timeout: std::time::Duration,
 }
 
 /// The routes.
@@ -227,14 +229,17 @@ fn stalled(e: &BytesRejection) -> bool {
 /// A body axum could not read, as an OpenAI error: over [`MAX_BODY`] (a chunked body
 /// that grew past it) is a 413; stalled past `--timeout` a 408; cut short or malformed
 /// is `invalid_body`.
-pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn read_body(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             too_large(None)
         } else if stalled(&e) {
             ApiError::invalid_body(
                 axum::http::StatusCode::REQUEST_TIMEOUT,
-                "the request body stopped arriving: nothing came for the server's --timeout; send the whole body without pausing",
+                format!(
+                    "the request body stopped arriving: nothing came for {} s (the server's --timeout); send the whole body without pausing",
+                    app.timeout.as_secs()
+                ),
             )
         } else {
             // axum's text ("Failed to buffer the request body: error reading a body from
@@ -250,7 +255,7 @@ pub(crate) fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Ap
 async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         authorize(&app, &headers)?;
-        let body = read_body(body)?;
+        let body = read_body(&app, body)?;
         let req = request::chat(&body)?;
         let template = app.template.as_ref().map_err(|e| ApiError::invalid("messages", e.clone()))?;
         let c = tools::conversation(template, req.messages, req.fields, req.tools.as_ref());
@@ -272,7 +277,7 @@ async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Byte
 async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         authorize(&app, &headers)?;
-        let body = read_body(body)?;
+        let body = read_body(&app, body)?;
         let req = request::completion(&body)?;
         let prompt = match req.prompt {
             Prompt::Text(t) => app.model.tokenizer.encode(&t, true, true),

@@ -161,7 +161,7 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
     }
     let scheduler = engines::Engines::new(schedulers).ok_or_else(|| std::io::Error::other("no engine to serve with"))?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics: metrics.clone(), started, pooling, grammars: Default::default(), cors_origins: opts.cors_origins });
+    let app = Arc::new(http::App { scheduler, model, template, model_id: opts.model_id, aliases: opts.aliases, strict_model: opts.strict_model, api_key: opts.api_key, metrics: metrics.clone(), started, pooling, grammars: Default::default(), cors_origins: opts.cors_origins, timeout: opts.timeout });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(async move {
         let mut signals = Signals::new()?;

@@ -6,7 +6,7 @@ use crate::common::{print_out, resolve_model, CacheTypeArg};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
 use hearth_memory::plan::{
-    plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, WindowPlan, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB,
+    plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, StaysMapped, WindowPlan, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB,
 };
 use hearth_quant::GgmlType;
 use std::path::PathBuf;
@@ -264,7 +264,7 @@ pub fn run(a: Args) -> Result<()> {
             v["window"] = match w {
                 Ok(w) => {
                     let mut j = serde_json::to_value(w)?;
-                    j["stays_mapped"] = serde_json::json!(w.stays_mapped(p.peak_rss_bytes));
+                    j["stays_mapped"] = serde_json::json!(w.stays_mapped(p.peak_rss_bytes).is_some());
                     j
                 }
                 Err(min) => serde_json::json!({"fits": false, "min_budget_bytes": min.min_budget_bytes}),
@@ -414,21 +414,21 @@ pub fn run(a: Args) -> Result<()> {
                 o += "  token time  every unit stays resident; decode reads only the experts each token misses (not estimated)\n";
             } else {
                 o += &format!(
-                    "  token time  {:>10.2} s  = max({} read per token{missed} / {:.2} GB/s ({src}), compute at the decode bound)\n",
+                    "  token time  {:>10.2} s  = max({} ({}) read per token{missed} / {:.2} GB/s ({src}), compute at the decode bound)\n",
                     w.token_secs,
+                    gb(w.read_bytes_per_token),
                     dec(w.read_bytes_per_token),
                     w.disk_gbps
                 );
             }
             // What generate does with this budget (hearth_engine::window::apply).
-            if w.stays_mapped(p.peak_rss_bytes) {
+            if let Some(why) = w.stays_mapped(p.peak_rss_bytes) {
                 o += &format!(
                     "  generate keeps the model mapped instead (peak RSS {} above): {}\n",
                     gb(p.peak_rss_bytes),
-                    if p.peak_rss_bytes + w.margin_bytes <= w.budget_bytes {
-                        "it fits the budget with the margin"
-                    } else {
-                        "it fits the budget, and a window keeping every unit would save nothing"
+                    match why {
+                        StaysMapped::FitsWithMargin => "it fits the budget with the margin",
+                        StaysMapped::WindowKeepsAll => "it fits the budget, and a window keeping every unit would save nothing",
                     }
                 );
             }
