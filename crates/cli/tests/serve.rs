@@ -785,7 +785,8 @@ fn serve_across_devices_and_under_a_budget_matches_one_machine() {
 fn a_worker_dying_mid_request_is_a_503_naming_it_and_serving_goes_on() {
     let model = common::model();
     let (w1, mut w2) = (common::Worker::start(&model, &[]), common::Worker::start(&model, &[]));
-    let s = Server::start(&["-c", "1024", "--workers", &common::addrs(&[&w1, &w2]), "--tp-schedule", "gather"]);
+    // (--rejoin 0: the dead stay out, as the counts below expect.)
+    let s = Server::start(&["-c", "1024", "--workers", &common::addrs(&[&w1, &w2]), "--tp-schedule", "gather", "--rejoin", "0"]);
     let before = greedy(&s, "The capital of France is");
     let victim = w2.addr.clone();
     let (status, body, after_kill) = std::thread::scope(|sc| {
@@ -831,6 +832,41 @@ fn a_worker_dying_mid_request_is_a_503_naming_it_and_serving_goes_on() {
     assert_eq!(greedy(&s, "The capital of France is"), before, "after the idle worker's death");
     let h = health(&s);
     assert_eq!((h["cluster"]["layout"].as_str(), h["cluster"]["nodes_up"].as_u64()), (Some("single"), Some(1)), "{h}");
+}
+
+/// `--rejoin`: a worker that failed and answers again (restarted at its address) is
+/// taken back into the group while the server is idle: `/health` shows it up, the
+/// rejoin counted, and the completions are the same tokens as before it failed. Control
+/// (checked by hand): with `--rejoin 0` it stays down and the wait for it runs out.
+#[test]
+fn a_failed_worker_that_answers_again_rejoins_the_group() {
+    let model = common::model();
+    let (w1, mut w2) = (common::Worker::start(&model, &[]), common::Worker::start(&model, &[]));
+    let s = Server::start(&["-c", "1024", "--workers", &common::addrs(&[&w1, &w2]), "--tp-schedule", "gather", "--rejoin", "1"]);
+    let before = greedy(&s, "The capital of France is");
+    let victim = w2.addr.clone();
+    // Dies while the server is idle: the next request starts over without it.
+    w2.child.kill().unwrap();
+    let _ = w2.child.wait();
+    assert_eq!(greedy(&s, "The capital of France is"), before, "without the dead worker");
+    let state = |h: &Value| h["cluster"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == victim.as_str()).map(|n| n["state"].clone());
+    let h = health(&s);
+    assert_eq!((h["cluster"]["nodes_up"].as_u64(), state(&h)), (Some(2), Some(json!("down"))), "{h}");
+    // Back at the same address: within a few looks (1 s apart) it is in the group again.
+    let back = common::Worker::spawn(&["--listen", &victim, "-m", model.to_str().unwrap()], std::process::Stdio::null());
+    let t0 = Instant::now();
+    let h = loop {
+        let h = health(&s);
+        if h["cluster"]["rejoins"] == 1 {
+            break h;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the worker was not taken in again: {h}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!((h["cluster"]["nodes_up"].as_u64(), state(&h), h["cluster"]["replans"].as_u64()), (Some(3), Some(json!("up")), Some(2)), "{h}");
+    assert!(s.get("/metrics").contains("hearth_cluster_rejoins_total 1"));
+    assert_eq!(greedy(&s, "The capital of France is"), before, "after the rejoin");
+    drop(back);
 }
 
 /// `/v1/embeddings`: each input's vector is the model's final normed hidden states

@@ -64,6 +64,9 @@ pub struct ServeOptions {
     /// How long a request's headers or body may stop arriving before the connection is
     /// cut off (headers) or answered 408 (body).
     pub timeout: std::time::Duration,
+    /// Across devices: how long after a worker failed to look for it again, and take it
+    /// back into the group once it answers (`None`: never).
+    pub rejoin: Option<std::time::Duration>,
 }
 
 /// Speculative decoding in the server: each decoding sequence guesses its next tokens — by
@@ -154,7 +157,7 @@ pub fn serve(engines: Vec<Engine>, listener: std::net::TcpListener, opts: ServeO
         let replan = e.across.map(|(o, layout, workers)| {
             let named = o.cluster.as_ref().map(|c| c.workers.clone()).unwrap_or_default();
             *metrics.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster::ClusterState::new(layout, &named, &workers));
-            cluster::Replanner::new(model.clone(), o, metrics.cluster.clone())
+            cluster::Replanner::new(model.clone(), o, metrics.cluster.clone(), opts.rejoin)
         });
         let drafting = opts.draft.map(|limits| scheduler::Drafting { limits, model: e.draft.map(draft::DraftModel::new) });
         schedulers.push(scheduler::Scheduler::start(e.ctx, opts.queue_size, metrics.clone(), e.pin, id, opts.prompt_cache, replan, drafting)?.0);

@@ -196,9 +196,11 @@ impl Metrics {
             );
             let _ = writeln!(
                 out,
-                "# HELP hearth_cluster_replans_total Times the engine was set up again after a device failed.\n\
-                 # TYPE hearth_cluster_replans_total counter\nhearth_cluster_replans_total {}",
-                c.replans
+                "# HELP hearth_cluster_replans_total Times the engine was set up again after a device failed or rejoined.\n\
+                 # TYPE hearth_cluster_replans_total counter\nhearth_cluster_replans_total {}\n\
+                 # HELP hearth_cluster_rejoins_total Times failed workers that answered again were taken back into the group.\n\
+                 # TYPE hearth_cluster_rejoins_total counter\nhearth_cluster_rejoins_total {}",
+                c.replans, c.rejoins
             );
         }
         self.batch_tokens.render(&mut out, "hearth_batch_tokens", "Tokens per forward pass (prefill and decode).");

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::sequence::{Event, Job, Seq};
 use hearth_model::{Context, Segment};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 
 /// The handle request handlers submit jobs through (cheap to clone).
@@ -174,6 +174,18 @@ impl SlotCache {
     }
 }
 
+/// A context set up again across devices, ready to serve: its threads pinned to `pin`,
+/// f32 attention as the server runs it.
+fn set_up(mut ctx: Context, pin: Option<&[usize]>) -> Context {
+    if let Some(cpus) = pin {
+        if let Err(e) = ctx.pin_threads_to(cpus) {
+            eprintln!("hearth serve: pinning the new engine's threads: {e}");
+        }
+    }
+    ctx.set_f32_attention_from(1);
+    ctx
+}
+
 /// The scheduler loop; returns when every [`Scheduler`] handle is gone and no sequence
 /// is left, or when a context across devices failed and could not be set up again.
 /// `replan`: the replanner and the CPUs to pin a new context's threads to.
@@ -197,7 +209,18 @@ fn run(
     // Requests waiting for a running sequence to finish evaluating the prompt they share
     // (e.g. the `n` choices of one request), to copy its K/V instead of evaluating it again.
     let mut deferred: Vec<Job> = Vec::new();
+    // Idle with a worker down, the wait for a request ran out: look for it (`--rejoin`).
+    let mut look = false;
     loop {
+        if let (true, Some((r, pin))) = (std::mem::take(&mut look), replan.as_mut()) {
+            let back = r.look();
+            if !back.is_empty() {
+                let Some(next) = r.rejoin(ctx, &back) else { return };
+                ctx = set_up(next, pin.as_deref());
+                free = (0..ctx.n_slots()).rev().collect();
+                cache = SlotCache::new(ctx.n_slots(), prompt_cache);
+            }
+        }
         if let (Some((node, msg)), Some((r, pin))) = (lost.take(), replan.as_mut()) {
             // Every sequence's K/V on the group is lost: those that have sent nothing yet
             // start over once the engine is set up again (a worker that died while the
@@ -215,14 +238,8 @@ fn run(
                     }
                 }
             }
-            let Some(mut next) = r.replan(ctx, node, &msg) else { return };
-            if let Some(cpus) = pin.as_deref() {
-                if let Err(e) = next.pin_threads_to(cpus) {
-                    eprintln!("hearth serve: pinning the new engine's threads: {e}");
-                }
-            }
-            next.set_f32_attention_from(1);
-            ctx = next;
+            let Some(next) = r.replan(ctx, node, &msg) else { return };
+            ctx = set_up(next, pin.as_deref());
             free = (0..ctx.n_slots()).rev().collect();
             cache = SlotCache::new(ctx.n_slots(), prompt_cache);
         }
@@ -234,9 +251,20 @@ fn run(
                 j
             } else {
                 let j = if active.is_empty() {
-                    match rx.recv() {
-                        Ok(j) => j,
-                        Err(_) => return,
+                    // Block, or until the down workers are due to be looked for.
+                    match replan.as_ref().and_then(|(r, _)| r.look_in()) {
+                        None => match rx.recv() {
+                            Ok(j) => j,
+                            Err(_) => return,
+                        },
+                        Some(wait) => match rx.recv_timeout(wait) {
+                            Ok(j) => j,
+                            Err(RecvTimeoutError::Timeout) => {
+                                look = true;
+                                break;
+                            }
+                            Err(RecvTimeoutError::Disconnected) => return,
+                        },
                     }
                 } else {
                     match rx.try_recv() {

@@ -59,6 +59,12 @@ pub struct Args {
     /// limited
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub timeout: u64,
+    /// With --workers: seconds after a worker failed to look for it again (a TCP connect,
+    /// then while idle every SECS); once it answers, the engine is set up again with it
+    /// (a ring's solver re-plans over all the devices). After a failed attempt the wait
+    /// doubles, up to 10 minutes. 0: a failed worker stays out until the server restarts
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub rejoin: u64,
     /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
     #[command(flatten)]
     pub spec: crate::speculative::SpecArgs,
@@ -220,6 +226,7 @@ pub fn run(a: Args) -> Result<()> {
         draft,
         cors_origins: a.cors_origin,
         timeout: std::time::Duration::from_secs(a.timeout),
+        rejoin: (a.rejoin > 0).then(|| std::time::Duration::from_secs(a.rejoin)),
     };
     hearth_serve::serve(engines, listener, opts).context("serving")
 }
