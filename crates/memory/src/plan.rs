@@ -31,11 +31,12 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Constant part of the runtime overhead (bytes): binary and library pages, thread
-/// stacks, allocator. Least-squares fit over six measured runs (docs/MEMORY.md).
-pub const OVERHEAD_BASE: u64 = 6_600_000;
+/// stacks, allocator. Least-squares fit over six measured runs (`bench/overhead-fit.py`,
+/// docs/MEMORY.md; refitted 2026-12-06, as the binary's code pages had grown by ~2 MB).
+pub const OVERHEAD_BASE: u64 = 8_240_000;
 /// Per-vocabulary-entry part of the runtime overhead (bytes per token): tokenizer
 /// tables (token strings, lookup maps, BPE merge ranks). Same fit.
-pub const OVERHEAD_PER_VOCAB: u64 = 368;
+pub const OVERHEAD_PER_VOCAB: u64 = 357;
 /// Bytes a read fault on a file mapping makes resident around the faulting page: Linux's
 /// default `fault_around_bytes` (64 KiB, mm/memory.c), when the pages are in the page cache.
 pub const FAULT_AROUND_BYTES: u64 = 64 << 10;

@@ -106,6 +106,15 @@ fn gb_exact(b: u64) -> String {
     format!("{b} bytes ({})", gb(b))
 }
 
+/// A window's expert slots as a term of its smallest budget (" + N expert slots of X"),
+/// or nothing.
+fn experts(w: &WindowPlan) -> String {
+    match w.expert_slots {
+        0 => String::new(),
+        n => format!(" + {} of {}", hearth_engine::plural(n, "expert slot"), gb(w.expert_slot_bytes)),
+    }
+}
+
 /// A smallest workable budget: exact bytes, and MiB rounded *up*, so that the figure typed
 /// back as `--mem-budget` works (rounded to nearest it could fall a few KiB short).
 fn min_exact(b: u64) -> String {
@@ -251,9 +260,11 @@ pub fn run(a: Args) -> Result<()> {
     // Exit nonzero on a budget too small, as generate refuses it (after the report).
     let too_small = |w: &WindowPlan| {
         anyhow::anyhow!(
-            "--mem-budget {} is too small: the smallest that works is {}",
+            "--mem-budget {} is too small: the smallest that works is {} (one unit of {}{} + KV cache + scratch + overhead + margin)",
             gb_exact(a.mem_budget.unwrap_or(0)),
-            min_exact(w.min_budget_bytes)
+            min_exact(w.min_budget_bytes),
+            gb(w.slot_bytes),
+            experts(w)
         )
     };
     if a.json {
@@ -349,10 +360,6 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let slots = |n: usize| hearth_engine::plural(n, "slot");
-    let experts = |w: &WindowPlan| match w.expert_slots {
-        0 => String::new(),
-        n => format!(" + {} of {}", hearth_engine::plural(n, "expert slot"), gb(w.expert_slot_bytes)),
-    };
     let mut result = Ok(());
     match window {
         None if !p.fits => {
@@ -365,16 +372,8 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         None => {}
-        Some((Err(min), _)) => {
-            o += &format!(
-                "\n--mem-budget {}: too small; the smallest that works is {} (one unit of {}{} + KV cache + scratch + overhead + margin)\n",
-                gb_exact(a.mem_budget.unwrap_or(0)),
-                min_exact(min.min_budget_bytes),
-                gb(min.slot_bytes),
-                experts(&min)
-            );
-            result = Err(too_small(&min));
-        }
+        // (Said once, by the error on stderr.)
+        Some((Err(min), _)) => result = Err(too_small(&min)),
         Some((Ok(w), src)) => {
             o += &format!(
                 "\nwindow for --mem-budget {}: {} of {} for {} units: {} kept, {} streamed through {}\n",
