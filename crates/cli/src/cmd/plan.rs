@@ -6,7 +6,8 @@ use crate::common::{print_out, resolve_model, CacheTypeArg};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
 use hearth_memory::plan::{
-    plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, StaysMapped, WindowPlan, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE, OVERHEAD_PER_VOCAB,
+    plan, plan_experts, plan_window, ModelSummary, Plan, PlanParams, StaysMapped, WindowPlan, DEFAULT_MEMBW_GBPS, OVERHEAD_BASE,
+    OVERHEAD_PER_VOCAB,
 };
 use hearth_quant::GgmlType;
 use std::path::PathBuf;
