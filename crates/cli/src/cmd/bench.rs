@@ -458,17 +458,18 @@ impl ModelInfo {
     /// token), time split into compute and waiting for the loader, bytes read, read rate.
     fn window_table(&self, results: &[TestResult]) -> String {
         let mut o = String::new();
-        let _ = writeln!(o, "| model | size | type | threads | test | t/s | ms/pass | compute ms | I/O wait ms | MB read/pass | disk GB/s | peak RSS MiB | expert hit % |");
-        let _ = writeln!(o, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        let _ = writeln!(o, "| model | size | params | type | threads | test | t/s | ms/pass | compute ms | I/O wait ms | MB read/pass | disk GB/s | peak RSS MiB | expert hit % |");
+        let _ = writeln!(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for r in results {
             let ts = r.samples_ts();
             let io = r.io.unwrap_or_default();
             let (passes, secs) = r.passes_and_secs();
             let _ = writeln!(
                 o,
-                "| {} | {:.2} GiB | {} | {} | {} | {:.2} ± {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.1} | {} |",
+                "| {} | {:.2} GiB | {} | {} | {} | {} | {:.2} ± {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.1} | {} |",
                 self.filename,
                 self.size_bytes as f64 / (1u64 << 30) as f64,
+                params_label(self.n_params),
                 self.ftype,
                 r.n_threads,
                 r.name(),
