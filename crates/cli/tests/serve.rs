@@ -867,6 +867,10 @@ fn a_failed_worker_that_answers_again_rejoins_the_group() {
     assert!(s.get("/metrics").contains("hearth_cluster_rejoins_total 1"));
     assert_eq!(greedy(&s, "The capital of France is"), before, "after the rejoin");
     drop(back);
+    // Without workers, --rejoin is refused as the other cluster flags are.
+    let o = common::hearth(&["serve", "--rejoin", "5", "--port", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--rejoin only applies to a run across devices"), "{err}");
 }
 
 /// `/v1/embeddings`: each input's vector is the model's final normed hidden states

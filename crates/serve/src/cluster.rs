@@ -87,8 +87,11 @@ pub struct Replanner {
     /// The options of the engine now: `base` without the workers in `down`.
     opts: EngineOptions,
     state: Arc<Mutex<Option<ClusterState>>>,
-    /// Workers left out because they failed (addresses as named), to look for again.
+    /// Workers left out because they failed (addresses as named), to look for again
+    /// unless in `taken`.
     down: Vec<String>,
+    /// Down workers another coordinator took over: never looked for.
+    taken: Vec<String>,
     /// How long after a failure to look for the down workers again (`None`: never).
     rejoin: Option<Duration>,
     /// The wait before the next look: `rejoin`, doubled after each failed attempt to take
@@ -108,7 +111,7 @@ impl Replanner {
     /// for the failed worker again (`None`: never).
     pub fn new(model: Arc<Model>, opts: EngineOptions, state: Arc<Mutex<Option<ClusterState>>>, rejoin: Option<Duration>) -> Self {
         let wait = rejoin.unwrap_or(MAX_REJOIN_WAIT);
-        Self { model, base: opts.clone(), opts, state, down: Vec::new(), rejoin, wait, next_look: Instant::now() }
+        Self { model, base: opts.clone(), opts, state, down: Vec::new(), taken: Vec::new(), rejoin, wait, next_look: Instant::now() }
     }
 
     /// The worker `e` blames, if it was one worker's failure: its node index and a message
@@ -133,6 +136,16 @@ impl Replanner {
         if let Some(a) = failed_addr.iter().find(|a| !self.down.contains(a)) {
             self.down.push(a.clone());
         }
+        // Another coordinator took the worker over (it says so): taking it back would end
+        // that one's session, which would take it back again, and so on. Left out for good.
+        if failure.contains("took over this worker") {
+            if let Some(a) = &failed_addr {
+                self.taken.push(a.clone());
+                if self.rejoin.is_some() {
+                    eprintln!("hearth serve: {a} was taken over by another coordinator: it is not looked for again (--rejoin)");
+                }
+            }
+        }
         (self.wait, self.next_look) = (self.rejoin.unwrap_or(MAX_REJOIN_WAIT), Instant::now() + self.rejoin.unwrap_or(MAX_REJOIN_WAIT));
         let opts = self.without_down();
         if let Some(a) = &failed_addr {
@@ -154,14 +167,15 @@ impl Replanner {
     /// How long until the down workers are due to be looked for again; `None` when none
     /// is down or `--rejoin` is off.
     pub fn look_in(&self) -> Option<Duration> {
-        (self.rejoin.is_some() && !self.down.is_empty()).then(|| self.next_look.saturating_duration_since(Instant::now()))
+        let any = self.down.iter().any(|a| !self.taken.contains(a));
+        (self.rejoin.is_some() && any).then(|| self.next_look.saturating_duration_since(Instant::now()))
     }
 
     /// The down workers that accept a TCP connection now (each given [`LOOK_TIMEOUT`]);
     /// the next look is due after the current wait.
     pub fn look(&mut self) -> Vec<String> {
         self.next_look = Instant::now() + self.wait;
-        self.down.iter().filter(|a| answers(a)).cloned().collect()
+        self.down.iter().filter(|a| !self.taken.contains(a) && answers(a)).cloned().collect()
     }
 
     /// Take the workers `back` (down ones that answered [`Replanner::look`]) into the
@@ -177,9 +191,23 @@ impl Replanner {
         match hearth_engine::prepare(&self.model, &opts) {
             Ok(p) => {
                 self.wait = self.rejoin.unwrap_or(MAX_REJOIN_WAIT);
+                let members: Vec<String> = p.cluster.as_ref().map(|c| c.workers.clone()).unwrap_or_default();
                 self.installed(opts, p.cluster.as_ref());
-                self.with_state(|st| st.rejoins += 1);
-                eprintln!("hearth serve: {names} answered again and rejoined; serving on {}", self.serving_on());
+                let (joined, unused): (Vec<&String>, Vec<&String>) = back.iter().partition(|a| members.contains(a));
+                if !joined.is_empty() {
+                    self.with_state(|st| st.rejoins += 1);
+                }
+                let list = |v: &[&String]| v.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(", ");
+                let said = match (joined.is_empty(), unused.is_empty()) {
+                    (false, true) => format!("{} answered again and rejoined", list(&joined)),
+                    (false, false) => format!(
+                        "{} answered again and rejoined; {} answered too, but the ring's solver gives it no layers",
+                        list(&joined),
+                        list(&unused)
+                    ),
+                    _ => format!("{names} answered again, but the ring's solver gives it no layers (unused)"),
+                };
+                eprintln!("hearth serve: {said}; serving on {}", self.serving_on());
                 Some(p.ctx)
             }
             Err(e) => {

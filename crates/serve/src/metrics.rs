@@ -187,12 +187,15 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         if let Some(c) = self.cluster.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            let up = c.nodes.iter().filter(|n| n.up).count();
+            let count = |state: &str| c.nodes.iter().filter(|n| n.state() == state).count();
             let _ = writeln!(
                 out,
-                "# HELP hearth_cluster_nodes Devices of the group (this machine and the workers), by state.\n# TYPE hearth_cluster_nodes gauge\n\
-                 hearth_cluster_nodes{{state=\"up\"}} {up}\nhearth_cluster_nodes{{state=\"down\"}} {}",
-                c.nodes.len() - up
+                "# HELP hearth_cluster_nodes Devices of the group (this machine and the workers), by state (unused: alive, given no layers).\n\
+                 # TYPE hearth_cluster_nodes gauge\n\
+                 hearth_cluster_nodes{{state=\"up\"}} {}\nhearth_cluster_nodes{{state=\"down\"}} {}\nhearth_cluster_nodes{{state=\"unused\"}} {}",
+                count("up"),
+                count("down"),
+                count("unused")
             );
             let _ = writeln!(
                 out,

@@ -63,8 +63,9 @@ pub struct Args {
     /// then while idle every SECS); once it answers, the engine is set up again with it
     /// (a ring's solver re-plans over all the devices). After a failed attempt the wait
     /// doubles, up to 10 minutes. 0: a failed worker stays out until the server restarts
-    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=86400))]
-    pub rejoin: u64,
+    /// [default: 10]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub rejoin: Option<u64>,
     /// Speculative decoding for every request (--draft ngram or --draft-model; the tokens are those without it)
     #[command(flatten)]
     pub spec: crate::speculative::SpecArgs,
@@ -135,6 +136,9 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::bail!("--api-key is empty: give a key, or leave the flag out to serve without one");
     }
     let across = a.model.cluster.enabled();
+    if a.rejoin.is_some() && !across {
+        bail!("--rejoin only applies to a run across devices: add --workers HOST:PORT,... or --cluster FILE");
+    }
     if groups > 1 && (across || a.model.budget.mem_budget.is_some()) {
         bail!(
             "--groups {groups} runs several engines on this machine; with {} there is one engine (give --groups 1)",
@@ -226,7 +230,7 @@ pub fn run(a: Args) -> Result<()> {
         draft,
         cors_origins: a.cors_origin,
         timeout: std::time::Duration::from_secs(a.timeout),
-        rejoin: (a.rejoin > 0).then(|| std::time::Duration::from_secs(a.rejoin)),
+        rejoin: Some(a.rejoin.unwrap_or(10)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
     };
     hearth_serve::serve(engines, listener, opts).context("serving")
 }
