@@ -147,3 +147,8 @@ pub use cluster::{connect, serve_session, ClusterError, SessionEvent, ClusterOpt
 pub use handshake::{coordinator_handshake, worker_handshake, HandshakeError};
 pub use shard::{lcm_block, proportional_split, span, ModelDims, NodeShard, ShardError, ShardPlan};
 pub use wire::{Hello, HelloAck, Message, NodeStats, Partial, Session, WireError, WireType, PROTOCOL_VERSION};
+
+/// The end of the error a worker sends a coordinator whose session another coordinator
+/// took over ("another coordinator (ADDR) took over this worker"): `hearth serve` reads it
+/// to leave that worker alone rather than take it back (`--rejoin`).
+pub const TAKEN_OVER: &str = "took over this worker";

@@ -138,7 +138,7 @@ impl Replanner {
         }
         // Another coordinator took the worker over (it says so): taking it back would end
         // that one's session, which would take it back again, and so on. Left out for good.
-        if failure.contains("took over this worker") {
+        if failure.contains(hearth_parallel::TAKEN_OVER) {
             if let Some(a) = &failed_addr {
                 self.taken.push(a.clone());
                 if self.rejoin.is_some() {

@@ -234,7 +234,7 @@ pub fn run(a: Args) -> Result<()> {
                             // (Before its session can end and look.)
                             replaced.lock().unwrap_or_else(|p| p.into_inner()).insert(old_peer.clone(), peer.clone());
                             // Tell the old coordinator why (best effort), then end its session.
-                            let why = format!("another coordinator ({peer}) took over this worker");
+                            let why = format!("another coordinator ({peer}) {}", hearth_parallel::TAKEN_OVER);
                             let msg = Message::Error(ErrorMsg { failed_node: None, message: why });
                             let _ = write_frame(&mut old, &msg, &mut Vec::new());
                             let _ = old.shutdown(Shutdown::Both);
