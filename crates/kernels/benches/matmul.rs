@@ -21,6 +21,10 @@
 //!   `Block::moe_ffn` runs them; `dense`, the dense FFN reading the same bytes (n_ff
 //!   6144 = 8 × 768); `*_down` the down projections alone. Each iteration takes the next
 //!   of 8 sets of weights (~170 MB in all, beyond the L3), so every byte comes from memory.
+//! - `quantize_act/<activation type>`: one 4096-element activation row into the form a
+//!   matmul feeds its kernels (`quantize_activations`, the active level: compare with
+//!   `HEARTH_SIMD=scalar`); throughput in elements. Every matmul call does this once per
+//!   distinct input before its threads start, and `matvec_l2` includes it.
 //! - `smollm2_decode/<threads>t`: one decode step's matmuls of SmolLM2-135M
 //!   (30 layers of Q4_1 576/192/1536 matrices + the 49152×576 Q8_0 head),
 //!   bytes = all weights touched once.
@@ -28,7 +32,7 @@
 mod common;
 use common::random_weights;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use hearth_kernels::{matmul_many, matmul_with, MatJob, SimdLevel, ThreadPool, WeightView};
+use hearth_kernels::{matmul_many, matmul_with, quantize_activations, MatJob, SimdLevel, ThreadPool, WeightView};
 use hearth_quant::GgmlType;
 use std::time::Duration;
 
@@ -95,7 +99,7 @@ fn dram(c: &mut Criterion) {
     let cols: usize = std::env::var("COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
     let mut g = c.benchmark_group("matvec_dram");
     g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(10);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16] {
         let Some(rb) = ty.row_bytes(cols as u64).map(|b| b as usize) else { continue };
         let rows = (256 << 20) / rb / 64 * 64;
         let seed = random_weights(ty, 64, cols, 1);
@@ -235,5 +239,18 @@ fn moe_ffn(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, square, cached, dram, smollm2, moe_ffn);
+fn quantize_act(c: &mut Criterion) {
+    let mut g = c.benchmark_group("quantize_act");
+    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    let x: Vec<f32> = (0..4096).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+    g.throughput(Throughput::Elements(x.len() as u64));
+    // The activation types of Q4_0 (Q8_0), Q4_1 (Q8_1) and the K-quants (Q8_K).
+    for (wty, aty) in [(GgmlType::Q4_0, GgmlType::Q8_0), (GgmlType::Q4_1, GgmlType::Q8_1), (GgmlType::Q4_K, GgmlType::Q8_K)] {
+        let mut out = vec![0u8; aty.row_bytes(x.len() as u64).unwrap() as usize];
+        g.bench_function(aty.name(), |b| b.iter(|| quantize_activations(wty, &x, &mut out).unwrap()));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, square, cached, dram, smollm2, moe_ffn, quantize_act);
 criterion_main!(benches);

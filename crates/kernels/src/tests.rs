@@ -262,6 +262,45 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Q8_K activations (the K-quants' `vec_dot_type`) on every level against the
+    /// reference quantizer, including what its scalar loop decides element by element:
+    /// which of two equal magnitudes of opposite sign sets the scale (the first), exact
+    /// rounding ties, all-zero blocks, NaN and infinite inputs.
+    #[test]
+    fn simd_q8_k_quantize_is_byte_identical(seed in any::<u64>(), nb in 1usize..5, e in -30i32..30, case in 0u8..6) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let s = 2f32.powi(e);
+        let n = nb * 256;
+        let mut x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1f32..1.0) * s).collect();
+        let at = |rng: &mut rand::rngs::StdRng| rng.gen_range(0..n);
+        match case {
+            // Two elements of the block's greatest magnitude, opposite signs, in random order.
+            1 => for b in 0..nb {
+                let (i, j) = (b * 256 + rng.gen_range(0..256), b * 256 + rng.gen_range(0..256));
+                let v = 2.0 * s * if rng.gen() { 1.0 } else { -1.0 };
+                (x[i], x[j]) = (v, -v);
+            },
+            // max = -127 gives iscale 1: every x = k + 0.5 is a tie, rounded to even.
+            2 => for (i, v) in x.iter_mut().enumerate() {
+                *v = if i % 256 == 7 { -127.0 } else { (i % 60) as f32 - 30.5 };
+            },
+            3 => x[..256].fill(if seed % 2 == 0 { 0.0 } else { -0.0 }),
+            4 => for _ in 0..3 { let i = at(&mut rng); x[i] = f32::NAN; },
+            5 => { let i = at(&mut rng); x[i] = if seed % 2 == 0 { f32::INFINITY } else { f32::NEG_INFINITY }; }
+            _ => {}
+        }
+        let mut want = vec![0u8; nbytes(GgmlType::Q8_K, n)];
+        quantize_row(GgmlType::Q8_K, &x, &mut want).unwrap();
+        for level in levels() {
+            let mut got = vec![0xAAu8; want.len()];
+            crate::matmul::quantize_with(level, GgmlType::Q6_K, &x, &mut got).unwrap();
+            prop_assert_eq!(&got, &want, "{:?} case {}", level, case);
+        }
+    }
+}
+
 /// One (row, token) dot in exactly the one-row-per-lane kernels' arithmetic
 /// (`avx2_rows`, `avx512_rows`): per block, the exact integer dot, then
 /// `acc = fma(d_w * d_a, float(sum), acc)`.

@@ -33,8 +33,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     quantize_q8_0,
     quantize_q8_1,
     quantize_f16,
-    // ggml's x86 build quantizes Q8_K activations with the reference code.
-    quantize_q8_k: hearth_quant::k::quantize_row_q8_k,
+    quantize_q8_k,
     panel_q4_0: avx2_rows::panel_q4_0,
     panel_q4_1: block_panel::<Q4_1<Madd>, avx2_q8::Q4_1>,
     panel_q8_0: block_panel::<Q8_0<Madd>, avx2_q8::Q8_0>,
@@ -320,6 +319,75 @@ unsafe fn quantize_f16_avx2(src: &[f32], dst: &mut [u8]) {
     hearth_quant::float::quantize_row_f16(&src[i..], &mut dst[2 * i..]);
 }
 
+/// Q8_K activations, byte for byte `hearth_quant::k::quantize_row_q8_k` (ggml's
+/// `quantize_row_q8_K_ref`, which its x86 build also uses): per 256 elements, `max` the
+/// first element of greatest `|x|`, `iscale = -127 / max`, `q = min(nearest_int(iscale
+/// · x), 127)` with the same f32 multiply and the same `+ 1.5·2^23` rounding, `d = 1 /
+/// iscale`, and the sums of each 16 quants. The reference's scalar loop was 5-7 µs per
+/// 4096 columns on Zen 3, as long as 8 rows of the Q4_K decode kernel and spent on one
+/// thread while the others wait, once per matmul input (docs/BENCHMARKS.md).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
+    let abs = _mm256_set1_ps(-0.0);
+    for (x, out) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
+        let p = x.as_ptr();
+        // max(|x|, m): a NaN lane keeps `m` (MAXPS returns its second operand when
+        // either is NaN), as the reference's `>` skips NaNs.
+        let mut m = _mm256_setzero_ps();
+        for i in 0..32 {
+            m = _mm256_max_ps(_mm256_andnot_ps(abs, _mm256_loadu_ps(p.add(8 * i))), m);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        if amax == 0.0 {
+            out.fill(0);
+            continue;
+        }
+        // The first element of that magnitude: its sign sets the scale's.
+        let am = _mm256_set1_ps(amax);
+        let first = (0..32)
+            .find_map(|i| {
+                let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(abs, _mm256_loadu_ps(p.add(8 * i))), am);
+                let bits = _mm256_movemask_ps(eq);
+                (bits != 0).then(|| 8 * i + bits.trailing_zeros() as usize)
+            })
+            .expect("amax is one of the block's magnitudes");
+        let iscale = -127.0 / x[first];
+        let is = _mm256_set1_ps(iscale);
+        let (magic, mant, bias, top) =
+            (_mm256_set1_ps(12582912.0), _mm256_set1_epi32(0x007f_ffff), _mm256_set1_epi32(0x0040_0000), _mm256_set1_epi32(127));
+        // `nearest_int(iscale · x).min(127)`; every result is in -127..=127 (NaNs give
+        // small non-negative ones), so the saturating packs below keep it as `as i8` would.
+        let q = |i: usize| {
+            let v = _mm256_add_ps(_mm256_mul_ps(is, _mm256_loadu_ps(p.add(8 * i))), magic);
+            _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), bias), top)
+        };
+        let qs = out.as_mut_ptr().add(4);
+        let mut bsums = [0i16; 16];
+        for k in 0..8 {
+            let v = [q(4 * k), q(4 * k + 1), q(4 * k + 2), q(4 * k + 3)];
+            let p8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(qs.add(32 * k) as *mut __m256i, p8);
+            bsums[2 * k] = hsum_epi32(_mm256_add_epi32(v[0], v[1])) as i16;
+            bsums[2 * k + 1] = hsum_epi32(_mm256_add_epi32(v[2], v[3])) as i16;
+        }
+        out[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+        for (o, s) in out[260..].chunks_exact_mut(2).zip(bsums) {
+            o.copy_from_slice(&s.to_le_bytes());
+        }
+    }
+}
+
+/// The sum of the 8 i32 lanes.
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_hadd_epi32(s, s);
+    _mm_cvtsi128_si32(_mm_hadd_epi32(s, s))
+}
+
 fn check_q(src: &[f32], dst: &[u8], bs: usize, ts: usize) {
     assert!(src.len().is_multiple_of(bs) && dst.len() >= src.len() / bs * ts, "quantize: bad lengths");
 }
@@ -334,6 +402,12 @@ pub(super) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
     check_q(src, dst, 32, 36);
     // SAFETY: as above.
     unsafe { quantize_q8_1_avx2(src, dst) }
+}
+
+pub(super) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    check_q(src, dst, 256, 292);
+    // SAFETY: as above.
+    unsafe { quantize_q8_k_avx2(src, dst) }
 }
 
 pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
