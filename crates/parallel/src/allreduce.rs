@@ -184,7 +184,7 @@ pub enum CommError {
 }
 
 /// `1.5 s`, `100 ms`.
-fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     if d >= Duration::from_secs(1) {
         format!("{:.1} s", d.as_secs_f64())
     } else {

@@ -51,6 +51,23 @@ pub enum HandshakeError {
         /// Its reason.
         message: String,
     },
+    /// The peer accepted the connection but sent nothing back for the whole timeout.
+    /// A worker answers a `Hello` at once (each connection has its own thread, even
+    /// while it serves another coordinator), so this is rarely slowness: raising
+    /// `--step-timeout` is not the advice here.
+    #[error(
+        "node {node} ({addr}) accepted the connection but did not answer hearth's handshake for {}: \
+         is `hearth worker --listen {addr}` what listens there, and not another program?",
+        crate::allreduce::secs(*after)
+    )]
+    Silent {
+        /// The peer.
+        node: usize,
+        /// Its address.
+        addr: String,
+        /// How long we waited.
+        after: std::time::Duration,
+    },
     /// The peer sent a message out of turn.
     #[error("node {node}: expected {expected}, got {got}")]
     Unexpected {
@@ -71,6 +88,7 @@ impl HandshakeError {
             HandshakeError::Auth { node, .. }
             | HandshakeError::Mismatch { node, .. }
             | HandshakeError::Rejected { node, .. }
+            | HandshakeError::Silent { node, .. }
             | HandshakeError::Unexpected { node, .. } => Some(*node),
             HandshakeError::Shard(_) => None,
         }
@@ -96,7 +114,10 @@ pub fn coordinator_handshake(
         authenticate_initiator(peer.stream_mut(), key, max).map_err(|e| auth_err(peer, e))?;
     }
     peer.send(&Message::Hello(hello.clone()))?;
-    let (m, _) = peer.recv()?;
+    let (m, _) = peer.recv().map_err(|e| match e {
+        CommError::Timeout { node, addr, after, .. } => HandshakeError::Silent { node, addr, after },
+        e => e.into(),
+    })?;
     let node = peer.node();
     match m {
         Message::HelloAck(ack) => {
@@ -242,6 +263,22 @@ mod tests {
         let (rc, rw) = run(hello([1; 32], PROTOCOL_VERSION), Some("a"), None, [1; 32]);
         assert!(rc.unwrap_err().to_string().contains("no cluster key"));
         assert!(rw.is_err());
+    }
+
+    #[test]
+    fn a_listener_that_never_answers_is_named_not_called_slow() {
+        // Another program on the worker's port: it accepts and stays silent.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let a = TcpStream::connect(addr).unwrap();
+        let _silent = l.accept().unwrap();
+        let mut c = Peer::new(a, 1, Duration::from_millis(200)).unwrap();
+        let e = coordinator_handshake(&mut c, &hello([1; 32], PROTOCOL_VERSION), None).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, HandshakeError::Silent { node: 1, .. }), "{e:?}");
+        assert!(msg.contains("did not answer hearth's handshake") && msg.contains(&addr.to_string()), "{msg}");
+        assert!(!msg.contains("raise --step-timeout"), "{msg}");
+        assert_eq!(e.node(), Some(1));
     }
 
     #[test]
