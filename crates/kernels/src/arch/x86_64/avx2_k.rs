@@ -247,8 +247,16 @@ impl Fmt for Q6K {
         let m4 = _mm256_set1_epi8(0x0f);
         let m2 = _mm256_set1_epi8(3);
         let scales = _mm_loadu_si128(wp.add(192) as *const __m128i);
+        // The 16 scales as i16 (0-7 in the low 128 bits, 8-15 in the high), widened once:
+        // each half's 8 in both halves of a vector, from which one in-lane shuffle per 32
+        // elements takes scale s to the low half and s + 1 to the high one. (Shuffling and
+        // widening them per 32 elements was two shuffle-port instructions, one of them
+        // lane-crossing, where this is one: the Q6_K matvec tile alone 18.5-19.2 -> 22.3-23.1
+        // GB/s on Zen 3, docs/BENCHMARKS.md.)
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        let halves = [_mm256_permute2x128_si256::<0x00>(sc16, sc16), _mm256_permute2x128_si256::<0x11>(sc16, sc16)];
         let mut sumi = _mm256_setzero_si256();
-        for j in 0..2usize {
+        for (j, half) in halves.iter().enumerate() {
             let (ql, qh, q8) = (wp.add(64 * j), wp.add(128 + 32 * j), ap.add(4 + 128 * j));
             let q4b1 = _mm256_loadu_si256(ql as *const __m256i);
             let q4b2 = _mm256_loadu_si256(ql.add(32) as *const __m256i);
@@ -267,10 +275,12 @@ impl Fmt for Q6K {
             for k in 0..4 {
                 let y = _mm256_loadu_si256(q8.add(32 * k) as *const __m256i);
                 let p16 = _mm256_maddubs_epi16(q[k], y);
-                // Scales 8j+2k (first 16 bytes) and 8j+2k+1 (last 16), as i16.
-                let s = (8 * j + 2 * k) as i64;
-                let shuf = _mm_set_epi64x((s + 1) * 0x0101010101010101, s * 0x0101010101010101);
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
+                // Scales 8j+2k (low half) and 8j+2k+1 (high half), as i16: i16 2k resp.
+                // 2k+1 of `half`'s lanes, i.e. bytes 4k, 4k+1 resp. 4k+2, 4k+3.
+                let (b0, b1) = (4 * k as i32, 4 * k as i32 + 2);
+                let (lo, hi) = (b0 | (b0 + 1) << 8, b1 | (b1 + 1) << 8);
+                let (lo, hi) = (lo | lo << 16, hi | hi << 16);
+                let sc = _mm256_shuffle_epi8(*half, _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi));
                 p[k] = _mm256_madd_epi16(sc, p16);
             }
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
@@ -280,7 +290,7 @@ impl Fmt for Q6K {
         // takes sub-blocks 2m and 2m+1 (ggml's `q8sclsub`), so each lane's integer sum,
         // and with it the f32 rounding below, is llama.cpp's.
         let bsums = _mm256_loadu_si256(ap.add(260) as *const __m256i);
-        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales)));
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
         sumi = _mm256_sub_epi32(sumi, offset);
         _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc)
     }
