@@ -271,24 +271,30 @@ unsafe fn q8_block(x: *const f32, q: *mut u8) -> (f32, i32) {
         _mm256_max_ps(_mm256_andnot_ps(abs, v[0]), _mm256_andnot_ps(abs, v[1])),
         _mm256_max_ps(_mm256_andnot_ps(abs, v[2]), _mm256_andnot_ps(abs, v[3])),
     );
-    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let amax = hmax256(m);
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let idv = _mm256_set1_ps(id);
     let i = [q8_lanes(v[0], idv), q8_lanes(v[1], idv), q8_lanes(v[2], idv), q8_lanes(v[3], idv)];
-    let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-    let s = _mm_hadd_epi32(s, s);
-    let sum = _mm_cvtsi128_si32(_mm_hadd_epi32(s, s));
-    // packs interleave 128-bit lanes; the permute restores element order.
-    let p16a = _mm256_packs_epi32(i[0], i[1]);
-    let p16b = _mm256_packs_epi32(i[2], i[3]);
-    let p8 = _mm256_packs_epi16(p16a, p16b);
-    let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(q as *mut __m256i, p8);
+    let sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    _mm256_storeu_si256(q as *mut __m256i, pack_i8(i));
     (d, sum)
+}
+
+/// The largest of the 8 lanes (NaN-free input).
+#[inline(always)]
+unsafe fn hmax256(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+}
+
+/// 4 × 8 i32 (each in -128..=127) → 32 i8 in element order (saturating packs
+/// interleave 128-bit lanes; the permute restores the order).
+#[inline(always)]
+unsafe fn pack_i8(v: [__m256i; 4]) -> __m256i {
+    let p8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -338,9 +344,7 @@ unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
         for i in 0..32 {
             m = _mm256_max_ps(_mm256_andnot_ps(abs, _mm256_loadu_ps(p.add(8 * i))), m);
         }
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let amax = hmax256(m);
         if amax == 0.0 {
             out.fill(0);
             continue;
@@ -359,7 +363,7 @@ unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
         let (magic, mant, bias, top) =
             (_mm256_set1_ps(12582912.0), _mm256_set1_epi32(0x007f_ffff), _mm256_set1_epi32(0x0040_0000), _mm256_set1_epi32(127));
         // `nearest_int(iscale · x).min(127)`; every result is in -127..=127 (NaNs give
-        // small non-negative ones), so the saturating packs below keep it as `as i8` would.
+        // small non-negative ones), so `pack_i8`'s saturation keeps it as `as i8` would.
         let q = |i: usize| {
             let v = _mm256_add_ps(_mm256_mul_ps(is, _mm256_loadu_ps(p.add(8 * i))), magic);
             _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), bias), top)
@@ -368,9 +372,7 @@ unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
         let mut bsums = [0i16; 16];
         for k in 0..8 {
             let v = [q(4 * k), q(4 * k + 1), q(4 * k + 2), q(4 * k + 3)];
-            let p8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-            let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256(qs.add(32 * k) as *mut __m256i, p8);
+            _mm256_storeu_si256(qs.add(32 * k) as *mut __m256i, pack_i8(v));
             bsums[2 * k] = hsum_epi32(_mm256_add_epi32(v[0], v[1])) as i16;
             bsums[2 * k + 1] = hsum_epi32(_mm256_add_epi32(v[2], v[3])) as i16;
         }
