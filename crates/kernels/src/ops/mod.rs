@@ -762,8 +762,8 @@ impl BlockScratch {
     /// K/V rows of f32 either path widens at a time: the block path's [`BLOCK_ROWS`],
     /// the tiled path's KV tile ([`tiled::TILE_KV`]).
     const ROWS: usize = if BLOCK_ROWS > tiled::TILE_KV { BLOCK_ROWS } else { tiled::TILE_KV };
-    /// Scores kept at a time: one query's block of rows, or two queries' KV tiles.
-    const SCORES: usize = if BLOCK_ROWS > 2 * tiled::TILE_KV { BLOCK_ROWS } else { 2 * tiled::TILE_KV };
+    /// Scores kept at a time: one query's block of rows, or three queries' KV tiles.
+    const SCORES: usize = if BLOCK_ROWS > 3 * tiled::TILE_KV { BLOCK_ROWS } else { 3 * tiled::TILE_KV };
 
     fn new(head_dim: usize) -> Self {
         let (q, r) = (BLOCK_MAX_QUERIES * head_dim, Self::ROWS * head_dim);
@@ -784,7 +784,7 @@ impl BlockScratch {
 
     /// Grow to what the tiled f32 path needs for `nq` queries of `head_dim` (a scratch
     /// made by [`Self::new`] for a smaller `head_dim` has too few): a KV tile of K and V
-    /// rows as f32 and the scores of two queries.
+    /// rows as f32 and the scores of three queries.
     fn fit_tiled(&mut self, head_dim: usize, nq: usize) {
         let rows = tiled::TILE_KV * head_dim;
         for (buf, n) in [(&mut self.acc, nq * head_dim), (&mut self.kf, rows), (&mut self.vf, rows), (&mut self.score, Self::SCORES), (&mut self.m, nq), (&mut self.sum, nq)] {

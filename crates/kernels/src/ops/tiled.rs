@@ -153,24 +153,32 @@ mod simd {
         attend::<super::super::f32x8::Avx2>(t, q, k, v, b, out)
     }
 
-    /// Scores of two queries against a block's K rows (`kt`: `[head_dim, 64]`, from the half-block in use):
-    /// `sc0`, `sc1` = 4 vectors of 8 rows each, one FMA chain per lane over `d`.
+    /// Scores of `Q` queries (`qs`) against a block's K rows (`kt`: `[head_dim, 64]`, from the
+    /// half-block in use): per query 4 vectors of 8 rows each, one FMA chain per lane over `d`.
     #[inline(always)]
-    unsafe fn scores2<V: F32x8>(hd: usize, q0: *const f32, q1: *const f32, kt: *const f32, scale: f32) -> ([V; 4], [V; 4]) {
+    unsafe fn scores<V: F32x8, const Q: usize>(hd: usize, qs: [*const f32; Q], kt: *const f32, scale: f32) -> [[V; 4]; Q] {
         // `kt` points at the half-block's first column; rows of `kt` are TILE_KV apart.
-        let mut a = [V::splat(0.0); 4];
-        let mut b = [V::splat(0.0); 4];
+        let mut a = [[V::splat(0.0); 4]; Q];
         for d in 0..hd {
             let k = kt.add(d * TILE_KV);
-            let (x0, x1) = (V::splat(*q0.add(d)), V::splat(*q1.add(d)));
+            let mut x = [V::splat(0.0); Q];
+            for (x, q) in x.iter_mut().zip(qs) {
+                *x = V::splat(*q.add(d));
+            }
             for c in 0..4 {
                 let kv = V::load(k.add(8 * c));
-                a[c] = x0.mul_add(kv, a[c]);
-                b[c] = x1.mul_add(kv, b[c]);
+                for (a, x) in a.iter_mut().zip(x) {
+                    a[c] = x.mul_add(kv, a[c]);
+                }
             }
         }
         let sv = V::splat(scale);
-        (a.map(|x| x.mul(sv)), b.map(|x| x.mul(sv)))
+        for a in a.iter_mut() {
+            for x in a.iter_mut() {
+                *x = x.mul(sv);
+            }
+        }
+        a
     }
 
     /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[64, head_dim]`),
@@ -223,7 +231,8 @@ mod simd {
 
     /// [`super::attend_portable`] on eight-lane vectors. Each block's K rows are widened
     /// once for the tile into `b.kf` transposed (`[head_dim, 64]`) and its V rows into
-    /// `b.vf` (`[64, head_dim]`); queries are scored two at a time, sharing each K load.
+    /// `b.vf` (`[64, head_dim]`); queries go three (the heads of one token) or two at a
+    /// time, sharing each K and V load.
     #[inline(always)]
     pub(super) unsafe fn attend<V: F32x8>(t: Tile, q: &[f32], k: &[f16], v: &[f16], b: &mut BlockScratch, out: &mut [f32]) {
         let s = t.s;
@@ -281,7 +290,7 @@ mod simd {
                     }
                 }
             }
-            // Queries that see rows of this block, two at a time for the scores.
+            // Queries that see rows of this block, three or two at a time.
             let mut i = 0;
             while i < nq {
                 let (lo, hi) = visible(&t, i);
@@ -300,10 +309,31 @@ mod simd {
                 } else {
                     i
                 };
+                // Three heads of one token (GQA) see the same rows: scored and summed
+                // together, 12 accumulators where a pair has 8 (SmolLM2's attention, 9
+                // heads over 3 KV heads, 512 tokens: ~9% faster on Zen 3 at avx2).
+                if i1 == i + 1 && i + 2 < nq && (i + 2) / t.nh == i / t.nh {
+                    let qs = [q.as_ptr().add(i * hd), q.as_ptr().add((i + 1) * hd), q.as_ptr().add((i + 2) * hd)];
+                    for half in 0..2 {
+                        let sq = scores::<V, 3>(hd, qs, kt.add(32 * half), s.scale);
+                        for (j, sj) in sq.iter().enumerate() {
+                            for (c, x) in sj.iter().enumerate() {
+                                x.store(sc.add(j * TILE_KV + 32 * half + 8 * c));
+                            }
+                        }
+                    }
+                    let (p0, a0, e0) = step::<V>(&t, i, b0, sc, m, l, acc);
+                    let (p1, _, _) = step::<V>(&t, i + 1, b0, sc.add(TILE_KV), m, l, acc);
+                    let (p2, _, _) = step::<V>(&t, i + 2, b0, sc.add(2 * TILE_KV), m, l, acc);
+                    let x = [acc.as_mut_ptr().add(i * hd), acc.as_mut_ptr().add((i + 1) * hd), acc.as_mut_ptr().add((i + 2) * hd)];
+                    pv_same::<V, 3>(x, [&p0, &p1, &p2], vf, hd, a0, e0);
+                    i += 3;
+                    continue;
+                }
                 // Each lane's FMA chain is independent, so the block's two halves of 32
                 // columns are scored one after the other (8 accumulators, not 16).
                 for half in 0..2 {
-                    let (s0, s1) = scores2::<V>(hd, q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd), kt.add(32 * half), s.scale);
+                    let [s0, s1] = scores::<V, 2>(hd, [q.as_ptr().add(i * hd), q.as_ptr().add(i1 * hd)], kt.add(32 * half), s.scale);
                     for c in 0..4 {
                         s0[c].store(sc.add(32 * half + 8 * c));
                         s1[c].store(sc.add(TILE_KV + 32 * half + 8 * c));
@@ -403,42 +433,95 @@ mod simd {
         }
     }
 
+    /// [`pv_head`] of `Q` queries that see the same rows `r0..r1` of the block: each V
+    /// load serves all of them (chunks of 32 elements: `4·Q` accumulators); each query
+    /// still takes its rows in order, one FMA each, so its bits are `pv_head`'s.
+    #[inline(always)]
+    unsafe fn pv_same<V: F32x8, const Q: usize>(acc: [*mut f32; Q], p: [&[f32; TILE_KV]; Q], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+        let mut off = 0;
+        while off < hd {
+            let mut a = acc;
+            for a in a.iter_mut() {
+                *a = a.add(off);
+            }
+            let v = vf.add(off);
+            match (hd - off) / 8 {
+                1 => pv_same_chunk::<V, Q, 1>(a, p, v, hd, r0, r1),
+                2 => pv_same_chunk::<V, Q, 2>(a, p, v, hd, r0, r1),
+                3 => pv_same_chunk::<V, Q, 3>(a, p, v, hd, r0, r1),
+                _ => pv_same_chunk::<V, Q, 4>(a, p, v, hd, r0, r1),
+            }
+            off += 32;
+        }
+    }
+
+    /// [`pv_same`] on `8·N` elements of the head.
+    #[inline(always)]
+    unsafe fn pv_same_chunk<V: F32x8, const Q: usize, const N: usize>(acc: [*mut f32; Q], p: [&[f32; TILE_KV]; Q], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+        let mut x = load_acc::<V, Q, N>(acc);
+        pv_shared::<V, Q, N>(&mut x, p, vf, hd, r0, r1);
+        store_acc::<V, Q, N>(x, acc);
+    }
+
+    /// `8·N` accumulator elements of each of `Q` queries.
+    #[inline(always)]
+    unsafe fn load_acc<V: F32x8, const Q: usize, const N: usize>(acc: [*mut f32; Q]) -> [[V; N]; Q] {
+        let mut x = [[V::splat(0.0); N]; Q];
+        for (x, a) in x.iter_mut().zip(acc) {
+            for (c, x) in x.iter_mut().enumerate() {
+                *x = V::load(a.add(8 * c));
+            }
+        }
+        x
+    }
+
+    /// [`load_acc`]'s inverse.
+    #[inline(always)]
+    unsafe fn store_acc<V: F32x8, const Q: usize, const N: usize>(x: [[V; N]; Q], acc: [*mut f32; Q]) {
+        for (x, a) in x.iter().zip(acc) {
+            for (c, x) in x.iter().enumerate() {
+                x.store(a.add(8 * c));
+            }
+        }
+    }
+
+    /// `x[q] += Σ_j p[q]_j · v_j` over rows `r0..r1` that all `Q` queries see: one V load
+    /// per 8 elements for all of them, each query's rows in order, one FMA each.
+    #[inline(always)]
+    unsafe fn pv_shared<V: F32x8, const Q: usize, const N: usize>(x: &mut [[V; N]; Q], p: [&[f32; TILE_KV]; Q], vf: *const f32, hd: usize, r0: usize, r1: usize) {
+        for row in r0..r1 {
+            let vr = vf.add(row * hd);
+            let mut w = [V::splat(0.0); Q];
+            for (w, p) in w.iter_mut().zip(p) {
+                *w = V::splat(p[row]);
+            }
+            for c in 0..N {
+                let v = V::load(vr.add(8 * c));
+                for (x, w) in x.iter_mut().zip(w) {
+                    x[c] = w.mul_add(v, x[c]);
+                }
+            }
+        }
+    }
+
     /// [`pv_pair`] on `8·N` elements of the head: rows `rows[0]..rows[1]` of query
     /// `first` alone, `rows[1]..rows[2]` of both, `rows[2]..rows[3]` of query `last`.
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)] // c indexes both queries' accumulators
     unsafe fn pv_pair_chunk<V: F32x8, const N: usize>(acc: [*mut f32; 2], p: [&[f32; TILE_KV]; 2], vf: *const f32, hd: usize, rows: [usize; 4], first: usize, last: usize) {
-        let mut x = [[V::splat(0.0); N]; 2];
-        for q in 0..2 {
-            for c in 0..N {
-                x[q][c] = V::load(acc[q].add(8 * c));
-            }
-        }
+        let mut x = load_acc::<V, 2, N>(acc);
         // (Constant indices into `x`, so that it stays in registers.)
         if first == 0 {
             pv_rows::<V, N>(&mut x[0], p[0], vf, hd, rows[0], rows[1]);
         } else {
             pv_rows::<V, N>(&mut x[1], p[1], vf, hd, rows[0], rows[1]);
         }
-        for row in rows[1]..rows[2] {
-            let (w0, w1) = (V::splat(p[0][row]), V::splat(p[1][row]));
-            let vr = vf.add(row * hd);
-            for c in 0..N {
-                let v = V::load(vr.add(8 * c));
-                x[0][c] = w0.mul_add(v, x[0][c]);
-                x[1][c] = w1.mul_add(v, x[1][c]);
-            }
-        }
+        pv_shared::<V, 2, N>(&mut x, p, vf, hd, rows[1], rows[2]);
         if last == 0 {
             pv_rows::<V, N>(&mut x[0], p[0], vf, hd, rows[2], rows[3]);
         } else {
             pv_rows::<V, N>(&mut x[1], p[1], vf, hd, rows[2], rows[3]);
         }
-        for q in 0..2 {
-            for c in 0..N {
-                x[q][c].store(acc[q].add(8 * c));
-            }
-        }
+        store_acc::<V, 2, N>(x, acc);
     }
 }
 
