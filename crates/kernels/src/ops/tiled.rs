@@ -181,49 +181,23 @@ mod simd {
         a
     }
 
-    /// `acc[..8·N] += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[64, head_dim]`),
-    /// rows in order; `off` is the first element of the chunk within a row.
-    #[inline(always)]
-    unsafe fn pv<V: F32x8, const N: usize>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
-        let mut x = [V::splat(0.0); N];
-        for (c, a) in x.iter_mut().enumerate() {
-            *a = V::load(acc.add(8 * c));
-        }
-        pv_rows::<V, N>(&mut x, p, vf, hd, r0, r1);
-        for (c, a) in x.iter().enumerate() {
-            a.store(acc.add(8 * c));
-        }
-    }
-
-    /// `x += Σ_j p_j · v_j` over rows `r0..r1` (`vf` at the chunk's first element), rows
-    /// in order, one FMA each.
-    #[inline(always)]
-    #[allow(clippy::needless_range_loop)] // r indexes p and offsets vf
-    unsafe fn pv_rows<V: F32x8, const N: usize>(x: &mut [V; N], p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
-        for r in r0..r1 {
-            let w = V::splat(p[r]);
-            let vr = vf.add(r * hd);
-            for (c, a) in x.iter_mut().enumerate() {
-                *a = w.mul_add(V::load(vr.add(8 * c)), *a);
-            }
-        }
-    }
-
-    /// [`pv`] over the whole head in chunks of up to 64 elements.
+    /// One query's `acc += Σ_j p_j · v_j` over rows `r0..r1` of the block (`vf`: `[64,
+    /// head_dim]`), rows in order, one FMA each; in chunks of up to 64 elements (8
+    /// accumulators: a lone query has the registers a group shares).
     #[inline(always)]
     unsafe fn pv_head<V: F32x8>(acc: *mut f32, p: &[f32; TILE_KV], vf: *const f32, hd: usize, r0: usize, r1: usize) {
         let mut off = 0;
         while off < hd {
-            let (a, v) = (acc.add(off), vf.add(off));
+            let (a, v) = ([acc.add(off)], vf.add(off));
             match (hd - off) / 8 {
-                1 => pv::<V, 1>(a, p, v, hd, r0, r1),
-                2 => pv::<V, 2>(a, p, v, hd, r0, r1),
-                3 => pv::<V, 3>(a, p, v, hd, r0, r1),
-                4 => pv::<V, 4>(a, p, v, hd, r0, r1),
-                5 => pv::<V, 5>(a, p, v, hd, r0, r1),
-                6 => pv::<V, 6>(a, p, v, hd, r0, r1),
-                7 => pv::<V, 7>(a, p, v, hd, r0, r1),
-                _ => pv::<V, 8>(a, p, v, hd, r0, r1),
+                1 => pv_same_chunk::<V, 1, 1>(a, [p], v, hd, r0, r1),
+                2 => pv_same_chunk::<V, 1, 2>(a, [p], v, hd, r0, r1),
+                3 => pv_same_chunk::<V, 1, 3>(a, [p], v, hd, r0, r1),
+                4 => pv_same_chunk::<V, 1, 4>(a, [p], v, hd, r0, r1),
+                5 => pv_same_chunk::<V, 1, 5>(a, [p], v, hd, r0, r1),
+                6 => pv_same_chunk::<V, 1, 6>(a, [p], v, hd, r0, r1),
+                7 => pv_same_chunk::<V, 1, 7>(a, [p], v, hd, r0, r1),
+                _ => pv_same_chunk::<V, 1, 8>(a, [p], v, hd, r0, r1),
             }
             off += 64;
         }
@@ -511,15 +485,15 @@ mod simd {
         let mut x = load_acc::<V, 2, N>(acc);
         // (Constant indices into `x`, so that it stays in registers.)
         if first == 0 {
-            pv_rows::<V, N>(&mut x[0], p[0], vf, hd, rows[0], rows[1]);
+            pv_shared::<V, 1, N>(std::array::from_mut(&mut x[0]), [p[0]], vf, hd, rows[0], rows[1]);
         } else {
-            pv_rows::<V, N>(&mut x[1], p[1], vf, hd, rows[0], rows[1]);
+            pv_shared::<V, 1, N>(std::array::from_mut(&mut x[1]), [p[1]], vf, hd, rows[0], rows[1]);
         }
         pv_shared::<V, 2, N>(&mut x, p, vf, hd, rows[1], rows[2]);
         if last == 0 {
-            pv_rows::<V, N>(&mut x[0], p[0], vf, hd, rows[2], rows[3]);
+            pv_shared::<V, 1, N>(std::array::from_mut(&mut x[0]), [p[0]], vf, hd, rows[2], rows[3]);
         } else {
-            pv_rows::<V, N>(&mut x[1], p[1], vf, hd, rows[2], rows[3]);
+            pv_shared::<V, 1, N>(std::array::from_mut(&mut x[1]), [p[1]], vf, hd, rows[2], rows[3]);
         }
         store_acc::<V, 2, N>(x, acc);
     }
