@@ -104,6 +104,24 @@ fn bench_json_has_llama_bench_fields() {
     let gbps = tests[1]["gbps"].as_f64().unwrap();
     let pct = tests[1]["roofline_pct"].as_f64().unwrap();
     assert!(gbps > 0.0 && pct > 0.0, "{gbps} {pct}");
+    // The mapped file's resident bytes and its share in 2 MiB pages (from /proc/self/smaps).
+    if cfg!(target_os = "linux") {
+        let w = &tests[1]["weight_pages"];
+        let (rss, huge) = (w["resident_bytes"].as_u64().unwrap(), w["huge_page_bytes"].as_u64().unwrap());
+        assert!(rss > 50 << 20 && huge <= rss, "{w}");
+    }
+}
+
+/// The human report says how much of the weights were mapped in 2 MiB pages.
+#[test]
+fn bench_reports_the_weights_share_in_2mib_pages() {
+    let m = model();
+    let o = hearth(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "--membw-mib", "64"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    if cfg!(target_os = "linux") {
+        assert!(err.contains("weights in 2 MiB pages: ") && err.contains(" GB resident"), "{err}");
+    }
 }
 
 #[test]

@@ -147,6 +147,10 @@ fn bench_under_a_budget_that_maps_reports_the_weight_bandwidth() {
     let v = ok(hearth(&[&args[..], &["--json"]].concat()));
     let t = &v[0];
     assert!(t["membw_gbps"].is_null() && t["roofline_pct"].is_null() && t["gbps"].as_f64().unwrap_or(0.0) > 0.0, "{t}");
+    // Mapped under this budget: its pages are reported.
+    if cfg!(target_os = "linux") {
+        assert!(t["weight_pages"]["resident_bytes"].as_u64().unwrap_or(0) > 0, "{t}");
+    }
     let out = hearth(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("no read bandwidth measured under --mem-budget"), "{text}");

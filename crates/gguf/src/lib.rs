@@ -20,12 +20,14 @@
 
 mod error;
 mod file;
+mod pieces;
 mod reader;
 mod value;
 mod writer;
 
 pub use error::{GgufError, Result};
 pub use file::GgufFile;
+pub use pieces::{PieceWriter, PIECE_BYTES};
 pub use reader::{parse_header, Header, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use value::{type_name, Value};
 pub use writer::{string_array, write_gguf, write_gguf_file, TensorSpec};

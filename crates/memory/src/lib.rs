@@ -15,11 +15,13 @@
 
 pub mod alloc;
 pub mod experts;
+pub mod pages;
 pub mod plan;
 pub mod window;
 pub use alloc::{heap_stats, CountingAlloc, HeapStats};
 pub use plan::{available_bytes, plan_experts, plan_window, preset, ModelShape, ModelSummary, Plan, PlanParams, StaysMapped, TensorSummary, WindowPlan};
 pub use experts::ExpertCache;
+pub use pages::MappedPages;
 pub use window::{drop_page_cache, ReadMode, Window};
 
 use serde::Serialize;

@@ -839,7 +839,7 @@ fn receive_shard(peer: &mut Peer, path: &std::path::Path) -> Result<(), ClusterE
     let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
     let result = (|| {
         let file = std::fs::File::create(&tmp).map_err(io)?;
-        let mut w = shard_file::HashingWriter::new(std::io::BufWriter::with_capacity(1 << 20, file));
+        let mut w = shard_file::HashingWriter::new(hearth_gguf::PieceWriter::new(file));
         loop {
             match peer.recv()?.0 {
                 Message::ShardData(b) => w.write_all(&b).map_err(io)?,
@@ -853,7 +853,7 @@ fn receive_shard(peer: &mut Peer, path: &std::path::Path) -> Result<(), ClusterE
                             crate::wire::hex(&sha256)
                         )));
                     }
-                    bw.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+                    bw.into_inner().map_err(io)?.sync_all().map_err(io)?;
                     std::fs::write(shard_file::sidecar(path), crate::wire::hex(&digest)).map_err(io)?;
                     std::fs::rename(&tmp, path).map_err(io)?;
                     return Ok(());

@@ -219,9 +219,9 @@ pub fn extract(model: &Model, split: &TensorSplit, sha: &[u8; 32], path: &Path) 
     }
     let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
     let file = std::fs::File::create(&tmp).map_err(io)?;
-    let done = write(model, split, sha, HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file))).and_then(|w| {
+    let done = write(model, split, sha, HashingWriter::new(hearth_gguf::PieceWriter::new(file))).and_then(|w| {
         let (digest, bw) = w.finish();
-        let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
+        let f = bw.into_inner().map_err(io)?;
         f.sync_all().map_err(io)?;
         std::fs::write(sidecar(path), crate::wire::hex(&digest)).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)

@@ -101,6 +101,9 @@ struct TestResult {
     peak_rss: u64,
     /// Tensor parallel: the group's counters over the timed samples.
     comm: Option<hearth_parallel::CommCounters>,
+    /// The model file's resident mapping after the test, and how much of it is in 2 MiB
+    /// pages (`None` where /proc is unavailable or a window streams the weights).
+    weight_pages: Option<hearth_memory::MappedPages>,
     /// Speculative decoding over the timed samples.
     spec: Option<hearth_model::speculative::SpecStats>,
 }
@@ -276,6 +279,7 @@ pub fn run(a: Args) -> Result<()> {
             let memory = MemoryReport::now(&ctx);
             last_memory = Some(memory.human());
             let io = ctx.source_stats().zip(io0).map(|(b, a)| b.since(&a));
+            let weight_pages = if windowed { None } else { hearth_memory::MappedPages::of_file(&path) };
             results.push(TestResult {
                 n_threads: t,
                 n_prompt,
@@ -285,6 +289,7 @@ pub fn run(a: Args) -> Result<()> {
                 memory: memory.json(),
                 io,
                 peak_rss: memory.proc.peak_rss_bytes,
+                weight_pages,
                 comm: cluster.as_ref().zip(comm0).map(|(c, before)| c.snapshot().since(&before)),
                 spec: spec_stats,
             });
@@ -309,8 +314,29 @@ pub fn run(a: Args) -> Result<()> {
             };
             eprintln!("{m}{note}");
         }
+        if let Some(w) = results.last().and_then(|r| r.weight_pages) {
+            eprintln!("{}", huge_pages_line(&w));
+        }
         Ok(())
     }
+}
+
+/// How much of the resident weights were mapped in 2 MiB pages, beside the read bandwidth
+/// (measured in 2 MiB pages: `membw`), and what to do when few were.
+fn huge_pages_line(w: &hearth_memory::MappedPages) -> String {
+    let mut line = format!(
+        "weights in 2 MiB pages: {:.0}% ({:.2} of {:.2} GB resident; the read bandwidth is measured in 2 MiB pages)",
+        100.0 * w.huge_fraction(),
+        w.huge_bytes as f64 / 1e9,
+        w.rss_bytes as f64 / 1e9
+    );
+    if w.rss_bytes >= 64 << 20 && w.huge_fraction() < 0.5 {
+        // Small folios stay until the file leaves the page cache (session 41: decode 13%
+        // slower on the Intel host); files hearth writes are written in 2 MiB pieces.
+        line += "\n(a file written in small pieces just before, such as a copy or a download, may stay in small pages \
+                 until it leaves the page cache; read afresh it maps mostly in 2 MiB pages on ext4 and XFS: docs/BENCHMARKS.md, sessions 41-42)";
+    }
+    line
 }
 
 /// What the report says about the model.
@@ -402,6 +428,9 @@ impl ModelInfo {
                 v
             }),
         });
+        v["weight_pages"] = serde_json::json!(r
+            .weight_pages
+            .map(|w| serde_json::json!({"resident_bytes": w.rss_bytes, "huge_page_bytes": w.huge_bytes})));
         v["speculative"] = serde_json::json!(r.spec.map(|s| {
             serde_json::json!({"passes": s.passes, "drafted": s.drafted, "accepted": s.accepted, "acceptance": s.acceptance()})
         }));
@@ -531,6 +560,17 @@ fn run_membw(threads: &[usize], bytes: usize, json: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn huge_pages_line_explains_a_low_share_only() {
+        let w = |rss: u64, huge: u64| hearth_memory::MappedPages { rss_bytes: rss, huge_bytes: huge };
+        let high = super::huge_pages_line(&w(3_900_000_000, 3_500_000_000));
+        assert!(high.starts_with("weights in 2 MiB pages: 90% (3.50 of 3.90 GB resident;") && !high.contains('\n'), "{high}");
+        let low = super::huge_pages_line(&w(3_900_000_000, 390_000_000));
+        assert!(low.starts_with("weights in 2 MiB pages: 10%") && low.contains("small pages"), "{low}");
+        // A small model's few pages say nothing about the page cache.
+        assert!(!super::huge_pages_line(&w(10 << 20, 0)).contains('\n'));
+    }
+
     #[test]
     fn cpu_name_reads_x86_and_arm64_cpuinfo() {
         let x86 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t: fpu\n";
