@@ -8,7 +8,19 @@
 //! - `matvec_l2/<level>/<type>`: 256×4096, one token: cache-resident, so
 //!   this is the kernel's compute speed.
 //! - `matvec_dram/<level>/<type>/<threads>t`: ~256 MiB of weights (beyond
-//!   the L3), one token: what decode sees; compare with `hearth bench --membw`.
+//!   the L3), one token: what decode sees; compare with `hearth bench --membw`. The
+//!   weights are in 2 MiB pages (`MADV_HUGEPAGE`), as that probe's buffer and most of a
+//!   mapped model file are: in 4 KiB pages (the default of a heap buffer where THP is
+//!   `madvise`) avx2 Q4_0 read 22-24% slower on the Intel host (docs/BENCHMARKS.md, session 42).
+//! - `layers_7b_decode/q4_0/<threads>t`: one token through the matmuls of `LAYERS`
+//!   (environment, default 4) Llama-7B layers, Q4_0, as a decode step issues them: Q, K, V
+//!   in one `matmul_many`, O, gate and up in one, down (11008 columns); 2 MiB pages. The
+//!   decode step's matmuls without the rest of the model (compare with `hearth bench`'s
+//!   7B decode). Four layers are 437 MiB: on a host with a large L3 use `LAYERS=16`.
+//!   `TYPE=q4_k` for Q4_K instead.
+//! - `NOISE=1` (environment): `matvec_dram` and `layers_7b_decode` weights are pseudo-random
+//!   bytes instead of a small quantized matrix repeated (a check that the repetition, which
+//!   a hypervisor could deduplicate, does not flatter the rate: it did not, session 42).
 //! - `L2_ROWS=N` (environment): `matvec_l2` with N rows instead of 256 × 4096 / COLS.
 //!   256 rows of 4096-column Q4_0 are 576 KiB, beyond Zen 3's 512 KiB L2 (the bench then
 //!   reads from L3); `L2_ROWS=96` fits it.
@@ -30,7 +42,7 @@
 //!   bytes = all weights touched once.
 
 mod common;
-use common::random_weights;
+use common::{huge_page_copy, random_weights};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use hearth_kernels::{matmul_many, matmul_with, quantize_activations, MatJob, SimdLevel, ThreadPool, WeightView};
 use hearth_quant::GgmlType;
@@ -103,8 +115,9 @@ fn dram(c: &mut Criterion) {
         let Some(rb) = ty.row_bytes(cols as u64).map(|b| b as usize) else { continue };
         let rows = (256 << 20) / rb / 64 * 64;
         let seed = random_weights(ty, 64, cols, 1);
-        let w: Vec<u8> = seed.iter().copied().cycle().take(rows * rb).collect();
-        let view = WeightView::new(ty, &w, rows, cols).unwrap();
+        let (buf, at) = huge_page_copy(&seed, rows * rb);
+        let w = &buf[at..];
+        let view = WeightView::new(ty, w, rows, cols).unwrap();
         let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
         let mut out = vec![0f32; rows];
         let mut scratch = Vec::new();
@@ -239,6 +252,59 @@ fn moe_ffn(c: &mut Criterion) {
     g.finish();
 }
 
+/// See the module docs (`layers_7b_decode`).
+fn layers_7b(c: &mut Criterion) {
+    let (e, ff, layers) = (4096usize, 11008usize, std::env::var("LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(4usize));
+    let ty = if std::env::var("TYPE").as_deref() == Ok("q4_k") { GgmlType::Q4_K } else { GgmlType::Q4_0 };
+    let rb = |cols: usize| ty.row_bytes(cols as u64).unwrap() as usize;
+    // Per layer: Q, K, V, O (e × e), gate, up (ff × e), down (e × ff), back to back.
+    let shapes = [(e, e), (e, e), (e, e), (e, e), (ff, e), (ff, e), (e, ff)];
+    let layer_bytes: usize = shapes.iter().map(|&(r, c)| r * rb(c)).sum();
+    let seed = random_weights(ty, 64, e, 7);
+    let (buf, at) = huge_page_copy(&seed, layers * layer_bytes);
+    let w = &buf[at..];
+    let x = vec![0.25f32; ff];
+    let (mut q, mut k, mut v, mut o, mut gt, mut up, mut dn) =
+        (vec![0f32; e], vec![0f32; e], vec![0f32; e], vec![0f32; e], vec![0f32; ff], vec![0f32; ff], vec![0f32; e]);
+    let mut scratch = Vec::new();
+    let mut g = c.benchmark_group("layers_7b_decode");
+    g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(10);
+    g.throughput(Throughput::Bytes((layers * layer_bytes) as u64));
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        g.bench_function(format!("{}/{threads}t", ty.name()), |b| {
+            b.iter(|| {
+                for l in 0..layers {
+                    let mut at = l * layer_bytes;
+                    let views: Vec<WeightView> = shapes
+                        .iter()
+                        .map(|&(r, c)| {
+                            let v = WeightView::new(ty, &w[at..at + r * rb(c)], r, c).unwrap();
+                            at += r * rb(c);
+                            v
+                        })
+                        .collect();
+                    let xe = &x[..e];
+                    let mut jobs = [
+                        MatJob { w: &views[0], x: xe, n_tokens: 1, out: &mut q },
+                        MatJob { w: &views[1], x: xe, n_tokens: 1, out: &mut k },
+                        MatJob { w: &views[2], x: xe, n_tokens: 1, out: &mut v },
+                    ];
+                    matmul_many(&pool, &mut jobs, &mut scratch).unwrap();
+                    matmul_many(&pool, &mut [MatJob { w: &views[3], x: xe, n_tokens: 1, out: &mut o }], &mut scratch).unwrap();
+                    let mut jobs = [
+                        MatJob { w: &views[4], x: xe, n_tokens: 1, out: &mut gt },
+                        MatJob { w: &views[5], x: xe, n_tokens: 1, out: &mut up },
+                    ];
+                    matmul_many(&pool, &mut jobs, &mut scratch).unwrap();
+                    matmul_many(&pool, &mut [MatJob { w: &views[6], x: &x, n_tokens: 1, out: &mut dn }], &mut scratch).unwrap();
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 fn quantize_act(c: &mut Criterion) {
     let mut g = c.benchmark_group("quantize_act");
     g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
@@ -252,5 +318,5 @@ fn quantize_act(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, square, cached, dram, smollm2, moe_ffn, quantize_act);
+criterion_group!(benches, square, cached, dram, smollm2, moe_ffn, layers_7b, quantize_act);
 criterion_main!(benches);

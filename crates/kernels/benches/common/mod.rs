@@ -20,3 +20,34 @@ pub fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<
     }
     out
 }
+
+/// `len` bytes repeating `seed`, in a buffer advised to use 2 MiB pages
+/// (`madvise(MADV_HUGEPAGE)` before the first touch), as a large model's mapped
+/// weights mostly are (docs/BENCHMARKS.md, sessions 28 and 41), and as
+/// `hearth bench --membw` measures the read bandwidth. Returns the buffer and the
+/// offset of the repeated bytes in it (2 MiB-aligned).
+#[allow(dead_code)]
+pub fn huge_page_copy(seed: &[u8], len: usize) -> (Vec<u8>, usize) {
+    const HUGE: usize = 2 << 20;
+    let mut buf: Vec<u8> = Vec::with_capacity(len + HUGE);
+    let at = (buf.as_ptr() as usize).next_multiple_of(HUGE) - buf.as_ptr() as usize;
+    #[cfg(target_os = "linux")]
+    // SAFETY: the advised range lies inside the allocation; advice changes only how
+    // pages are backed, never their contents.
+    unsafe {
+        libc::madvise(buf.as_mut_ptr().add(at) as *mut libc::c_void, len / HUGE * HUGE, libc::MADV_HUGEPAGE);
+    }
+    buf.resize(at, 0);
+    if std::env::var("NOISE").is_ok() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        buf.extend((0..len).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        }));
+    } else {
+        buf.extend(seed.iter().copied().cycle().take(len));
+    }
+    (buf, at)
+}
