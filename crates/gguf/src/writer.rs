@@ -165,6 +165,11 @@ pub fn write_gguf_file(
     // In 2 MiB pieces: the file then sits in the page cache as 2 MiB folios, and a model
     // run straight after (a benchmark of what `hearth synth` wrote) maps it in 2 MiB pages.
     let result = write_gguf(PieceWriter::new(file), metadata, tensors, fill)
+        // Name the file, not write_gguf's "<output>".
+        .map_err(|e| match e {
+            GgufError::Io { source, .. } => io(source),
+            other => other,
+        })
         .and_then(|w| w.into_inner().map_err(io))
         .and_then(|f| f.sync_all().map_err(io))
         .and_then(|_| std::fs::rename(&tmp, path).map_err(io));

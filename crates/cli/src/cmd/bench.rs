@@ -11,7 +11,7 @@
 
 pub(crate) mod membw;
 
-use crate::common::{file_type_name, params_label, print_out, resolve_model, MemoryReport};
+use crate::common::{file_type_name, mib, params_label, print_out, resolve_model, MemoryReport};
 use anyhow::{bail, Context as _, Result};
 use hearth_model::{Logits, Model};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -46,7 +46,9 @@ pub struct Args {
     #[arg(short = 'b', long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
     /// Print a JSON list, one object per test, with llama-bench's field names plus
-    /// `gbps`, `membw_gbps` and `roofline_pct`
+    /// `gbps`, `membw_gbps`, `roofline_pct` and `weight_pages` (bytes of the model file
+    /// resident in this process and, of those, mapped in 2 MiB pages; null where
+    /// /proc/self/smaps does not tell, or a window streams the weights)
     #[arg(long)]
     pub json: bool,
     /// Only measure memory read bandwidth (GB/s) for each --threads count; no model needed
@@ -314,29 +316,30 @@ pub fn run(a: Args) -> Result<()> {
             };
             eprintln!("{m}{note}");
         }
-        if let Some(w) = results.last().and_then(|r| r.weight_pages) {
-            eprintln!("{}", huge_pages_line(&w));
+        if let Some(r) = results.last() {
+            if let Some(w) = r.weight_pages {
+                eprintln!("{}", huge_pages_line(&w, r.membw_gbps.is_some()));
+            }
         }
         Ok(())
     }
 }
 
-/// How much of the resident weights were mapped in 2 MiB pages, beside the read bandwidth
-/// (measured in 2 MiB pages: `membw`), and what to do when few were.
-fn huge_pages_line(w: &hearth_memory::MappedPages) -> String {
-    let mut line = format!(
-        "weights in 2 MiB pages: {:.0}% ({:.2} of {:.2} GB resident; the read bandwidth is measured in 2 MiB pages)",
+/// How much of the weights this process has resident were mapped in 2 MiB pages, and,
+/// when a read bandwidth was measured (`membw`, in 2 MiB pages), that it was measured so.
+///
+/// No advice follows a low share: what gives a file 2 MiB page-cache folios depends on the
+/// kernel, the filesystem, how the file was written or read in and the memory free then
+/// (docs/BENCHMARKS.md, sessions 41-42), and a small model's cold start maps few whatever
+/// one does.
+fn huge_pages_line(w: &hearth_memory::MappedPages, membw_measured: bool) -> String {
+    format!(
+        "weights in 2 MiB pages: {:.0}% ({} of the {} of the file resident in this process){}",
         100.0 * w.huge_fraction(),
-        w.huge_bytes as f64 / 1e9,
-        w.rss_bytes as f64 / 1e9
-    );
-    if w.rss_bytes >= 64 << 20 && w.huge_fraction() < 0.5 {
-        // Small folios stay until the file leaves the page cache (session 41: decode 13%
-        // slower on the Intel host); files hearth writes are written in 2 MiB pieces.
-        line += "\n(a file written in small pieces just before, such as a copy or a download, may stay in small pages \
-                 until it leaves the page cache; read afresh it maps mostly in 2 MiB pages on ext4 and XFS: docs/BENCHMARKS.md, sessions 41-42)";
-    }
-    line
+        mib(w.huge_bytes),
+        mib(w.rss_bytes),
+        if membw_measured { "; the read bandwidth is measured in 2 MiB pages" } else { "" }
+    )
 }
 
 /// What the report says about the model.
@@ -561,14 +564,15 @@ fn run_membw(threads: &[usize], bytes: usize, json: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn huge_pages_line_explains_a_low_share_only() {
-        let w = |rss: u64, huge: u64| hearth_memory::MappedPages { rss_bytes: rss, huge_bytes: huge };
-        let high = super::huge_pages_line(&w(3_900_000_000, 3_500_000_000));
-        assert!(high.starts_with("weights in 2 MiB pages: 90% (3.50 of 3.90 GB resident;") && !high.contains('\n'), "{high}");
-        let low = super::huge_pages_line(&w(3_900_000_000, 390_000_000));
-        assert!(low.starts_with("weights in 2 MiB pages: 10%") && low.contains("small pages"), "{low}");
-        // A small model's few pages say nothing about the page cache.
-        assert!(!super::huge_pages_line(&w(10 << 20, 0)).contains('\n'));
+    fn huge_pages_line_says_the_share_and_the_probe_only_when_measured() {
+        let w = hearth_memory::MappedPages { rss_bytes: 100 << 20, huge_bytes: 36 << 20 };
+        let line = super::huge_pages_line(&w, true);
+        assert_eq!(
+            line,
+            "weights in 2 MiB pages: 36% (36.0 MiB of the 100.0 MiB of the file resident in this process); \
+             the read bandwidth is measured in 2 MiB pages"
+        );
+        assert!(!super::huge_pages_line(&w, false).contains("read bandwidth"));
     }
 
     #[test]
