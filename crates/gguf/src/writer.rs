@@ -162,8 +162,9 @@ pub fn write_gguf_file(
     tmp.push(format!(".tmp-{}", std::process::id()));
     let tmp = std::path::PathBuf::from(tmp);
     let file = std::fs::File::create(&tmp).map_err(io)?;
-    // In 2 MiB pieces: the file then sits in the page cache as 2 MiB folios, and a model
-    // run straight after (a benchmark of what `hearth synth` wrote) maps it in 2 MiB pages.
+    // In 2 MiB pieces, so that the page cache can hold the file as 2 MiB folios (where the
+    // filesystem has large folios and memory allows) and a model run straight after (a
+    // benchmark of what `hearth synth` wrote) can map it in 2 MiB pages.
     let result = write_gguf(PieceWriter::new(file), metadata, tensors, fill)
         // Name the file, not write_gguf's "<output>".
         .map_err(|e| match e {

@@ -21,7 +21,8 @@ pub fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<
     out
 }
 
-/// `len` bytes repeating `seed`, in a buffer advised to use 2 MiB pages
+/// `len` bytes repeating `seed` (pseudo-random bytes instead when `NOISE` is set in the
+/// environment), in a buffer advised to use 2 MiB pages
 /// (`madvise(MADV_HUGEPAGE)` before the first touch), as a large model's mapped
 /// weights mostly are (docs/BENCHMARKS.md, sessions 28 and 41), and as
 /// `hearth bench --membw` measures the read bandwidth. Returns the buffer and the
