@@ -41,6 +41,7 @@ mod generic;
 mod matmul;
 pub mod affinity;
 pub mod ops;
+pub mod pages;
 mod pool;
 mod view;
 

@@ -31,13 +31,8 @@ pub fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<
 pub fn huge_page_copy(seed: &[u8], len: usize) -> (Vec<u8>, usize) {
     const HUGE: usize = 2 << 20;
     let mut buf: Vec<u8> = Vec::with_capacity(len + HUGE);
+    hearth_kernels::pages::advise_huge_pages(&mut buf);
     let at = (buf.as_ptr() as usize).next_multiple_of(HUGE) - buf.as_ptr() as usize;
-    #[cfg(target_os = "linux")]
-    // SAFETY: the advised range lies inside the allocation; advice changes only how
-    // pages are backed, never their contents.
-    unsafe {
-        libc::madvise(buf.as_mut_ptr().add(at) as *mut libc::c_void, len / HUGE * HUGE, libc::MADV_HUGEPAGE);
-    }
     buf.resize(at, 0);
     if std::env::var("NOISE").is_ok() {
         let mut x = 0x9e3779b97f4a7c15u64;

@@ -97,40 +97,15 @@ impl SyncPtr {
     }
 }
 
-/// Ask the kernel to back the buffer with 2 MiB pages (`madvise(MADV_HUGEPAGE)`), before
-/// it is first touched.
-///
-/// Why: a large model's mapped weights sit mostly in 2 MiB page-cache folios (ext4 and
-/// XFS give large folios; on the Zen 4 host 2.3-3.5 of a 7B file's 3.7 GB were PMD-mapped
-/// during decode), so decode walks few page tables. A buffer of 4 KiB pages (what `malloc`
-/// gives when THP is in `madvise` mode, the common default) measures the page walks too:
-/// one thread read 25.7 GB/s there against 32.5 with this advice (docs/BENCHMARKS.md,
-/// session 28), and decode then seemed to run above the roofline. Best effort: a kernel
-/// without THP keeps 4 KiB pages.
-fn ask_for_huge_pages(start: *mut u8, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let a = (start as usize).next_multiple_of(HUGE);
-        let end = (start as usize + len) & !(HUGE - 1);
-        if end > a {
-            // SAFETY: [a, end) lies inside the caller's allocation; the advice changes how
-            // pages are backed, never their contents.
-            unsafe { libc::madvise(a as *mut libc::c_void, end - a, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (start, len);
-}
-
 /// Read bandwidth in GB/s (10⁹ bytes/s) with `threads` threads over a `bytes`-byte buffer,
 /// best of `passes`.
 pub fn measure(threads: usize, bytes: usize, passes: usize) -> f64 {
     let n = (bytes / 8).max(1024);
     let pool = ThreadPool::new(threads);
     let mut buf: Vec<u64> = Vec::with_capacity(n);
+    // In 2 MiB pages, as most of a mapped model is (see `advise_huge_pages`).
+    hearth_kernels::pages::advise_huge_pages(&mut buf);
     let ptr = SyncPtr(buf.as_mut_ptr());
-    ask_for_huge_pages(ptr.get() as *mut u8, n * 8);
     let share = |tid: usize, nth: usize| (n * tid / nth, n * (tid + 1) / nth);
     // First touch by the thread that will read it (page placement on NUMA machines).
     pool.run(|tid, nth| {
