@@ -11,6 +11,9 @@
 #   LLAMA_BENCH   path to llama.cpp's llama-bench (required; see below to build it)
 #   HEARTH        path to the hearth binary (default: target/release/hearth in this repo;
 #                 build it with `cargo build --release -p hearth`)
+#   HEARTH_MODEL  the file hearth runs instead of MODEL: the same weights in hearth's own
+#                 layout (`hearth quantize --pure MODEL OUT --type q4_0x8` of a Q4_0 MODEL,
+#                 which llama.cpp cannot read); the table then names both files
 #   HEARTH_ARGS, LLAMA_BENCH_ARGS   extra arguments for either tool (word-split), e.g.
 #                 LLAMA_BENCH_ARGS="--repack 0"
 #
@@ -60,7 +63,7 @@ IFS=, read -ra tlist <<<"$threads"
 for t in "${tlist[@]}"; do
   echo "threads $t: hearth ..." >&2
   # shellcheck disable=SC2086
-  "$HEARTH" bench -m "$model" -p "$p" -n "$n" -t "$t" -r "$r" --json ${HEARTH_ARGS:-} \
+  "$HEARTH" bench -m "${HEARTH_MODEL:-$model}" -p "$p" -n "$n" -t "$t" -r "$r" --json ${HEARTH_ARGS:-} \
     >"$tmp/hearth-$t.json" 2>"$tmp/hearth-$t.err" \
     || { echo "error: hearth bench failed (threads $t):" >&2; tail -20 "$tmp/hearth-$t.err" >&2; exit 1; }
   echo "threads $t: llama.cpp ..." >&2
@@ -93,6 +96,8 @@ h, l = rows("hearth"), rows("llama")
 anyrow = next(iter(l.values()), {})
 hrow = next(iter(h.values()), {})
 print(f"model: `{os.path.basename(model)}`  ")
+if os.environ.get("HEARTH_MODEL"):
+    print(f"hearth ran: `{os.path.basename(os.environ['HEARTH_MODEL'])}` (the same weights in hearth's layout)  ")
 print(f"llama.cpp: build {anyrow.get('build_commit', '?')} ({anyrow.get('build_number', '?')}), "
       f"backends {anyrow.get('backends', '?')}, cpu {anyrow.get('cpu_info', '?')}  ")
 print(f"hearth: simd {hrow.get('simd', '?')}  ")

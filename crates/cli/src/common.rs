@@ -371,7 +371,8 @@ pub fn file_type_of(ty: hearth_quant::GgmlType) -> Option<u32> {
     Some(match ty {
         F32 => 0,
         F16 => 1,
-        Q4_0 => 2,
+        // Q4_0X8 (hearth's, which llama.cpp refuses) holds Q4_0's numbers.
+        Q4_0 | Q4_0X8 => 2,
         Q4_1 => 3,
         Q8_0 => 7,
         Q5_0 => 8,

@@ -184,3 +184,55 @@ fn bad_requests_fail_cleanly_and_leave_nothing() {
     assert_clean_error(&o, "nope.gguf");
     assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "files left behind in {}", d.display());
 }
+
+/// Q4_0 → Q4_0X8 (hearth's 8-row interleaved layout) and back: the bytes only move (the
+/// way back is byte-identical to the start, no --allow-requantize), every matrix but the
+/// tied embedding is grouped, and the model computes the same numbers from either file
+/// (greedy tokens, and perplexity to the bit). Control: the grouped file's bytes differ.
+/// A cluster refuses the grouped file with a clear error; an embedding table is never
+/// grouped.
+#[test]
+fn q4_0x8_moves_bytes_only_and_computes_the_same() {
+    let d = dir("q4_0x8");
+    let q4 = d.join("q4_0.gguf");
+    quantize(&model(), &q4, "q4_0", &["--allow-requantize", "--pure"]);
+    let x8 = d.join("x8.gguf");
+    let err = quantize(&q4, &x8, "q4_0x8", &["--pure"]);
+    assert!(err.contains("210 q4_0x8") && err.contains("1 kept in q4_0: an embedding table"), "{err}");
+    let f = GgufFile::open(&x8).unwrap();
+    let ty = types(&f);
+    assert_eq!(ty["token_embd.weight"], GgmlType::Q4_0);
+    assert_eq!(ty["blk.0.attn_q.weight"], GgmlType::Q4_0X8);
+    assert_eq!(ty["blk.29.ffn_down.weight"], GgmlType::Q4_0X8);
+    let back = d.join("back.gguf");
+    quantize(&x8, &back, "q4_0", &["--pure"]);
+    let (a, b, c) = (std::fs::read(&q4).unwrap(), std::fs::read(&x8).unwrap(), std::fs::read(&back).unwrap());
+    assert!(a == c, "Q4_0 -> Q4_0X8 -> Q4_0 changed bytes");
+    assert!(a.len() == b.len() && a != b, "the grouped file should hold the same bytes, moved");
+    assert_eq!(greedy(&x8, 16), greedy(&q4, 16));
+    let text = excerpt(&d);
+    assert_eq!(perplexity(&x8, &text).to_bits(), perplexity(&q4, &text).to_bits());
+    let v = ok(hearth(&["bench", "-m", s(&x8), "-p", "0", "-n", "2", "-r", "1", "--json"]));
+    assert!(v.contains("Q4_0X8"), "{v}");
+
+    let o = hearth(&["quantize", s(&q4), s(&d.join("e.gguf")), "--type", "q4_0", "--token-embedding-type", "q4_0x8"]);
+    assert_clean_error(&o, "--token-embedding-type q4_0x8");
+    // A file whose embedding table is grouped (no hearth command writes one) is refused
+    // at load, naming it.
+    let specs: Vec<hearth_gguf::TensorSpec> = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            let ty = if t.name == "token_embd.weight" { GgmlType::Q4_0X8 } else { t.ty };
+            hearth_gguf::TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ty }
+        })
+        .collect();
+    let bytes = hearth_gguf::write_gguf(Vec::new(), f.metadata(), &specs, |i, w| w.write_all(f.tensor_data(&f.tensors()[i]))).unwrap();
+    let hostile = d.join("grouped-embedding.gguf");
+    std::fs::write(&hostile, bytes).unwrap();
+    let o = hearth(&["generate", "-m", s(&hostile), "-p", "Hi", "-n", "2"]);
+    assert_clean_error(&o, "token_embd.weight has type q4_0x8, which stores rows in groups of 8: the embedding table");
+    let w = Worker::start(&x8, &[]);
+    let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
+    assert_clean_error(&o, "tensor parallelism cannot cut");
+}

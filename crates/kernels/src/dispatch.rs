@@ -139,7 +139,10 @@ impl Panel<'_> {
         let wrb = self.wty.row_bytes(self.cols as u64).expect("panel cols not whole blocks") as usize;
         let arb = aty.row_bytes(self.cols as u64).expect("panel cols not whole blocks") as usize;
         assert!(self.n_rows >= 1 && self.n_tokens >= 1);
-        assert!(self.w.len() >= (self.n_rows - 1) * self.row_stride + wrb, "panel weights out of bounds");
+        // Whole groups of a type that stores rows in groups (`WeightView`'s invariant).
+        assert!(self.n_rows.is_multiple_of(self.wty.group_rows()), "panel rows not whole groups");
+        let span = crate::view::span(self.wty, self.n_rows, self.row_stride, wrb).expect("panel span overflows");
+        assert!(self.w.len() >= span, "panel weights out of bounds");
         assert!(self.act.len() >= (self.n_tokens - 1) * self.act_stride + arb, "panel activations out of bounds");
         assert!(out.len() >= self.n_rows * self.n_tokens, "panel output too small");
     }
@@ -175,6 +178,7 @@ pub(crate) struct Kernels {
     pub panel_q4_k: PanelFn,
     pub panel_q5_k: PanelFn,
     pub panel_q6_k: PanelFn,
+    pub panel_q4_0x8: PanelFn,
 }
 
 impl Kernels {
@@ -194,6 +198,7 @@ impl Kernels {
             GgmlType::Q4_K => self.panel_q4_k,
             GgmlType::Q5_K => self.panel_q5_k,
             GgmlType::Q6_K => self.panel_q6_k,
+            GgmlType::Q4_0X8 => self.panel_q4_0x8,
             _ => return None,
         })
     }
@@ -224,6 +229,9 @@ impl Kernels {
     /// `K` when the panel for `wty` reads `-K * sum(a)` per activation block
     /// (`Panel::act_sums`): its unsigned weights are `w + K`.
     pub fn act_sum_offset(&self, wty: GgmlType) -> Option<i32> {
+        // Q4_0X8's panels read what the level's Q4_0 panels read: they are its arithmetic
+        // (x86-64), or call it (`interleaved::by_rows`).
+        let wty = if wty == GgmlType::Q4_0X8 { GgmlType::Q4_0 } else { wty };
         if !self.row_lanes.contains(&wty) {
             return None;
         }

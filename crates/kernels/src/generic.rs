@@ -25,6 +25,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     panel_q4_k: panel,
     panel_q5_k: panel,
     panel_q6_k: panel,
+    panel_q4_0x8: |p, o| crate::interleaved::by_rows(p, o, panel),
 };
 
 /// Every (row, token) pair through the reference `vec_dot`.

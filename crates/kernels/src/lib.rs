@@ -38,6 +38,7 @@ mod arch;
 mod dispatch;
 mod error;
 mod generic;
+mod interleaved;
 mod matmul;
 pub mod affinity;
 pub mod ops;

@@ -289,8 +289,10 @@ fn matmul_many_impl(k: &Kernels, pool: &ThreadPool, jobs: &mut [MatJob<'_, '_>],
             // fewer times (SmolLM2 F16 layer at avx2, Zen 4, 512 tokens: 16-row panels
             // 83 GFLOP/s at 1 thread and 143 at 2, 128-row panels 91 and 175).
             most: (PANEL_OUT / p.n_tokens.min(PANEL_TOKENS)) / PANEL_ROWS * PANEL_ROWS,
-            // Where `out` starts within a cache line, in f32s (see `PanelQueue`).
-            skew: (p.out.0 as usize / 4) % LINE_F32,
+            // Where `out` starts within a cache line, in f32s (see `PanelQueue`); none
+            // for a type that stores rows in groups, whose panels must end on them
+            // (`PANEL_ROWS` is a multiple of 8).
+            skew: if p.w.ty.group_rows() > 1 { 0 } else { (p.out.0 as usize / 4) % LINE_F32 },
         })
         .collect();
     let queue = PanelQueue::new(segs, pool.n_threads());
@@ -375,6 +377,8 @@ struct PanelQueue {
 
 /// f32s per 64-byte cache line.
 const LINE_F32: usize = 16;
+// Panels of a type that stores rows in groups end on whole groups (`Segment::skew`).
+const _: () = assert!(PANEL_ROWS.is_multiple_of(hearth_quant::interleave::GROUP_ROWS));
 
 impl PanelQueue {
     fn new(segs: Vec<Segment>, n_threads: usize) -> Self {

@@ -15,6 +15,12 @@ use std::ops::Range;
 /// Invariant (checked by the constructors and again by [`matmul`](crate::matmul)):
 /// `data` starts at element (0, 0) of the view and holds at least
 /// `(rows - 1) * row_stride + row_bytes()` bytes.
+///
+/// A type that stores rows in groups ([`GgmlType::group_rows`] `g` > 1: Q4_0X8) keeps
+/// whole groups: `rows` and every row range a multiple of `g`; row `r`'s group starts
+/// at `r * row_stride` (a group is `g` rows' bytes), and block `b` of the group's rows at
+/// `b * g * type_size()` within it. `data` then holds `(rows / g - 1) * g * row_stride
+/// + g * row_bytes()` bytes, and [`row`](Self::row) is refused (a row is not contiguous).
 #[derive(Debug, Clone, Copy)]
 pub struct WeightView<'a> {
     /// Element type.
@@ -33,6 +39,7 @@ impl<'a> WeightView<'a> {
     /// A whole tensor: `data` must be exactly `rows` rows of `cols` elements.
     pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
         let rb = row_bytes(ty, cols)?;
+        whole_groups(ty, rows)?;
         let need = rows.checked_mul(rb).ok_or(KernelError::shape("rows * row bytes", usize::MAX, rows))?;
         if data.len() != need {
             return Err(KernelError::shape("data length", need, data.len()));
@@ -56,16 +63,14 @@ impl<'a> WeightView<'a> {
     /// Check the invariant (the fields are public, so anyone can break it).
     pub fn validate(&self) -> Result<(), KernelError> {
         let rb = row_bytes(self.ty, self.cols)?;
+        whole_groups(self.ty, self.rows)?;
         if self.rows == 0 {
             return Ok(());
         }
         if self.rows > 1 && self.row_stride < rb {
             return Err(KernelError::shape("row_stride", rb, self.row_stride));
         }
-        let need = (self.rows - 1)
-            .checked_mul(self.row_stride)
-            .and_then(|b| b.checked_add(rb))
-            .ok_or(KernelError::shape("view bytes", usize::MAX, self.rows))?;
+        let need = span(self.ty, self.rows, self.row_stride, rb).ok_or(KernelError::shape("view bytes", usize::MAX, self.rows))?;
         if self.data.len() < need {
             return Err(KernelError::shape("data length", need, self.data.len()));
         }
@@ -77,21 +82,26 @@ impl<'a> WeightView<'a> {
         self.cols / self.ty.block_size() * self.ty.type_size()
     }
 
-    /// The bytes of row `r` of the view. Panics if `r >= rows`.
+    /// The bytes of row `r` of the view. Panics if `r >= rows`, or for a type that stores
+    /// rows in groups (its rows are not contiguous).
     pub fn row(&self, r: usize) -> &'a [u8] {
         assert!(r < self.rows, "row {r} out of range for a view of {} rows", self.rows);
+        assert!(self.ty.group_rows() == 1, "a {} row is not contiguous", self.ty);
         &self.data[r * self.row_stride..r * self.row_stride + self.row_bytes()]
     }
 
-    /// Rows `r` of this view. Panics if the range is out of bounds (like slicing).
+    /// Rows `r` of this view. Panics if the range is out of bounds (like slicing), or
+    /// cuts a group of a type that stores rows in groups.
     pub fn rows(&self, r: Range<usize>) -> Self {
         assert!(r.start <= r.end && r.end <= self.rows, "rows {r:?} out of range for a view of {} rows", self.rows);
+        let g = self.ty.group_rows();
+        assert!(r.start.is_multiple_of(g) && r.end.is_multiple_of(g), "rows {r:?} cut the {g}-row groups of a {} view", self.ty);
         let n = r.end - r.start;
         let data = if n == 0 {
             &self.data[..0]
         } else {
             let start = r.start * self.row_stride;
-            &self.data[start..start + (n - 1) * self.row_stride + self.row_bytes()]
+            &self.data[start..start + span(self.ty, n, self.row_stride, self.row_bytes()).expect("a narrower view fits")]
         };
         Self { data, rows: n, ..*self }
     }
@@ -103,15 +113,33 @@ impl<'a> WeightView<'a> {
             return Err(KernelError::cols(self.ty, c.start, c.end));
         }
         let cols = c.end - c.start;
-        let off = c.start / bs * self.ty.type_size();
+        // A group's block holds its rows' blocks side by side.
+        let off = c.start / bs * self.ty.type_size() * self.ty.group_rows();
         let rb = cols / bs * self.ty.type_size();
         let data = if self.rows == 0 {
             &self.data[..0]
         } else {
-            &self.data[off..off + (self.rows - 1) * self.row_stride + rb]
+            &self.data[off..off + span(self.ty, self.rows, self.row_stride, rb).expect("a narrower view fits")]
         };
         Ok(Self { data, cols, ..*self })
     }
+}
+
+/// Bytes a view of `rows` rows (`rows` ≥ 1, whole groups) needs from its first:
+/// `(rows / g - 1) * g * row_stride + g * rb` for `g` rows per group (1: the last row
+/// ends `rb` bytes after its start). `None` on overflow.
+pub(crate) fn span(ty: GgmlType, rows: usize, row_stride: usize, rb: usize) -> Option<usize> {
+    let g = ty.group_rows();
+    (rows / g - 1).checked_mul(g)?.checked_mul(row_stride)?.checked_add(g.checked_mul(rb)?)
+}
+
+/// `rows` must be whole groups of a type that stores rows in groups.
+fn whole_groups(ty: GgmlType, rows: usize) -> Result<(), KernelError> {
+    let g = ty.group_rows();
+    if !rows.is_multiple_of(g) {
+        return Err(KernelError::shape("rows (whole groups of the type's rows)", rows.next_multiple_of(g), rows));
+    }
+    Ok(())
 }
 
 fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, KernelError> {

@@ -291,7 +291,7 @@ impl ModelSummary {
         if let Some(h) = self.output() {
             let row = h.ty.row_bytes(h.cols).unwrap_or(h.bytes).max(1);
             let block = whole.into_values().max().unwrap_or(0);
-            let chunks = hearth_model::split_rows((h.bytes / row) as usize, h.bytes as usize, block as usize);
+            let chunks = hearth_model::split_rows((h.bytes / row) as usize, h.bytes as usize, block as usize, h.ty.group_rows());
             units.extend(chunks.into_iter().map(|r| r.len() as u64 * row));
         }
         units

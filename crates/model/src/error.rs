@@ -52,6 +52,19 @@ pub enum ModelError {
         /// Supported list.
         supported: String,
     },
+    /// A matrix of a type that stores rows in groups (Q4_0X8) where the model needs its
+    /// rows one by one (the embedding table) or in other cuts than whole groups.
+    #[error("tensor {name} has type {ty}, which stores rows in groups of {group}: {why}")]
+    GroupedRows {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+        /// Rows per group.
+        group: usize,
+        /// What the model needs instead.
+        why: String,
+    },
     /// A kernel rejected its operands (a bug: shapes are validated at load).
     #[error("kernel: {0}")]
     Kernel(#[from] hearth_kernels::KernelError),

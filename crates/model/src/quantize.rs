@@ -26,6 +26,13 @@
 //!   write yet; Q4_0 has the same 4.5 bits per weight); if that still does not fit, F16.
 //!   Other types whose blocks do not fit (llama.cpp refuses) also fall back to F16.
 //!
+//! - q4_0x8: Q4_0 (its recipe), each matrix that is multiplied and has whole groups of 8
+//!   rows (per expert) stored as hearth's Q4_0X8 ([`hearth_quant::interleave`]: the same
+//!   bytes, 8 rows interleaved; faster decode, but llama.cpp refuses the file); the
+//!   embedding table stays Q4_0 (its rows are looked up one by one), as does a matrix
+//!   with other rows (reported as a fallback). Q4_0 ↔ Q4_0X8 moves bytes only: lossless,
+//!   and no `--allow-requantize`.
+//!
 //! Quantizing an already-quantized tensor to another quantized type compounds the rounding
 //! errors, so it is refused unless `allow_requantize` is set (llama-quantize's
 //! `--allow-requantize`); dequantizing to f32/f16/bf16 is always allowed. A tensor whose chosen type equals its source type is copied
@@ -52,6 +59,7 @@ pub const QUANTIZE_TARGETS: &[GgmlType] = &[
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q4_0X8,
 ];
 
 /// llama.cpp's `llama_ftype` for a target (`general.file_type`): K-quant targets are the
@@ -62,7 +70,9 @@ pub fn target_file_type(ty: GgmlType) -> Option<u32> {
     Some(match ty {
         F32 => 0,
         F16 => 1,
-        Q4_0 => 2,
+        // Q4_0X8 has no llama.cpp file type (llama.cpp refuses the file): the Q4_0
+        // numbers its groups hold.
+        Q4_0 | Q4_0X8 => 2,
         Q4_1 => 3,
         Q8_0 => 7,
         Q5_0 => 8,
@@ -199,7 +209,15 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
     }
     if let Some(t) = o.token_embedding_type {
         check_target("--token-embedding-type", t)?;
+        if t.group_rows() > 1 {
+            // Its rows are looked up one by one.
+            let supported = QUANTIZE_TARGETS.iter().filter(|t| t.group_rows() == 1).map(|t| t.name()).collect::<Vec<_>>().join(", ");
+            return Err(QuantizeError::UnsupportedTarget { flag: "--token-embedding-type".into(), ty: t.name().into(), supported });
+        }
     }
+    // A grouped target follows its row type's recipe; the matrices that can be are then
+    // grouped (below).
+    let (target, o) = (o.ty, &QuantizeOptions { ty: o.ty.ungrouped(), ..o.clone() });
     let arch = f.get_str("general.architecture").unwrap_or("llama").to_string();
     let n_head = f.get_u64(&format!("{arch}.attention.head_count")).unwrap_or(1).max(1);
     let n_gqa = f.get_u64(&format!("{arch}.attention.head_count_kv")).map(|kv| n_head / kv.max(1)).unwrap_or(1);
@@ -266,16 +284,28 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
             } else if name == "token_embd.weight" {
                 ty = o.token_embedding_type.unwrap_or(ty);
             }
-            fallback(ty, cols)
+            let (ty, fell_back) = fallback(ty, cols);
+            // The grouped type asked for (an override, or the target where the recipe
+            // chose its row type), where possible: not the embedding table, whole groups
+            // of rows (per expert: dims[1]).
+            let g = if ty.group_rows() == 1 && target.group_rows() > 1 && ty == target.ungrouped() { target } else { ty };
+            if g.group_rows() == 1 {
+                (ty, fell_back)
+            } else if name != "token_embd.weight" && t.dims[1].is_multiple_of(g.group_rows() as u64) {
+                (g, fell_back)
+            } else {
+                (g.ungrouped(), true)
+            }
         };
-        if dst != t.ty {
+        // Q4_0 <-> Q4_0X8 moves bytes only.
+        if dst.ungrouped() != t.ty.ungrouped() {
             // (Dequantizing to a float type compounds no rounding: allowed.)
             if !is_float(t.ty) && !is_float(dst) && !o.allow_requantize {
                 return Err(QuantizeError::Requantize { name: name.into(), ty: t.ty });
             }
             let probe = vec![0u8; t.ty.type_size()];
             let mut out = vec![0f32; t.ty.block_size()];
-            if dequantize_row(t.ty, &probe, &mut out).is_err() {
+            if dequantize_row(t.ty.ungrouped(), &probe, &mut out).is_err() {
                 return Err(QuantizeError::UnsupportedSource { name: name.into(), ty: t.ty });
             }
         }
@@ -334,7 +364,7 @@ pub fn convert_tensor(
     }
     let cols = p.dims[0] as usize;
     let rows: usize = p.dims[1..].iter().product::<u64>() as usize;
-    let bad = |what| std::io::Error::other(format!("tensor {}: {what}", p.name));
+    let bad = |what: &str| std::io::Error::other(format!("tensor {}: {what}", p.name));
     let (src_rb, dst_rb) = match (p.src.row_bytes(cols as u64), p.dst.row_bytes(cols as u64)) {
         (Some(a), Some(b)) => (a as usize, b as usize),
         _ => return Err(bad("rows are not whole blocks")),
@@ -342,41 +372,78 @@ pub fn convert_tensor(
     if src.len() != src_rb * rows {
         return Err(bad("data size does not match its shape"));
     }
+    // Rows stored in groups (Q4_0X8) are converted as their row type (Q4_0): a chunk
+    // is ungrouped after reading and grouped before writing, in whole groups.
+    let group = p.src.group_rows().max(p.dst.group_rows());
+    if !rows.is_multiple_of(group) {
+        return Err(bad(&format!("{rows} rows are not whole groups of {group}")));
+    }
+    let (src_ty, dst_ty) = (p.src.ungrouped(), p.dst.ungrouped());
+    let regroup = |ty: GgmlType, from: &[u8], n: usize, to: &mut Vec<u8>, apart: bool| -> std::io::Result<()> {
+        to.resize(from.len(), 0);
+        let r = if apart {
+            hearth_quant::interleave::deinterleave_q4_0(from, n, cols, to)
+        } else {
+            hearth_quant::interleave::interleave_q4_0(from, n, cols, to)
+        };
+        r.map_err(|e| bad(&format!("{ty}: {e}")))
+    };
     let threads = threads.max(1);
-    // About 16 MiB of output per step, at least one row per thread.
-    let chunk_rows = ((16usize << 20) / dst_rb.max(1)).clamp(threads.min(rows.max(1)), rows.max(1));
+    // About 16 MiB of output per step, at least one row per thread, whole groups.
+    let chunk_rows = ((16usize << 20) / dst_rb.max(1)).clamp(threads.min(rows.max(1)), rows.max(1)).next_multiple_of(group);
     let mut buf = vec![0u8; chunk_rows * dst_rb];
+    let (mut ungrouped, mut grouped) = (Vec::new(), Vec::new());
     let mut r0 = 0;
     while r0 < rows {
         let n = chunk_rows.min(rows - r0);
         let out = &mut buf[..n * dst_rb];
-        let input = &src[r0 * src_rb..(r0 + n) * src_rb];
-        let per = n.div_ceil(threads);
-        let err = std::thread::scope(|s| {
-            let hs: Vec<_> = out
-                .chunks_mut(per * dst_rb)
-                .zip(input.chunks(per * src_rb))
-                .map(|(o, i)| {
-                    s.spawn(move || -> Result<(), QuantError> {
-                        let mut x = vec![0f32; cols];
-                        for (dst, srow) in o.chunks_mut(dst_rb).zip(i.chunks(src_rb)) {
-                            dequantize_row(p.src, srow, &mut x)?;
-                            quantize_row(p.dst, &x, dst)?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("quantize thread panicked")).find_map(Result::err)
-        });
-        if let Some(e) = err {
-            return Err(bad(&e.to_string()));
+        let mut input = &src[r0 * src_rb..(r0 + n) * src_rb];
+        if p.src.group_rows() > 1 {
+            regroup(p.src, input, n, &mut ungrouped, true)?;
+            input = &ungrouped;
         }
+        if src_ty == dst_ty {
+            // Q4_0 <-> Q4_0X8: the bytes, moved.
+            out.copy_from_slice(input);
+        } else {
+            convert_rows(src_ty, dst_ty, cols, input, out, threads).map_err(|e| bad(&e.to_string()))?;
+        }
+        let out: &[u8] = if p.dst.group_rows() > 1 {
+            regroup(p.dst, out, n, &mut grouped, false)?;
+            &grouped
+        } else {
+            out
+        };
         w.write_all(out)?;
         progress(out.len() as u64);
         r0 += n;
     }
     Ok(())
+}
+
+/// Rows of `src_ty` (`input`) converted to `dst_ty` (`out`) through f32, on `threads`
+/// threads (each a run of whole rows).
+fn convert_rows(src_ty: GgmlType, dst_ty: GgmlType, cols: usize, input: &[u8], out: &mut [u8], threads: usize) -> Result<(), QuantError> {
+    let (src_rb, dst_rb) = (src_ty.row_bytes(cols as u64).unwrap_or(0) as usize, dst_ty.row_bytes(cols as u64).unwrap_or(0) as usize);
+    let n = out.len() / dst_rb.max(1);
+    let per = n.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = out
+            .chunks_mut(per * dst_rb)
+            .zip(input.chunks(per * src_rb))
+            .map(|(o, i)| {
+                s.spawn(move || -> Result<(), QuantError> {
+                    let mut x = vec![0f32; cols];
+                    for (dst, srow) in o.chunks_mut(dst_rb).zip(i.chunks(src_rb)) {
+                        dequantize_row(src_ty, srow, &mut x)?;
+                        quantize_row(dst_ty, &x, dst)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("quantize thread panicked")).find_map(Result::err).map_or(Ok(()), Err)
+    })
 }
 
 #[cfg(test)]
@@ -530,5 +597,45 @@ mod tests {
         quantize_row(GgmlType::Q4_K, &x, &mut row).unwrap();
         assert_eq!(&one[..288], &row[..]);
         assert_eq!(one.len(), 288 * 576);
+    }
+
+    /// q4_0x8: the matrices with whole groups of 8 rows grouped, the tied embedding and a
+    /// 4-row matrix kept in Q4_0 (reported as fallbacks); from Q4_0 without permission,
+    /// bytes moved (back again byte-identical); from F32 as Q4_0's numbers, grouped.
+    #[test]
+    fn q4_0x8_groups_what_it_can_and_moves_bytes_only() {
+        let f = file(GgmlType::Q4_0);
+        let o = QuantizeOptions { pure: true, ..QuantizeOptions::new(GgmlType::Q4_0X8) };
+        let plan = plan_quantize(&f, &o).unwrap();
+        for p in plan.iter().filter(|p| p.dims.len() > 1) {
+            let grouped = p.name.contains("ffn_down");
+            assert_eq!(p.dst, if grouped { GgmlType::Q4_0X8 } else { GgmlType::Q4_0 }, "{}", p.name);
+            assert_eq!(p.fallback, !grouped, "{}", p.name);
+        }
+        let t = f.tensor("blk.0.ffn_down.weight").unwrap();
+        let p = plan.iter().find(|p| p.name == t.name).unwrap();
+        let mut x8 = Vec::new();
+        convert_tensor(p, f.tensor_data(t), 3, &mut x8, &|_| {}).unwrap();
+        let mut want = vec![0u8; x8.len()];
+        hearth_quant::interleave::interleave_q4_0(f.tensor_data(t), 576, 512, &mut want).unwrap();
+        assert!(x8 == want && x8 != f.tensor_data(t));
+        let back = TensorPlan { src: GgmlType::Q4_0X8, dst: GgmlType::Q4_0, ..p.clone() };
+        let mut q4 = Vec::new();
+        convert_tensor(&back, &x8, 2, &mut q4, &|_| {}).unwrap();
+        assert!(q4 == f.tensor_data(t));
+        // From F32: Q4_0's rows, grouped.
+        let f32 = file(GgmlType::F32);
+        let t = f32.tensor("blk.0.ffn_down.weight").unwrap();
+        let mut x8 = Vec::new();
+        let from_f32 = TensorPlan { src: GgmlType::F32, ..p.clone() };
+        convert_tensor(&from_f32, f32.tensor_data(t), 3, &mut x8, &|_| {}).unwrap();
+        let q4p = TensorPlan { dst: GgmlType::Q4_0, ..from_f32.clone() };
+        let mut q4 = Vec::new();
+        convert_tensor(&q4p, f32.tensor_data(t), 1, &mut q4, &|_| {}).unwrap();
+        hearth_quant::interleave::interleave_q4_0(&q4, 576, 512, &mut want).unwrap();
+        assert!(x8 == want);
+        // A grouped embedding table is refused.
+        let bad = QuantizeOptions { token_embedding_type: Some(GgmlType::Q4_0X8), ..QuantizeOptions::new(GgmlType::Q4_0) };
+        assert!(matches!(plan_quantize(&f, &bad), Err(QuantizeError::UnsupportedTarget { .. })));
     }
 }

@@ -125,14 +125,15 @@ pub trait LayerSource: Send {
 /// chunks of (nearly) equal rows.
 pub fn head_chunks(w: &Weights) -> Vec<Range<usize>> {
     let block = w.layers.iter().map(|l| l.matrices().iter().map(|t| t.size).sum::<usize>()).max();
-    split_rows(w.output.rows, w.output.size, block.unwrap_or(0))
+    split_rows(w.output.rows, w.output.size, block.unwrap_or(0), w.output.ty.group_rows())
 }
 
 /// `rows` rows of `bytes` in all, cut into `ceil(bytes / max_bytes)` ranges of (nearly)
-/// equal rows (one range when `max_bytes` is 0).
-pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize) -> Vec<Range<usize>> {
+/// equal rows (one range when `max_bytes` is 0), each but the last a multiple of
+/// `group` rows (a type that stores rows in groups: `GgmlType::group_rows`).
+pub fn split_rows(rows: usize, bytes: usize, max_bytes: usize, group: usize) -> Vec<Range<usize>> {
     let k = if max_bytes == 0 { 1 } else { bytes.div_ceil(max_bytes) }.clamp(1, rows.max(1));
-    let per = rows.div_ceil(k).max(1);
+    let per = rows.div_ceil(k).max(1).next_multiple_of(group.max(1));
     (0..rows).step_by(per).map(|r| r..(r + per).min(rows)).collect()
 }
 

@@ -86,6 +86,20 @@ impl TensorSplit {
     /// layer's `attn_output` and `ffn_down` fall on quantization-block boundaries.
     pub fn validate(&self, c: &ModelConfig, w: &crate::Weights) -> Result<()> {
         self.check_ranges(c)?;
+        // A split cuts every matrix by rows or columns: one whose rows are stored in groups
+        // (Q4_0X8) is not cut yet.
+        let grouped = w.layers.iter().flat_map(|l| {
+            let shared = l.shared.iter().flat_map(|sh| [&sh.gate_inp, &sh.gate, &sh.up, &sh.down]);
+            l.matrices().into_iter().chain(l.router.as_ref()).chain(shared)
+        });
+        if let Some(t) = grouped.into_iter().find(|t| t.ty.group_rows() > 1) {
+            return Err(ModelError::Context(format!(
+                "tensor parallelism cannot cut {} (type {}, rows stored in groups of {}) yet: run a Q4_0 file across devices (`hearth quantize --type q4_0` makes one, losslessly)",
+                t.name,
+                t.ty.name(),
+                t.ty.group_rows()
+            )));
+        }
         if self.gather_rows.is_some() {
             return Ok(());
         }

@@ -16,7 +16,7 @@ use hearth_quant::GgmlType;
 
 /// Weight types the matmul kernels compute with directly.
 pub const MATMUL_TYPES: &[GgmlType] =
-    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0X8];
 
 /// A 2-D weight matrix `[rows, cols]` (ggml shape `[cols, rows]`) located in the file.
 #[derive(Debug, Clone)]
@@ -176,9 +176,15 @@ pub fn layer_table(c: &ModelConfig, shard: bool) -> Vec<LayerTensor> {
 /// `tied`) the output head, matrices in `ty` (the head in `out_ty`), vectors F32: what
 /// `hearth synth` writes and the planner sizes for a named shape.
 pub fn file_tensors(c: &ModelConfig, ty: GgmlType, out_ty: GgmlType, tied: bool, rope_freqs: bool) -> Vec<hearth_gguf::TensorSpec> {
-    let t = |name: String, dims: Vec<u64>, ty| hearth_gguf::TensorSpec { name, dims, ty };
+    // A type that stores rows in groups (Q4_0X8) only where a matrix has whole groups of
+    // rows (per expert: dims[1]); the rest, and the embedding table (rows looked up one
+    // by one), in its row type.
+    let t = |name: String, dims: Vec<u64>, ty: GgmlType| {
+        let ty = if dims.len() > 1 && !dims[1].is_multiple_of(ty.group_rows() as u64) { ty.ungrouped() } else { ty };
+        hearth_gguf::TensorSpec { name, dims, ty }
+    };
     let (e, v) = (c.n_embd as u64, c.n_vocab as u64);
-    let mut out = vec![t("token_embd.weight".into(), vec![e, v], ty)];
+    let mut out = vec![t("token_embd.weight".into(), vec![e, v], ty.ungrouped())];
     let pairs = vec![c.rope.dims as u64 / 2];
     if rope_freqs {
         out.push(t("rope_freqs.weight".into(), pairs.clone(), GgmlType::F32));
@@ -317,12 +323,38 @@ impl Weights {
             }
         }
         let w = Self { token_embd, layers, output_norm: vector(f, "output_norm.weight", e)?, output, rope_freqs, rope_factors };
+        w.check_row_groups(n_expert)?;
         // Every tensor in the file must be one we use: an extra one means the file is a
         // variant we would silently run wrong (e.g. biases this architecture has none of).
         if let Some(t) = f.tensors().iter().find(|t| !used.contains(&t.name)) {
             return Err(ModelError::UnusedTensor(t.name.clone()));
         }
         Ok(w)
+    }
+
+    /// Matrices of a type that stores rows in groups (Q4_0X8): not the embedding table
+    /// (its rows are looked up one by one, unless it is also the output head: then the
+    /// lookup fails first), and every matrix the model multiplies — each expert, each
+    /// part of a fused tensor, the output head's row chunks (`source::head_chunks`) —
+    /// whole groups of rows.
+    fn check_row_groups(&self, n_expert: usize) -> Result<()> {
+        let bad = |t: &TensorRef, why: String| ModelError::GroupedRows { name: t.name.clone(), ty: t.ty, group: t.ty.group_rows(), why };
+        let e = &self.token_embd;
+        if e.ty.group_rows() > 1 {
+            return Err(bad(e, "the embedding table's rows are looked up one by one; keep it in a row type (`hearth quantize` does)".into()));
+        }
+        for l in &self.layers {
+            // A layer with a router holds stacked experts, multiplied one at a time.
+            let experts = [&l.w_gate, &l.w_up, &l.w_down].map(|t| (t, if l.router.is_some() { t.rows / n_expert.max(1) } else { t.rows }));
+            let shared = l.shared.iter().flat_map(|sh| [&sh.gate_inp, &sh.gate, &sh.up, &sh.down]);
+            let whole = [&l.wq, &l.wk, &l.wv, &l.wo, &self.output].into_iter().chain(l.router.as_ref()).chain(shared);
+            for (t, rows) in whole.map(|t| (t, t.rows)).chain(experts) {
+                if !rows.is_multiple_of(t.ty.group_rows()) {
+                    return Err(bad(t, format!("{rows} rows are not whole groups")));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Bytes of the matrices one decode step streams from memory: every block's

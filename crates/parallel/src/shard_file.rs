@@ -48,6 +48,9 @@ pub fn size(model: &Model, split: &TensorSplit) -> u64 {
 /// Write `split` of `model` (whose file has SHA-256 `sha`) as a shard GGUF to `out`.
 pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: W) -> Result<W, ModelError> {
     let c = &model.config;
+    // The cuts below are the split's: refuse one the model cannot run (and a matrix the
+    // cuts cannot take, Q4_0X8) before writing anything.
+    split.validate(c, &model.weights)?;
     let f = &model.file;
     let range = |r: &std::ops::Range<usize>| Value::Array {
         elem_type: 10, // u64

@@ -27,6 +27,16 @@ pub enum QuantErrorKind {
         /// The element count.
         n: usize,
     },
+    /// `rows` rows are not whole groups of an interleaved type's rows
+    /// ([`crate::interleave`]).
+    RowGroups {
+        /// The interleaved type.
+        ty: GgmlType,
+        /// The row count.
+        rows: usize,
+        /// Rows per group.
+        group: usize,
+    },
     /// A buffer has the wrong length.
     Length {
         /// Which buffer (`"src"`, `"dst"`, `"w_row"`, `"act"`).
@@ -52,6 +62,10 @@ impl QuantError {
         Self { kind: QuantErrorKind::Length { what, expected, actual } }
     }
 
+    pub(crate) fn row_groups(ty: GgmlType, rows: usize, group: usize) -> Self {
+        Self { kind: QuantErrorKind::RowGroups { ty, rows, group } }
+    }
+
     pub(crate) fn not_block_multiple(ty: GgmlType, n: usize) -> Self {
         Self { kind: QuantErrorKind::NotBlockMultiple { ty, n } }
     }
@@ -61,6 +75,9 @@ impl fmt::Display for QuantError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             QuantErrorKind::Unsupported { op, ty } => write!(f, "{op} is not supported for type {ty}"),
+            QuantErrorKind::RowGroups { ty, rows, group } => {
+                write!(f, "{rows} rows are not whole groups of {group} rows, as type {ty} stores them")
+            }
             QuantErrorKind::NotBlockMultiple { ty, n } => write!(
                 f,
                 "{n} elements is not a multiple of the {ty} block size {}",

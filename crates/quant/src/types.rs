@@ -41,6 +41,9 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    /// hearth's own: Q4_0 blocks of 8 rows interleaved ([`crate::interleave`]). Not a
+    /// ggml type: ggml's ids stop below 64, and llama.cpp refuses a file that holds it.
+    Q4_0X8 = 1000,
 }
 
 /// Elements per K-quant super-block.
@@ -53,7 +56,7 @@ impl GgmlType {
         Self::Q8_1, Self::Q2_K, Self::Q3_K, Self::Q4_K, Self::Q5_K, Self::Q6_K, Self::Q8_K,
         Self::IQ2_XXS, Self::IQ2_XS, Self::IQ3_XXS, Self::IQ1_S, Self::IQ4_NL, Self::IQ3_S,
         Self::IQ2_S, Self::IQ4_XS, Self::I8, Self::I16, Self::I32, Self::I64, Self::F64,
-        Self::IQ1_M, Self::BF16, Self::TQ1_0, Self::TQ2_0, Self::MXFP4,
+        Self::IQ1_M, Self::BF16, Self::TQ1_0, Self::TQ2_0, Self::MXFP4, Self::Q4_0X8,
     ];
 
     /// The type with GGUF id `id`, or `None` for an unknown or retired id.
@@ -66,7 +69,7 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 | Q4_0X8 => 32,
             _ => QK_K,
         }
     }
@@ -79,7 +82,8 @@ impl GgmlType {
             F16 | BF16 | I16 => 2,
             I8 => 1,
             I64 | F64 => 8,
-            Q4_0 => 2 + 16,
+            // Per row and block on average: an 8-row group's block is 8 × 18 bytes.
+            Q4_0 | Q4_0X8 => 2 + 16,
             Q4_1 => 2 + 2 + 16,
             Q5_0 => 2 + 4 + 16,
             Q5_1 => 2 + 2 + 4 + 16,
@@ -106,6 +110,26 @@ impl GgmlType {
         }
     }
 
+    /// Rows stored together: 8 for [`GgmlType::Q4_0X8`] (a tensor of it holds whole groups
+    /// of 8 rows, each block of a group 8 rows' blocks side by side, see
+    /// [`crate::interleave`]), 1 for every ggml type (rows one after another).
+    pub const fn group_rows(self) -> usize {
+        match self {
+            GgmlType::Q4_0X8 => crate::interleave::GROUP_ROWS,
+            _ => 1,
+        }
+    }
+
+    /// The row type this type's groups hold: Q4_0 for [`GgmlType::Q4_0X8`], the type
+    /// itself for every other. The two hold the same bytes, moved
+    /// ([`crate::interleave`]).
+    pub const fn ungrouped(self) -> Self {
+        match self {
+            GgmlType::Q4_0X8 => GgmlType::Q4_0,
+            t => t,
+        }
+    }
+
     /// Bytes taken by `n` elements, or `None` if `n` is not a whole number of
     /// blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
@@ -127,6 +151,7 @@ impl GgmlType {
             IQ4_NL => "iq4_nl", IQ3_S => "iq3_s", IQ2_S => "iq2_s", IQ4_XS => "iq4_xs",
             I8 => "i8", I16 => "i16", I32 => "i32", I64 => "i64", F64 => "f64", IQ1_M => "iq1_m",
             BF16 => "bf16", TQ1_0 => "tq1_0", TQ2_0 => "tq2_0", MXFP4 => "mxfp4",
+            Q4_0X8 => "q4_0x8",
         }
     }
 
@@ -153,7 +178,8 @@ mod tests {
             assert_eq!(GgmlType::from_name(t.name()), Some(t));
         }
         assert_eq!(GgmlType::from_u32(4), None);
-        assert_eq!(GgmlType::from_u32(1000), None);
+        assert_eq!(GgmlType::from_u32(999), None);
+        assert_eq!(GgmlType::from_u32(1000), Some(GgmlType::Q4_0X8));
     }
 
     #[test]

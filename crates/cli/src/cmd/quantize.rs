@@ -25,7 +25,9 @@ pub struct Args {
     #[arg(value_name = "OUT.gguf")]
     pub output: PathBuf,
     /// Target type: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k (Q3_K_M mix),
-    /// q4_k (Q4_K_M mix), q5_k (Q5_K_M mix), q6_k
+    /// q4_k (Q4_K_M mix), q5_k (Q5_K_M mix), q6_k, q4_0x8 (Q4_0 with 8 rows interleaved:
+    /// hearth's own layout, faster decode on x86-64, refused by llama.cpp; the embedding
+    /// stays q4_0; from q4_0 and back without loss or --allow-requantize)
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: String,
     /// Type of output.weight (the tied embedding when there is none) [default: recipe]
@@ -110,7 +112,11 @@ pub fn run(a: Args) -> Result<()> {
         *counts.entry(p.dst.name()).or_default() += 1;
     }
     let counts: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
-    let fallbacks = plan.iter().filter(|p| p.fallback).count();
+    // A grouped target's matrices kept in its row type (the embedding table, rows not
+    // whole groups) apart from the block-size fallbacks.
+    let ungrouped = |p: &&hearth_model::quantize::TensorPlan| opts.ty.group_rows() > 1 && p.dst == opts.ty.ungrouped();
+    let kept = plan.iter().filter(|p| p.fallback && ungrouped(p)).count();
+    let fallbacks = plan.iter().filter(|p| p.fallback && !ungrouped(p)).count();
     let ftype = target_file_type(opts.ty).map(file_type_name).unwrap_or_default();
     eprintln!(
         "wrote {} ({ftype}): {} -> {}; tensors: {}{}; {:.1} s",
@@ -118,7 +124,13 @@ pub fn run(a: Args) -> Result<()> {
         mib(in_bytes),
         mib(out_bytes),
         counts.join(", "),
-        if fallbacks > 0 { format!(" ({fallbacks} fell back: rows not whole blocks)") } else { String::new() },
+        [
+            (fallbacks > 0).then(|| format!(" ({fallbacks} fell back: rows not whole blocks)")),
+            (kept > 0).then(|| format!(" ({kept} kept in {}: an embedding table, or rows not whole groups of {})", opts.ty.ungrouped(), opts.ty.group_rows())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<String>(),
         start.elapsed().as_secs_f64()
     );
     Ok(())

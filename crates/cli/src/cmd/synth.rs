@@ -236,7 +236,8 @@ pub struct Args {
     /// a2.7b: 5632]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_ff_shexp: Option<u64>,
-    /// Type of the embedding and the layer matrices (any type hearth can quantize to)
+    /// Type of the embedding and the layer matrices (any type hearth can quantize to;
+    /// q4_0x8: Q4_0 with 8 rows interleaved, hearth's own layout, the embedding in q4_0)
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_0", value_parser = parse_type)]
     pub ty: GgmlType,
     /// Type of output.weight [default: the --type]
@@ -371,9 +372,13 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
     // A matrix, or stacked experts ([cols, rows, n_expert]: n_expert·rows rows).
     let (cols, rows) = (t.dims[0] as usize, t.dims[1..].iter().product::<u64>() as usize);
     let row_bytes = t.ty.row_bytes(cols as u64).expect("checked by TensorSpec::size") as usize;
+    // Rows stored in groups (Q4_0X8): quantized as their row type, then grouped, a chunk
+    // of whole groups at a time (`file_tensors` gives such a type whole groups only).
+    let (group, row_ty) = (t.ty.group_rows(), t.ty.ungrouped());
     // (A tensor of fewer rows than threads, e.g. the router of a 1-expert file, is one chunk.)
-    let chunk_rows = ((64usize << 20) / row_bytes).clamp(threads.min(rows.max(1)), rows.max(1));
+    let chunk_rows = ((64usize << 20) / row_bytes).clamp(threads.min(rows.max(1)), rows.max(1)).next_multiple_of(group);
     let mut buf = vec![0u8; chunk_rows * row_bytes];
+    let mut grouped = Vec::new();
     let tseed = splitmix(seed ^ splitmix(ti as u64));
     let mut r0 = 0;
     while r0 < rows {
@@ -389,7 +394,7 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
                         let mut x = vec![0f32; cols];
                         for (j, dst) in part.chunks_mut(row_bytes).enumerate() {
                             random_row(tseed ^ splitmix((r0 + k * per + j) as u64), &mut x);
-                            hearth_quant::quantize_row(t.ty, &x, dst)?;
+                            hearth_quant::quantize_row(row_ty, &x, dst)?;
                         }
                         Ok(())
                     })
@@ -400,6 +405,13 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
         if let Some(e) = err {
             return Err(std::io::Error::other(e));
         }
+        let out: &[u8] = if group > 1 {
+            grouped.resize(out.len(), 0);
+            hearth_quant::interleave::interleave_q4_0(out, n, cols, &mut grouped).map_err(std::io::Error::other)?;
+            &grouped
+        } else {
+            out
+        };
         w.write_all(out)?;
         pb.inc(out.len() as u64);
         r0 += n;
@@ -508,7 +520,7 @@ pub fn run(a: Args) -> Result<()> {
     for (flag, ty) in [("--type", a.ty), ("--output-type", out_ty)] {
         let probe = vec![0f32; ty.block_size()];
         let mut dst = vec![0u8; ty.type_size()];
-        if hearth_quant::quantize_row(ty, &probe, &mut dst).is_err() {
+        if hearth_quant::quantize_row(ty.ungrouped(), &probe, &mut dst).is_err() {
             bail!("{flag} {ty}: hearth cannot quantize to this type yet");
         }
     }

@@ -55,6 +55,12 @@ trait RowTile {
     /// byte of a group ahead (`prefetch_rows`), or null when an earlier tile
     /// of the group has already prefetched it or it is past the matrix.
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]);
+    /// The `next` of the group at row `r0`'s first tile: a group ahead
+    /// ([`super::prefetch_rows`]; null past the matrix).
+    #[inline(always)]
+    fn ahead(p: &Panel<'_>, r0: usize) -> *const u8 {
+        super::prefetch_rows(p, r0, LANES)
+    }
 }
 
 /// 4×4 transposes of dwords within each 128-bit lane of `a`: out `h`, lane
@@ -174,15 +180,7 @@ impl<D: IntDot> RowTile for Q4_0<D> {
             let off = b * Self::WB;
             super::prefetch_group_step(next, b, LANES * Q4_0_WB);
             let (w, dw) = load8(rows, off);
-            for (t, acc) in acc.iter_mut().enumerate() {
-                // The Q8_0 block's quants from byte 2; group k = bytes 2 + 4k.
-                let a = ap.add(t * p.act_stride + b * 34);
-                // The block's integer dot: -8 sum(a) + sum(u a).
-                let bias = bcast4(sp.add((t * nb + b) * 4));
-                let i = D::dot8_nibbles(bias, &w, bcast4x8(a.add(2)));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(a)));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), *acc);
-            }
+            q4_0_tokens::<D, T>(p, ap, sp, b, &w, dw, &mut acc);
         }
         for (t, acc) in acc.iter().enumerate() {
             _mm256_storeu_ps(out[t].as_mut_ptr(), *acc);
@@ -190,11 +188,79 @@ impl<D: IntDot> RowTile for Q4_0<D> {
     }
 }
 
+/// Block `b` of the 8 rows (nibbles `w` as [`load8`] gives them, scales `dw`) for the
+/// tile's tokens (activations from `ap`, their `-8 sum(a)` from `sp`):
+/// `acc[t] += dw · d_a · float(-8 sum(a) + sum(w a))`.
+#[inline(always)]
+unsafe fn q4_0_tokens<D: IntDot, const T: usize>(
+    p: &Panel<'_>,
+    ap: *const u8,
+    sp: *const u8,
+    b: usize,
+    w: &[__m256i; 8],
+    dw: __m256,
+    acc: &mut [__m256; T],
+) {
+    let nb = p.cols / 32;
+    for (t, acc) in acc.iter_mut().enumerate() {
+        // The Q8_0 block's quants from byte 2; group k = bytes 2 + 4k.
+        let a = ap.add(t * p.act_stride + b * 34);
+        // The block's integer dot: -8 sum(a) + sum(u a).
+        let bias = bcast4(sp.add((t * nb + b) * 4));
+        let i = D::dot8_nibbles(bias, w, bcast4x8(a.add(2)));
+        let d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(a)));
+        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), *acc);
+    }
+}
+
+/// How far past its reads the Q4_0X8 tile prefetches into L1: the best of 1, 1.5, 2, 3,
+/// 4.5 and 6 KiB, into L1 or L2, for a prototype of this tile on the 7B's decode matmuls
+/// (Intel host, docs/BENCHMARKS.md session 43): farther read slower (6 KiB: 12%), and
+/// with no software prefetch the one stream read 25% slower.
+const Q4_0X8_AHEAD: usize = 2048;
+
+/// Q4_0X8 weights (`hearth_quant::interleave`) × Q8_0 activations: [`Q4_0`]'s tile and
+/// arithmetic, but a block's 8 rows come already transposed, scales first, so a group is
+/// one sequential stream: 5 loads a block, no transposes, no scale inserts.
+struct Q4_0X8<D>(PhantomData<D>);
+impl<D: IntDot> RowTile for Q4_0X8<D> {
+    const WB: usize = hearth_quant::interleave::GROUP_BLOCK_BYTES;
+    #[inline(always)]
+    unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
+        let nb = p.cols / 32;
+        let ap = p.act.as_ptr().add(t0 * p.act_stride);
+        let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            // The group's block b: rows.at(0, ·) is the group's first byte.
+            let q = rows.at(0, b * Self::WB);
+            if !next.is_null() {
+                for l in (0..Self::WB).step_by(64) {
+                    // Past the matrix near its end: a prefetch never faults.
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(Q4_0X8_AHEAD + l) as *const i8);
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(q as *const __m128i));
+            let u = [0, 1, 2, 3].map(|k| _mm256_loadu_si256(q.add(16 + 32 * k) as *const __m256i));
+            let w = [lo4(u[0]), lo4(u[1]), lo4(u[2]), lo4(u[3]), hi4(u[0]), hi4(u[1]), hi4(u[2]), hi4(u[3])];
+            q4_0_tokens::<D, T>(p, ap, sp, b, &w, dw, &mut acc);
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), *acc);
+        }
+    }
+    /// Non-null for the first tile (it prefetches [`Q4_0X8_AHEAD`] past its own reads).
+    #[inline(always)]
+    fn ahead(p: &Panel<'_>, r0: usize) -> *const u8 {
+        p.w.as_ptr().wrapping_add(r0 * p.row_stride)
+    }
+}
+
 /// One group × tiles of up to [`MAX_T`] tokens.
 #[inline(always)]
 unsafe fn group<K: RowTile, R: Rows>(p: &Panel<'_>, rows: &R, r0: usize, out: &mut [f32]) {
     let n = LANES.min(p.n_rows - r0);
-    let next_group = super::prefetch_rows(p, r0, LANES);
+    let next_group = K::ahead(p, r0);
     let mut buf = [[0f32; LANES]; MAX_T];
     let mut t0 = 0;
     while t0 < p.n_tokens {
@@ -258,6 +324,20 @@ pub(super) fn panel_q4_0_vnni(p: &Panel<'_>, out: &mut [f32]) {
     // SAFETY: as `panel_q4_0`, and this kernel is only in the avxvnni
     // level's table, handed out when AVX-VNNI was detected too.
     unsafe { run_vnni::<Q4_0<Vnni>>(p, out) }
+}
+
+/// The Q4_0X8 panel (bounds as Q4_0's: `Panel::check` knows its groups).
+pub(super) fn panel_q4_0x8(p: &Panel<'_>, out: &mut [f32]) {
+    check_q4_0(p, out);
+    // SAFETY: as `panel_q4_0`; whole 8-row groups (`check`), so every group is `Strided`.
+    unsafe { run::<Q4_0X8<Madd>>(p, out) }
+}
+
+/// The Q4_0X8 panel with AVX-VNNI dots.
+pub(super) fn panel_q4_0x8_vnni(p: &Panel<'_>, out: &mut [f32]) {
+    check_q4_0(p, out);
+    // SAFETY: as `panel_q4_0_vnni`.
+    unsafe { run_vnni::<Q4_0X8<Vnni>>(p, out) }
 }
 
 /// The Q4_K panel: checks bounds first.

@@ -50,6 +50,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q5_k: avx2::KERNELS.panel_q5_k,
     panel_q2_k: avx2::KERNELS.panel_q2_k,
     panel_q3_k: avx2::KERNELS.panel_q3_k,
+    // AVX2's (the same bits as the avx512 Q4_0 panels'); AVX-VNNI's `vpdpbusd` is not
+    // part of AVX-512 VNNI.
+    panel_q4_0x8: avx2::KERNELS.panel_q4_0x8,
 };
 
 /// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`; Q4_K AVX2's

@@ -23,6 +23,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q8_0: panel::<avx2::Q8_0<Vnni>, avx2_q8::Q8_0>,
     panel_q5_0: panel::<avx2_k::Q5_0<Vnni>, avx2_q8::Q5_0>,
     panel_q5_1: panel::<avx2_k::Q5_1<Vnni>, avx2_q8::Q5_1>,
+    panel_q4_0x8: avx2_rows::panel_q4_0x8_vnni,
     ..avx2::KERNELS
 };
 

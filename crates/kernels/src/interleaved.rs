@@ -1,0 +1,127 @@
+//! Q4_0X8 panels (`hearth_quant::interleave`) at the levels without a kernel of their own
+//! (scalar, NEON): each 8-row group copied back into Q4_0 rows, then the level's Q4_0
+//! panel on them. The results are that panel's bits, so a Q4_0X8 tensor multiplies as its
+//! Q4_0 form does at every level; the copy costs a pass over the group's bytes, which the
+//! x86-64 levels' own kernel (`arch::x86_64::avx2_rows`) does without.
+
+use crate::dispatch::{Panel, PanelFn};
+use hearth_quant::interleave::{deinterleave_group, GROUP_ROWS};
+use hearth_quant::GgmlType;
+use std::cell::RefCell;
+
+thread_local! {
+    /// A group's rows as Q4_0 and its panel's output: per thread, reused.
+    static SCRATCH: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The Q4_0X8 panel `p` through `q4_0`, a Q4_0 panel of the same level.
+pub(crate) fn by_rows(p: &Panel<'_>, out: &mut [f32], q4_0: PanelFn) {
+    p.check(GgmlType::Q8_0, out);
+    let rb = p.cols / 32 * GgmlType::Q4_0.type_size();
+    SCRATCH.with_borrow_mut(|(rows, res)| {
+        rows.resize(GROUP_ROWS * rb, 0);
+        res.resize(GROUP_ROWS * p.n_tokens, 0.0);
+        for g in 0..p.n_rows / GROUP_ROWS {
+            // The group's blocks (a column view's: contiguous within the group).
+            deinterleave_group(&p.w[g * GROUP_ROWS * p.row_stride..][..GROUP_ROWS * rb], p.cols, rows);
+            let group = Panel { wty: GgmlType::Q4_0, w: rows, row_stride: rb, n_rows: GROUP_ROWS, ..*p };
+            q4_0(&group, res);
+            for t in 0..p.n_tokens {
+                out[t * p.n_rows + g * GROUP_ROWS..][..GROUP_ROWS].copy_from_slice(&res[t * GROUP_ROWS..][..GROUP_ROWS]);
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{matmul_with, SimdLevel, ThreadPool, WeightView};
+    use hearth_quant::interleave::interleave_q4_0;
+    use hearth_quant::GgmlType;
+    use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+
+    /// `rows` × `cols` random Q4_0 (scales ±2^-12..2^4, some zero; any nibbles), and
+    /// `tokens` rows of activations.
+    fn q4_0(rows: usize, cols: usize, tokens: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut w = vec![0u8; rows * cols / 32 * 18];
+        for blk in w.chunks_mut(18) {
+            let d = if rng.gen_range(0..10) == 0 { 0.0 } else { rng.gen_range(-1f32..1.0) * 2f32.powi(rng.gen_range(-12..4)) };
+            blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            rng.fill(&mut blk[2..]);
+        }
+        (w, (0..tokens * cols).map(|_| rng.gen_range(-2f32..2.0)).collect())
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// One matmul at `level` into an output that starts mid cache line (a skew the
+    /// panel queue must not follow for Q4_0X8).
+    fn run(level: SimdLevel, pool: &ThreadPool, v: &WeightView<'_>, x: &[f32], tokens: usize) -> Vec<f32> {
+        let mut out = vec![0f32; v.rows * tokens + 3];
+        matmul_with(level, pool, v, x, tokens, &mut out[3..], &mut Vec::new()).unwrap();
+        out.split_off(3)
+    }
+
+    fn pools() -> &'static [ThreadPool] {
+        static POOLS: std::sync::OnceLock<Vec<ThreadPool>> = std::sync::OnceLock::new();
+        POOLS.get_or_init(|| (1..=3).map(ThreadPool::new).collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+        /// A Q4_0X8 tensor multiplies to the bits of its Q4_0 form at every level, on 1 to 3
+        /// threads, decode and prefill, whole and through row and column views. Control:
+        /// the Q4_0 bytes read as Q4_0X8 (not interleaved) give other numbers.
+        #[test]
+        fn q4_0x8_is_its_q4_0_form_at_every_level(
+            seed in any::<u64>(), groups in 1usize..=6, nb in 1usize..=12,
+            tokens in prop::sample::select(vec![1usize, 2, 3, 5, 9, 33]), threads in 0usize..3,
+        ) {
+            let (rows, cols) = (8 * groups, 32 * nb);
+            let (q, x) = q4_0(rows, cols, tokens, seed);
+            let mut ix = vec![0u8; q.len()];
+            interleave_q4_0(&q, rows, cols, &mut ix).unwrap();
+            let qv = WeightView::new(GgmlType::Q4_0, &q, rows, cols).unwrap();
+            let xv = WeightView::new(GgmlType::Q4_0X8, &ix, rows, cols).unwrap();
+            let pool = &pools()[threads];
+            for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
+                let want = run(level, pool, &qv, &x, tokens);
+                prop_assert!(bits(&run(level, pool, &xv, &x, tokens)) == bits(&want), "{:?}: {} x {}, {} tokens", level, rows, cols, tokens);
+                // Rows from the second group on; the last column blocks.
+                if groups > 1 {
+                    let (a, b) = (qv.rows(8..rows), xv.rows(8..rows));
+                    prop_assert!(bits(&run(level, pool, &b, &x, tokens)) == bits(&run(level, pool, &a, &x, tokens)), "{:?}: rows 8..", level);
+                }
+                if nb > 1 {
+                    let c0 = 32 * (nb / 2);
+                    let xs: Vec<f32> = x.chunks(cols).flat_map(|t| t[c0..].iter().copied()).collect();
+                    let (a, b) = (qv.cols(c0..cols).unwrap(), xv.cols(c0..cols).unwrap());
+                    prop_assert!(bits(&run(level, pool, &b, &xs, tokens)) == bits(&run(level, pool, &a, &xs, tokens)), "{:?}: cols {}..", level, c0);
+                }
+                let raw = WeightView::new(GgmlType::Q4_0X8, &q, rows, cols).unwrap();
+                if want.iter().any(|v| *v != 0.0) {
+                    prop_assert!(bits(&run(level, pool, &raw, &x, tokens)) != bits(&want), "{:?}: the control matched", level);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn views_keep_whole_groups() {
+        let q = vec![0u8; 16 * 18];
+        let e = WeightView::new(GgmlType::Q4_0X8, &q[..12 * 18], 12, 32).unwrap_err();
+        assert!(e.to_string().contains("whole groups"), "{e}");
+        let v = WeightView::new(GgmlType::Q4_0X8, &q, 16, 32).unwrap();
+        assert_eq!(v.rows(8..16).rows, 8);
+        assert!(std::panic::catch_unwind(|| v.rows(4..12)).is_err());
+        assert!(std::panic::catch_unwind(|| v.row(0)).is_err());
+        let mut bad = v;
+        bad.rows = 12;
+        assert!(bad.validate().is_err());
+    }
+}
