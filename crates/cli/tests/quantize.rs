@@ -236,3 +236,21 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
     assert_clean_error(&o, "tensor parallelism cannot cut");
 }
+
+/// A mixture of experts written as Q4_0X8 (`synth`; routers and experts grouped) comes back
+/// to Q4_0 whole (routers too: bytes moved), with the same greedy tokens.
+#[test]
+fn q4_0x8_experts_and_routers_come_back_to_q4_0() {
+    let d = dir("q4_0x8_moe");
+    let x8 = d.join("x8.gguf");
+    let o = hearth(&["synth", "--arch", "qwen3moe", "--shape", "tiny", "--type", "q4_0x8", "--out", s(&x8)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = GgufFile::open(&x8).unwrap();
+    assert_eq!(types(&f)["blk.0.ffn_gate_exps.weight"], GgmlType::Q4_0X8);
+    assert_eq!(types(&f)["blk.0.ffn_gate_inp.weight"], GgmlType::Q4_0X8);
+    let q4 = d.join("q4_0.gguf");
+    quantize(&x8, &q4, "q4_0", &["--pure"]);
+    let back = types(&GgufFile::open(&q4).unwrap());
+    assert!(back.values().all(|t| *t != GgmlType::Q4_0X8), "{back:?}");
+    assert_eq!(greedy(&x8, 8), greedy(&q4, 8));
+}

@@ -238,7 +238,8 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
         let (dst, fell_back) = if t.dims.len() == 1 && is_float(t.ty) {
             (F32, false)
         } else if !matrix || router {
-            (t.ty, false)
+            // As it is, but out of a grouped layout unless the target is one (bytes moved).
+            (if target.group_rows() == 1 { t.ty.ungrouped() } else { t.ty }, false)
         } else {
             let cols = t.dims[0];
             let is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
