@@ -92,7 +92,7 @@ impl TensorSplit {
             let shared = l.shared.iter().flat_map(|sh| [&sh.gate_inp, &sh.gate, &sh.up, &sh.down]);
             l.matrices().into_iter().chain(l.router.as_ref()).chain(shared)
         });
-        if let Some(t) = grouped.into_iter().find(|t| t.ty.group_rows() > 1) {
+        if let Some(t) = grouped.chain([&w.output]).find(|t| t.ty.group_rows() > 1) {
             return Err(ModelError::Context(format!(
                 "tensor parallelism cannot cut {} (type {}, rows stored in groups of {}) yet: run a Q4_0 file across devices (`hearth quantize --type q4_0` makes one, losslessly)",
                 t.name,

@@ -333,22 +333,22 @@ impl Weights {
     }
 
     /// Matrices of a type that stores rows in groups (Q4_0X8): not the embedding table
-    /// (its rows are looked up one by one, unless it is also the output head: then the
-    /// lookup fails first), and every matrix the model multiplies — each expert, each
-    /// part of a fused tensor, the output head's row chunks (`source::head_chunks`) —
-    /// whole groups of rows.
+    /// (its rows are looked up one by one), and every matrix the model multiplies (each
+    /// expert, each part of a fused tensor, the output head) in whole groups of rows (the
+    /// head's row chunks then are too: `source::head_chunks`).
     fn check_row_groups(&self, n_expert: usize) -> Result<()> {
         let bad = |t: &TensorRef, why: String| ModelError::GroupedRows { name: t.name.clone(), ty: t.ty, group: t.ty.group_rows(), why };
         let e = &self.token_embd;
         if e.ty.group_rows() > 1 {
             return Err(bad(e, "the embedding table's rows are looked up one by one; keep it in a row type (`hearth quantize` does)".into()));
         }
+        let head = [(&self.output, self.output.rows)];
         for l in &self.layers {
             // A layer with a router holds stacked experts, multiplied one at a time.
             let experts = [&l.w_gate, &l.w_up, &l.w_down].map(|t| (t, if l.router.is_some() { t.rows / n_expert.max(1) } else { t.rows }));
             let shared = l.shared.iter().flat_map(|sh| [&sh.gate_inp, &sh.gate, &sh.up, &sh.down]);
-            let whole = [&l.wq, &l.wk, &l.wv, &l.wo, &self.output].into_iter().chain(l.router.as_ref()).chain(shared);
-            for (t, rows) in whole.map(|t| (t, t.rows)).chain(experts) {
+            let whole = [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.router.as_ref()).chain(shared);
+            for (t, rows) in whole.map(|t| (t, t.rows)).chain(experts).chain(head) {
                 if !rows.is_multiple_of(t.ty.group_rows()) {
                     return Err(bad(t, format!("{rows} rows are not whole groups")));
                 }

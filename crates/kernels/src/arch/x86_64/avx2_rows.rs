@@ -51,9 +51,9 @@ const MAX_T: usize = 4;
 trait RowTile {
     /// Bytes of one weight block.
     const WB: usize;
-    /// Tokens `t0..t0+T` × the 8 rows, into `out[t]`; `next` is the first
-    /// byte of a group ahead (`prefetch_rows`), or null when an earlier tile
-    /// of the group has already prefetched it or it is past the matrix.
+    /// Tokens `t0..t0+T` × the 8 rows, into `out[t]`; `next` is what
+    /// [`ahead`](Self::ahead) gave for the group's first tile, null for its
+    /// later tiles (the first one prefetched for them).
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]);
     /// The `next` of the group at row `r0`'s first tile: a group ahead
     /// ([`super::prefetch_rows`]; null past the matrix).
