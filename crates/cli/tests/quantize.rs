@@ -198,7 +198,7 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     quantize(&model(), &q4, "q4_0", &["--allow-requantize", "--pure"]);
     let x8 = d.join("x8.gguf");
     let err = quantize(&q4, &x8, "q4_0x8", &["--pure"]);
-    assert!(err.contains("210 q4_0x8") && err.contains("1 kept in q4_0: an embedding table"), "{err}");
+    assert!(err.contains("210 q4_0x8") && err.contains("1 kept in their row type: an embedding table"), "{err}");
     let f = GgufFile::open(&x8).unwrap();
     let ty = types(&f);
     assert_eq!(ty["token_embd.weight"], GgmlType::Q4_0);
@@ -216,7 +216,7 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     assert!(v.contains("Q4_0X8"), "{v}");
 
     let o = hearth(&["quantize", s(&q4), s(&d.join("e.gguf")), "--type", "q4_0", "--token-embedding-type", "q4_0x8"]);
-    assert_clean_error(&o, "--token-embedding-type q4_0x8");
+    assert_clean_error(&o, "--token-embedding-type q4_0x8: the embedding table's rows are looked up one by one");
     // A file whose embedding table is grouped (no hearth command writes one) is refused
     // at load, naming it.
     let specs: Vec<hearth_gguf::TensorSpec> = f

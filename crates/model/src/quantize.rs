@@ -106,6 +106,12 @@ pub enum QuantizeError {
         /// Supported types.
         supported: String,
     },
+    /// `--token-embedding-type` names a type that stores rows in groups.
+    #[error("--token-embedding-type {ty}: the embedding table's rows are looked up one by one, so it cannot be stored as {ty} (rows in groups of 8)")]
+    GroupedEmbedding {
+        /// The type asked for.
+        ty: GgmlType,
+    },
     /// A quantized source tensor would be requantized without permission.
     #[error("tensor {name} is already quantized ({ty}); requantizing it loses quality, pass --allow-requantize to do it anyway")]
     Requantize {
@@ -165,6 +171,9 @@ pub struct TensorPlan {
     pub dst: GgmlType,
     /// Whether `dst` is a fallback because the rows are not whole blocks of the recipe's type.
     pub fallback: bool,
+    /// Whether a grouped type (Q4_0X8) was asked for and `dst` is its row type instead (an
+    /// embedding table, or rows not whole groups).
+    pub kept_ungrouped: bool,
 }
 
 fn check_target(flag: &str, ty: GgmlType) -> Result<(), QuantizeError> {
@@ -210,9 +219,7 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
     if let Some(t) = o.token_embedding_type {
         check_target("--token-embedding-type", t)?;
         if t.group_rows() > 1 {
-            // Its rows are looked up one by one.
-            let supported = QUANTIZE_TARGETS.iter().filter(|t| t.group_rows() == 1).map(|t| t.name()).collect::<Vec<_>>().join(", ");
-            return Err(QuantizeError::UnsupportedTarget { flag: "--token-embedding-type".into(), ty: t.name().into(), supported });
+            return Err(QuantizeError::GroupedEmbedding { ty: t });
         }
     }
     // A grouped target follows its row type's recipe; the matrices that can be are then
@@ -235,11 +242,11 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
         // not quantize expert gating tensors"): rounding its logits changes which experts
         // a token is routed to, for a matrix of a few KiB.
         let router = name.ends_with("ffn_gate_inp.weight");
-        let (dst, fell_back) = if t.dims.len() == 1 && is_float(t.ty) {
-            (F32, false)
+        let (dst, fell_back, kept_ungrouped) = if t.dims.len() == 1 && is_float(t.ty) {
+            (F32, false, false)
         } else if !matrix || router {
             // As it is, but out of a grouped layout unless the target is one (bytes moved).
-            (if target.group_rows() == 1 { t.ty.ungrouped() } else { t.ty }, false)
+            (if target.group_rows() == 1 { t.ty.ungrouped() } else { t.ty }, false, false)
         } else {
             let cols = t.dims[0];
             let is_output = name == "output.weight" || (!has_output && name == "token_embd.weight");
@@ -291,11 +298,11 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
             // of rows (per expert: dims[1]).
             let g = if ty.group_rows() == 1 && target.group_rows() > 1 && ty == target.ungrouped() { target } else { ty };
             if g.group_rows() == 1 {
-                (ty, fell_back)
+                (ty, fell_back, false)
             } else if name != "token_embd.weight" && t.dims[1].is_multiple_of(g.group_rows() as u64) {
-                (g, fell_back)
+                (g, fell_back, false)
             } else {
-                (g.ungrouped(), true)
+                (g.ungrouped(), fell_back, true)
             }
         };
         // Q4_0 <-> Q4_0X8 moves bytes only.
@@ -310,7 +317,7 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
                 return Err(QuantizeError::UnsupportedSource { name: name.into(), ty: t.ty });
             }
         }
-        plan.push(TensorPlan { name: name.into(), dims: t.dims.clone(), src: t.ty, dst, fallback: fell_back });
+        plan.push(TensorPlan { name: name.into(), dims: t.dims.clone(), src: t.ty, dst, fallback: fell_back, kept_ungrouped });
     }
     Ok(plan)
 }
@@ -375,9 +382,12 @@ pub fn convert_tensor(
     }
     // Rows stored in groups (Q4_0X8) are converted as their row type (Q4_0): a chunk
     // is ungrouped after reading and grouped before writing, in whole groups.
+    // Each matrix's rows (dims[1]; a stack of experts has n_expert of them) whole groups,
+    // so no group straddles two experts.
     let group = p.src.group_rows().max(p.dst.group_rows());
-    if !rows.is_multiple_of(group) {
-        return Err(bad(&format!("{rows} rows are not whole groups of {group}")));
+    let per_matrix = p.dims.get(1).map_or(1, |&r| r as usize);
+    if !per_matrix.is_multiple_of(group) {
+        return Err(bad(&format!("{per_matrix} rows are not whole groups of {group}")));
     }
     let (src_ty, dst_ty) = (p.src.ungrouped(), p.dst.ungrouped());
     let regroup = |ty: GgmlType, from: &[u8], n: usize, to: &mut Vec<u8>, apart: bool| -> std::io::Result<()> {
@@ -586,7 +596,7 @@ mod tests {
     fn conversion_matches_a_direct_quantization_at_any_thread_count() {
         let f = file(GgmlType::F32);
         let t = f.tensor("blk.0.ffn_down.weight").unwrap();
-        let p = TensorPlan { name: t.name.clone(), dims: t.dims.clone(), src: t.ty, dst: GgmlType::Q4_K, fallback: false };
+        let p = TensorPlan { name: t.name.clone(), dims: t.dims.clone(), src: t.ty, dst: GgmlType::Q4_K, fallback: false, kept_ungrouped: false };
         let mut one = Vec::new();
         convert_tensor(&p, f.tensor_data(t), 1, &mut one, &|_| {}).unwrap();
         let mut three = Vec::new();
@@ -611,7 +621,8 @@ mod tests {
         for p in plan.iter().filter(|p| p.dims.len() > 1) {
             let grouped = p.name.contains("ffn_down");
             assert_eq!(p.dst, if grouped { GgmlType::Q4_0X8 } else { GgmlType::Q4_0 }, "{}", p.name);
-            assert_eq!(p.fallback, !grouped, "{}", p.name);
+            assert_eq!(p.kept_ungrouped, !grouped, "{}", p.name);
+            assert!(!p.fallback, "{}", p.name);
         }
         let t = f.tensor("blk.0.ffn_down.weight").unwrap();
         let p = plan.iter().find(|p| p.name == t.name).unwrap();
@@ -635,8 +646,13 @@ mod tests {
         convert_tensor(&q4p, f32.tensor_data(t), 1, &mut q4, &|_| {}).unwrap();
         hearth_quant::interleave::interleave_q4_0(&q4, 576, 512, &mut want).unwrap();
         assert!(x8 == want);
+        // A stack of experts whose rows per expert are not whole groups is refused (its
+        // groups would straddle two experts), though its total rows are.
+        let odd = TensorPlan { dims: vec![32, 12, 2], src: GgmlType::Q4_0X8, dst: GgmlType::Q4_0, ..p.clone() };
+        let e = convert_tensor(&odd, &[0u8; 24 * 18], 1, &mut Vec::new(), &|_| {}).unwrap_err();
+        assert!(e.to_string().contains("12 rows are not whole groups of 8"), "{e}");
         // A grouped embedding table is refused.
         let bad = QuantizeOptions { token_embedding_type: Some(GgmlType::Q4_0X8), ..QuantizeOptions::new(GgmlType::Q4_0) };
-        assert!(matches!(plan_quantize(&f, &bad), Err(QuantizeError::UnsupportedTarget { .. })));
+        assert!(matches!(plan_quantize(&f, &bad), Err(QuantizeError::GroupedEmbedding { .. })));
     }
 }

@@ -25,9 +25,12 @@ pub struct Args {
     #[arg(value_name = "OUT.gguf")]
     pub output: PathBuf,
     /// Target type: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k (Q3_K_M mix),
-    /// q4_k (Q4_K_M mix), q5_k (Q5_K_M mix), q6_k, q4_0x8 (Q4_0 with 8 rows interleaved:
-    /// hearth's own layout, faster decode on x86-64, refused by llama.cpp; the embedding
-    /// stays q4_0; from q4_0 and back without loss or --allow-requantize)
+    /// q4_k (Q4_K_M mix), q5_k (Q5_K_M mix), q6_k, q4_0x8 (Q4_0's recipe with 8 rows of
+    /// each matrix interleaved: hearth's own layout, faster at the avx2 and avxvnni levels,
+    /// slower prefill at avx512, refused by llama.cpp and tensor parallelism; the embedding
+    /// table and matrices whose rows are not whole groups of 8 stay q4_0; from q4_0 and
+    /// back only moves bytes, but the recipe still upgrades a q4_0 output head (--pure
+    /// keeps it))
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: String,
     /// Type of output.weight (the tied embedding when there is none) [default: recipe]
@@ -114,9 +117,8 @@ pub fn run(a: Args) -> Result<()> {
     let counts: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
     // A grouped target's matrices kept in its row type (the embedding table, rows not
     // whole groups) apart from the block-size fallbacks.
-    let ungrouped = |p: &&hearth_model::quantize::TensorPlan| opts.ty.group_rows() > 1 && p.dst == opts.ty.ungrouped();
-    let kept = plan.iter().filter(|p| p.fallback && ungrouped(p)).count();
-    let fallbacks = plan.iter().filter(|p| p.fallback && !ungrouped(p)).count();
+    let kept = plan.iter().filter(|p| p.kept_ungrouped).count();
+    let fallbacks = plan.iter().filter(|p| p.fallback).count();
     let ftype = target_file_type(opts.ty).map(file_type_name).unwrap_or_default();
     eprintln!(
         "wrote {} ({ftype}): {} -> {}; tensors: {}{}; {:.1} s",
@@ -126,7 +128,7 @@ pub fn run(a: Args) -> Result<()> {
         counts.join(", "),
         [
             (fallbacks > 0).then(|| format!(" ({fallbacks} fell back: rows not whole blocks)")),
-            (kept > 0).then(|| format!(" ({kept} kept in {}: an embedding table, or rows not whole groups of {})", opts.ty.ungrouped(), opts.ty.group_rows())),
+            (kept > 0).then(|| format!(" ({kept} kept in their row type: an embedding table, or rows not whole groups of 8)")),
         ]
         .into_iter()
         .flatten()
