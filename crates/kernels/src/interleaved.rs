@@ -35,6 +35,7 @@ pub(crate) fn by_rows(p: &Panel<'_>, out: &mut [f32], q4_0: PanelFn) {
 
 #[cfg(test)]
 mod tests {
+    use crate::tests::pools;
     use crate::{matmul_with, SimdLevel, ThreadPool, WeightView};
     use hearth_quant::interleave::interleave_q4_0;
     use hearth_quant::GgmlType;
@@ -64,11 +65,6 @@ mod tests {
         let mut out = vec![0f32; v.rows * tokens + 3];
         matmul_with(level, pool, v, x, tokens, &mut out[3..], &mut Vec::new()).unwrap();
         out.split_off(3)
-    }
-
-    fn pools() -> &'static [ThreadPool] {
-        static POOLS: std::sync::OnceLock<Vec<ThreadPool>> = std::sync::OnceLock::new();
-        POOLS.get_or_init(|| (1..=3).map(ThreadPool::new).collect())
     }
 
     proptest! {

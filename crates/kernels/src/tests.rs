@@ -373,7 +373,7 @@ fn paired_cols(wty: GgmlType, nb: usize) -> usize {
 }
 
 /// Pools of 1, 2 and 3 threads shared by the property tests.
-fn pools() -> &'static [ThreadPool] {
+pub(crate) fn pools() -> &'static [ThreadPool] {
     static POOLS: std::sync::OnceLock<Vec<ThreadPool>> = std::sync::OnceLock::new();
     POOLS.get_or_init(|| (1..=3).map(ThreadPool::new).collect())
 }
