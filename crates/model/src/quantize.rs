@@ -30,8 +30,9 @@
 //!   rows (per expert) stored as hearth's Q4_0X8 ([`hearth_quant::interleave`]: the same
 //!   bytes, 8 rows interleaved; faster decode, but llama.cpp refuses the file); the
 //!   embedding table stays Q4_0 (its rows are looked up one by one), as does a matrix
-//!   with other rows (reported as a fallback). Q4_0 ↔ Q4_0X8 moves bytes only: lossless,
-//!   and no `--allow-requantize`.
+//!   with other rows ([`TensorPlan::kept_ungrouped`]). Q4_0 ↔ Q4_0X8 moves bytes only:
+//!   lossless, and no `--allow-requantize` (the recipe still upgrades a Q4_0 output head
+//!   unless `pure`).
 //!
 //! Quantizing an already-quantized tensor to another quantized type compounds the rounding
 //! errors, so it is refused unless `allow_requantize` is set (llama-quantize's

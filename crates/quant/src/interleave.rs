@@ -18,8 +18,10 @@
 //! block's quant bytes transposed in registers and its 8 scales gathered one by one; from
 //! this layout it is one sequential stream, 5 loads a block and no shuffles. On the 7B's
 //! decode matmuls (`hearth-kernels`' bench `layers_7b_decode`, `TYPE=q4_0x8`) that read
-//! 8-12% more bytes per second at 1 thread and 16-19% more at 2, and the 7B decodes
-//! 8-15% faster (docs/BENCHMARKS.md, session 43).
+//! 8-12% more bytes per second at 1 thread and 16-19% more at 2, and the 7B decodes 5-13%
+//! faster at the avx2 level (docs/BENCHMARKS.md, session 43). The avx512 levels have no
+//! tile of their own for it yet (they run avx2's), so there their own Q4_0 kernel
+//! prefills faster.
 //!
 //! The price is compatibility: the type id ([`GgmlType::Q4_0X8`], 1000) is hearth's own,
 //! so llama.cpp and other GGUF readers refuse such a file; and rows are not contiguous,
