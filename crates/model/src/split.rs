@@ -89,7 +89,7 @@ impl TensorSplit {
         // A split cuts every matrix by rows or columns: one whose rows are stored in groups
         // (Q4_0X8) is not cut yet.
         let grouped = w.layers.iter().flat_map(|l| {
-            let shared = l.shared.iter().flat_map(|sh| [&sh.gate_inp, &sh.gate, &sh.up, &sh.down]);
+            let shared = l.shared.iter().flat_map(|sh| sh.tensors());
             l.matrices().into_iter().chain(l.router.as_ref()).chain(shared)
         });
         if let Some(t) = grouped.chain([&w.output]).find(|t| t.ty.group_rows() > 1) {

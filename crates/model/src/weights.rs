@@ -346,7 +346,7 @@ impl Weights {
         for l in &self.layers {
             // A layer with a router holds stacked experts, multiplied one at a time.
             let experts = [&l.w_gate, &l.w_up, &l.w_down].map(|t| (t, if l.router.is_some() { t.rows / n_expert.max(1) } else { t.rows }));
-            let shared = l.shared.iter().flat_map(|sh| [&sh.gate_inp, &sh.gate, &sh.up, &sh.down]);
+            let shared = l.shared.iter().flat_map(|sh| sh.tensors());
             let whole = [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.router.as_ref()).chain(shared);
             for (t, rows) in whole.map(|t| (t, t.rows)).chain(experts).chain(head) {
                 if !rows.is_multiple_of(t.ty.group_rows()) {
