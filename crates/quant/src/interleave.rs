@@ -97,21 +97,21 @@ pub fn deinterleave_group(src: &[u8], cols: usize, dst: &mut [u8]) {
 /// same length). Errors: `cols` not whole blocks, `rows` not whole groups of 8, a buffer
 /// of the wrong length.
 pub fn interleave_q4_0(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> Result<(), QuantError> {
-    check(rows, cols, src.len(), dst.len())?;
-    let group = GROUP_ROWS * cols / 32 * Q4_0_BYTES;
-    for (s, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
-        interleave_group(s, cols, d);
-    }
-    Ok(())
+    by_groups(src, rows, cols, dst, interleave_group)
 }
 
 /// A Q4_0X8 tensor (`src`) back as row-major Q4_0 (`dst`): the inverse of
 /// [`interleave_q4_0`], with its errors.
 pub fn deinterleave_q4_0(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> Result<(), QuantError> {
+    by_groups(src, rows, cols, dst, deinterleave_group)
+}
+
+/// `group` (either direction) over every 8-row group of a checked tensor.
+fn by_groups(src: &[u8], rows: usize, cols: usize, dst: &mut [u8], group: fn(&[u8], usize, &mut [u8])) -> Result<(), QuantError> {
     check(rows, cols, src.len(), dst.len())?;
-    let group = GROUP_ROWS * cols / 32 * Q4_0_BYTES;
-    for (s, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
-        deinterleave_group(s, cols, d);
+    let bytes = GROUP_ROWS * cols / 32 * Q4_0_BYTES;
+    for (s, d) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(bytes)) {
+        group(s, cols, d);
     }
     Ok(())
 }
