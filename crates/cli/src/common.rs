@@ -371,7 +371,7 @@ pub fn file_type_of(ty: hearth_quant::GgmlType) -> Option<u32> {
     Some(match ty {
         F32 => 0,
         F16 => 1,
-        // Q4_0X8 (hearth's, which llama.cpp refuses) holds Q4_0's numbers.
+        // Q4_0X8 and Q4_KX8 (hearth's, which llama.cpp refuses) hold Q4_0's and Q4_K's numbers.
         Q4_0 | Q4_0X8 => 2,
         Q4_1 => 3,
         Q8_0 => 7,
@@ -379,7 +379,7 @@ pub fn file_type_of(ty: hearth_quant::GgmlType) -> Option<u32> {
         Q5_1 => 9,
         Q2_K => 10,
         Q3_K => 11,
-        Q4_K => 14,
+        Q4_K | Q4_KX8 => 14,
         Q5_K => 16,
         Q6_K => 18,
         IQ4_NL => 25,

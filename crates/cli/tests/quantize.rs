@@ -237,20 +237,54 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     assert_clean_error(&o, "tensor parallelism cannot cut");
 }
 
-/// A mixture of experts written as Q4_0X8 (`synth`; routers and experts grouped) comes back
-/// to Q4_0 whole (routers too: bytes moved), with the same greedy tokens.
+/// Gemma 3's Q4_K_M file (llama.cpp's) → Q4_KX8 and back: Q4_K_M's recipe chooses the
+/// file's own types, so its 27 Q4_K matrices are grouped by moving bytes and the rest kept;
+/// the way back is the original file byte for byte, and the model computes the same
+/// numbers from either (greedy tokens, and perplexity to the bit). Control: the grouped
+/// file's bytes differ. A cluster refuses it with a clear error.
 #[test]
-fn q4_0x8_experts_and_routers_come_back_to_q4_0() {
-    let d = dir("q4_0x8_moe");
+fn q4_kx8_on_gemma3_moves_bytes_only_and_computes_the_same() {
+    let d = dir("q4_kx8");
     let x8 = d.join("x8.gguf");
-    let o = hearth(&["synth", "--arch", "qwen3moe", "--shape", "tiny", "--type", "q4_0x8", "--out", s(&x8)]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let f = GgufFile::open(&x8).unwrap();
-    assert_eq!(types(&f)["blk.0.ffn_gate_exps.weight"], GgmlType::Q4_0X8);
-    assert_eq!(types(&f)["blk.0.ffn_gate_inp.weight"], GgmlType::Q4_0X8);
-    let q4 = d.join("q4_0.gguf");
-    quantize(&x8, &q4, "q4_0", &["--pure"]);
-    let back = types(&GgufFile::open(&q4).unwrap());
-    assert!(back.values().all(|t| *t != GgmlType::Q4_0X8), "{back:?}");
-    assert_eq!(greedy(&x8, 8), greedy(&q4, 8));
+    let err = quantize(&gemma3(), &x8, "q4_kx8", &[]);
+    assert!(err.contains("27 q4_Kx8") && err.contains("9 q6_K"), "{err}");
+    let ty = types(&GgufFile::open(&x8).unwrap());
+    assert_eq!(ty["blk.0.attn_output.weight"], GgmlType::Q4_KX8);
+    assert_eq!(ty["blk.0.ffn_down.weight"], GgmlType::Q6_K);
+    assert_eq!(ty["blk.5.ffn_down.weight"], GgmlType::Q4_KX8);
+    let back = d.join("back.gguf");
+    quantize(&x8, &back, "q4_k", &[]);
+    let (a, b, c) = (std::fs::read(gemma3()).unwrap(), std::fs::read(&x8).unwrap(), std::fs::read(&back).unwrap());
+    assert!(a == c, "Q4_K_M -> Q4_KX8 -> Q4_K_M changed bytes");
+    assert!(a.len() == b.len() && a != b, "the grouped file should hold the same bytes, moved");
+    assert_eq!(greedy(&x8, 16), greedy(&gemma3(), 16));
+    let text = excerpt(&d);
+    assert_eq!(perplexity(&x8, &text).to_bits(), perplexity(&gemma3(), &text).to_bits());
+    let v = ok(hearth(&["bench", "-m", s(&x8), "-p", "0", "-n", "2", "-r", "1", "--json"]));
+    assert!(v.contains("Q4_KX8"), "{v}");
+    let w = Worker::start(&x8, &[]);
+    let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
+    assert_clean_error(&o, "tensor parallelism cannot cut");
+}
+
+/// A mixture of experts written as Q4_0X8 or Q4_KX8 (`synth`; routers and experts
+/// grouped) comes back to its row type whole (routers too: bytes moved), with the same
+/// greedy tokens.
+#[test]
+fn grouped_experts_and_routers_come_back_to_their_row_type() {
+    for (grouped, row) in [(GgmlType::Q4_0X8, GgmlType::Q4_0), (GgmlType::Q4_KX8, GgmlType::Q4_K)] {
+        let d = dir(&format!("{grouped}_moe"));
+        let x8 = d.join("x8.gguf");
+        let o = hearth(&["synth", "--arch", "qwen3moe", "--shape", "tiny", "--type", grouped.name(), "--out", s(&x8)]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let f = GgufFile::open(&x8).unwrap();
+        assert_eq!(types(&f)["blk.0.ffn_gate_exps.weight"], grouped);
+        assert_eq!(types(&f)["blk.0.ffn_gate_inp.weight"], grouped);
+        let back = d.join("back.gguf");
+        quantize(&x8, &back, row.name(), &["--pure"]);
+        let back_types = types(&GgufFile::open(&back).unwrap());
+        assert!(back_types.values().all(|t| t.group_rows() == 1), "{back_types:?}");
+        assert_eq!(back_types["blk.0.ffn_gate_exps.weight"], row);
+        assert_eq!(greedy(&x8, 8), greedy(&back, 8));
+    }
 }

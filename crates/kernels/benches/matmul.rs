@@ -17,8 +17,8 @@
 //!   in one `matmul_many`, O, gate and up in one, down (11008 columns); 2 MiB pages. The
 //!   decode step's matmuls without the rest of the model (compare with `hearth bench`'s
 //!   7B decode). Four layers are 437 MiB: on a host with a large L3 use `LAYERS=16`.
-//!   `TYPE=q4_k` for Q4_K instead, `TYPE=q4_0x8` for Q4_0X8 (Q4_0 with 8 rows
-//!   interleaved, `hearth_quant::interleave`).
+//!   `TYPE=q4_k` for Q4_K instead, `TYPE=q4_0x8` / `q4_kx8` for Q4_0X8 / Q4_KX8 (Q4_0 /
+//!   Q4_K with 8 rows interleaved, `hearth_quant::interleave`).
 //! - `NOISE=1` (environment): `matvec_dram` and `layers_7b_decode` weights are pseudo-random
 //!   bytes instead of a small quantized matrix repeated (a check that the repetition, which
 //!   a hypervisor could deduplicate, does not flatter the rate: it did not, session 42).
@@ -259,15 +259,16 @@ fn layers_7b(c: &mut Criterion) {
     let ty = match std::env::var("TYPE").as_deref() {
         Ok("q4_k") => GgmlType::Q4_K,
         Ok("q4_0x8") => GgmlType::Q4_0X8,
+        Ok("q4_kx8") => GgmlType::Q4_KX8,
         _ => GgmlType::Q4_0,
     };
     let rb = |cols: usize| ty.row_bytes(cols as u64).unwrap() as usize;
     // Per layer: Q, K, V, O (e × e), gate, up (ff × e), down (e × ff), back to back.
     let shapes = [(e, e), (e, e), (e, e), (e, e), (ff, e), (ff, e), (e, ff)];
     let layer_bytes: usize = shapes.iter().map(|&(r, c)| r * rb(c)).sum();
-    // Q4_0X8: Q4_0's bytes (any bytes are valid blocks of either; only the layout the
-    // kernel reads them in differs).
-    let seed = random_weights(if ty == GgmlType::Q4_0X8 { GgmlType::Q4_0 } else { ty }, 64, e, 7);
+    // Q4_0X8, Q4_KX8: their row type's bytes (any such bytes are valid blocks of either;
+    // only the layout the kernel reads them in differs).
+    let seed = random_weights(ty.ungrouped(), 64, e, 7);
     let (buf, at) = huge_page_copy(&seed, layers * layer_bytes);
     // Every layer's 7 views, made once: the timed loop only multiplies.
     let mut off = at;

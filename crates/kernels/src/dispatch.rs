@@ -179,6 +179,7 @@ pub(crate) struct Kernels {
     pub panel_q5_k: PanelFn,
     pub panel_q6_k: PanelFn,
     pub panel_q4_0x8: PanelFn,
+    pub panel_q4_kx8: PanelFn,
 }
 
 impl Kernels {
@@ -199,6 +200,7 @@ impl Kernels {
             GgmlType::Q5_K => self.panel_q5_k,
             GgmlType::Q6_K => self.panel_q6_k,
             GgmlType::Q4_0X8 => self.panel_q4_0x8,
+            GgmlType::Q4_KX8 => self.panel_q4_kx8,
             _ => return None,
         })
     }
@@ -229,9 +231,9 @@ impl Kernels {
     /// `K` when the panel for `wty` reads `-K * sum(a)` per activation block
     /// (`Panel::act_sums`): its unsigned weights are `w + K`.
     pub fn act_sum_offset(&self, wty: GgmlType) -> Option<i32> {
-        // Q4_0X8's panels read what the level's Q4_0 panels read: they are its arithmetic
-        // (x86-64), or call it (`interleaved::by_rows`).
-        let wty = if wty == GgmlType::Q4_0X8 { GgmlType::Q4_0 } else { wty };
+        // A grouped type's panels (Q4_0X8, Q4_KX8) read what the level's panels of its row type
+        // read: they are its arithmetic (x86-64), or call it (`interleaved::by_rows`).
+        let wty = wty.ungrouped();
         if !self.row_lanes.contains(&wty) {
             return None;
         }

@@ -26,6 +26,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     panel_q5_k: panel,
     panel_q6_k: panel,
     panel_q4_0x8: |p, o| crate::interleaved::by_rows(p, o, panel),
+    panel_q4_kx8: |p, o| crate::interleaved::by_rows(p, o, panel),
 };
 
 /// Every (row, token) pair through the reference `vec_dot`.

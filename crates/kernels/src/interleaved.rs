@@ -1,31 +1,34 @@
-//! Q4_0X8 panels (`hearth_quant::interleave`) at the levels without a kernel of their own
-//! (scalar, NEON): each 8-row group copied back into Q4_0 rows, then the level's Q4_0
-//! panel on them. The results are that panel's bits, so a Q4_0X8 tensor multiplies as its
-//! Q4_0 form does at every level; the copy costs a pass over the group's bytes, which the
-//! x86-64 levels' own kernel (`arch::x86_64::avx2_rows`) does without.
+//! Q4_0X8 and Q4_KX8 panels (`hearth_quant::interleave`) at the levels without a kernel
+//! of their own (scalar, NEON): each 8-row group copied back into rows of its row type
+//! (Q4_0, Q4_K), then the level's panel for that type on them. The results are that
+//! panel's bits, so a grouped tensor multiplies as its row-major form does at every
+//! level; the copy costs a pass over the group's bytes, which the x86-64 levels' own
+//! kernels (`arch::x86_64::avx2_rows`) do without.
 
 use crate::dispatch::{Panel, PanelFn};
 use hearth_quant::interleave::{deinterleave_group, GROUP_ROWS};
-use hearth_quant::GgmlType;
+use hearth_quant::vec_dot_type;
 use std::cell::RefCell;
 
 thread_local! {
-    /// A group's rows as Q4_0 and its panel's output: per thread, reused.
+    /// A group's rows in their row type and its panel's output: per thread, reused.
     static SCRATCH: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// The Q4_0X8 panel `p` through `q4_0`, a Q4_0 panel of the same level.
-pub(crate) fn by_rows(p: &Panel<'_>, out: &mut [f32], q4_0: PanelFn) {
-    p.check(GgmlType::Q8_0, out);
-    let rb = p.cols / 32 * GgmlType::Q4_0.type_size();
+/// The grouped panel `p` through `row_panel`, a panel of the same level for its row
+/// type.
+pub(crate) fn by_rows(p: &Panel<'_>, out: &mut [f32], row_panel: PanelFn) {
+    let row_ty = p.wty.ungrouped();
+    p.check(vec_dot_type(row_ty), out);
+    let rb = p.cols / row_ty.block_size() * row_ty.type_size();
     SCRATCH.with_borrow_mut(|(rows, res)| {
         rows.resize(GROUP_ROWS * rb, 0);
         res.resize(GROUP_ROWS * p.n_tokens, 0.0);
         for g in 0..p.n_rows / GROUP_ROWS {
             // The group's blocks (a column view's: contiguous within the group).
-            deinterleave_group(&p.w[g * GROUP_ROWS * p.row_stride..][..GROUP_ROWS * rb], p.cols, rows);
-            let group = Panel { wty: GgmlType::Q4_0, w: rows, row_stride: rb, n_rows: GROUP_ROWS, ..*p };
-            q4_0(&group, res);
+            deinterleave_group(p.wty, &p.w[g * GROUP_ROWS * p.row_stride..][..GROUP_ROWS * rb], p.cols, rows);
+            let group = Panel { wty: row_ty, w: rows, row_stride: rb, n_rows: GROUP_ROWS, ..*p };
+            row_panel(&group, res);
             for t in 0..p.n_tokens {
                 out[t * p.n_rows + g * GROUP_ROWS..][..GROUP_ROWS].copy_from_slice(&res[t * GROUP_ROWS..][..GROUP_ROWS]);
             }
@@ -37,20 +40,23 @@ pub(crate) fn by_rows(p: &Panel<'_>, out: &mut [f32], q4_0: PanelFn) {
 mod tests {
     use crate::tests::pools;
     use crate::{matmul_with, SimdLevel, ThreadPool, WeightView};
-    use hearth_quant::interleave::interleave_q4_0;
+    use hearth_quant::interleave::interleave;
     use hearth_quant::GgmlType;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
 
-    /// `rows` × `cols` random Q4_0 (scales ±2^-12..2^4, some zero; any nibbles), and
-    /// `tokens` rows of activations.
-    fn q4_0(rows: usize, cols: usize, tokens: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    /// `rows` × `cols` random blocks of `ty` (Q4_0 or Q4_K; f16 scales ±2^-12..2^4, some
+    /// zero; any other bytes), and `tokens` rows of activations.
+    fn weights(ty: GgmlType, rows: usize, cols: usize, tokens: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut w = vec![0u8; rows * cols / 32 * 18];
-        for blk in w.chunks_mut(18) {
-            let d = if rng.gen_range(0..10) == 0 { 0.0 } else { rng.gen_range(-1f32..1.0) * 2f32.powi(rng.gen_range(-12..4)) };
-            blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
-            rng.fill(&mut blk[2..]);
+        let (wb, halves) = (ty.type_size(), if ty == GgmlType::Q4_K { 2 } else { 1 });
+        let mut w = vec![0u8; rows * cols / ty.block_size() * wb];
+        for blk in w.chunks_mut(wb) {
+            rng.fill(&mut blk[..]);
+            for h in 0..halves {
+                let d = if rng.gen_range(0..10) == 0 { 0.0 } else { rng.gen_range(-1f32..1.0) * 2f32.powi(rng.gen_range(-12..4)) };
+                blk[2 * h..2 * h + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            }
         }
         (w, (0..tokens * cols).map(|_| rng.gen_range(-2f32..2.0)).collect())
     }
@@ -70,20 +76,25 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
-        /// A Q4_0X8 tensor multiplies to the bits of its Q4_0 form at every level, on 1 to 3
-        /// threads, decode and prefill, whole and through row and column views. Control:
-        /// the Q4_0 bytes read as Q4_0X8 (not interleaved) give other numbers.
+        /// A Q4_0X8 or Q4_KX8 tensor multiplies to the bits of its row-major form (Q4_0,
+        /// Q4_K) at every level, on 1 to 3 threads, decode and prefill, whole and through
+        /// row and column views. Control: the row-major bytes read as the grouped type (not
+        /// interleaved) give other numbers.
         #[test]
-        fn q4_0x8_is_its_q4_0_form_at_every_level(
-            seed in any::<u64>(), groups in 1usize..=6, nb in 1usize..=12,
+        fn grouped_types_are_their_row_form_at_every_level(
+            seed in any::<u64>(), grouped in prop::sample::select(vec![GgmlType::Q4_0X8, GgmlType::Q4_KX8]),
+            groups in 1usize..=6, nb in 1usize..=12,
             tokens in prop::sample::select(vec![1usize, 2, 3, 5, 9, 33]), threads in 0usize..3,
         ) {
-            let (rows, cols) = (8 * groups, 32 * nb);
-            let (q, x) = q4_0(rows, cols, tokens, seed);
+            let ty = grouped.ungrouped();
+            // Q4_K: at most 4 super-blocks (1024 columns) a row.
+            let nb = if ty == GgmlType::Q4_K { nb.div_ceil(3) } else { nb };
+            let (rows, cols) = (8 * groups, ty.block_size() * nb);
+            let (q, x) = weights(ty, rows, cols, tokens, seed);
             let mut ix = vec![0u8; q.len()];
-            interleave_q4_0(&q, rows, cols, &mut ix).unwrap();
-            let qv = WeightView::new(GgmlType::Q4_0, &q, rows, cols).unwrap();
-            let xv = WeightView::new(GgmlType::Q4_0X8, &ix, rows, cols).unwrap();
+            interleave(grouped, &q, rows, cols, &mut ix).unwrap();
+            let qv = WeightView::new(ty, &q, rows, cols).unwrap();
+            let xv = WeightView::new(grouped, &ix, rows, cols).unwrap();
             let pool = &pools()[threads];
             for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
                 let want = run(level, pool, &qv, &x, tokens);
@@ -94,12 +105,12 @@ mod tests {
                     prop_assert!(bits(&run(level, pool, &b, &x, tokens)) == bits(&run(level, pool, &a, &x, tokens)), "{:?}: rows 8..", level);
                 }
                 if nb > 1 {
-                    let c0 = 32 * (nb / 2);
+                    let c0 = ty.block_size() * (nb / 2);
                     let xs: Vec<f32> = x.chunks(cols).flat_map(|t| t[c0..].iter().copied()).collect();
                     let (a, b) = (qv.cols(c0..cols).unwrap(), xv.cols(c0..cols).unwrap());
                     prop_assert!(bits(&run(level, pool, &b, &xs, tokens)) == bits(&run(level, pool, &a, &xs, tokens)), "{:?}: cols {}..", level, c0);
                 }
-                let raw = WeightView::new(GgmlType::Q4_0X8, &q, rows, cols).unwrap();
+                let raw = WeightView::new(grouped, &q, rows, cols).unwrap();
                 if want.iter().any(|v| *v != 0.0) {
                     prop_assert!(bits(&run(level, pool, &raw, &x, tokens)) != bits(&want), "{:?}: the control matched", level);
                 }

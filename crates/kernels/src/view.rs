@@ -16,7 +16,7 @@ use std::ops::Range;
 /// `data` starts at element (0, 0) of the view and holds at least
 /// `(rows - 1) * row_stride + row_bytes()` bytes.
 ///
-/// A type that stores rows in groups ([`GgmlType::group_rows`] `g` > 1: Q4_0X8) keeps
+/// A type that stores rows in groups ([`GgmlType::group_rows`] `g` > 1: Q4_0X8, Q4_KX8) keeps
 /// whole groups: `rows` and every row range a multiple of `g`; row `r`'s group starts
 /// at `r * row_stride` (a group is `g` rows' bytes), and block `b` of the group's rows at
 /// `b * g * type_size()` within it. `data` then holds `(rows / g - 1) * g * row_stride

@@ -52,7 +52,7 @@ pub enum ModelError {
         /// Supported list.
         supported: String,
     },
-    /// A matrix of a type that stores rows in groups (Q4_0X8) where the model needs its
+    /// A matrix of a type that stores rows in groups (Q4_0X8, Q4_KX8) where the model needs its
     /// rows one by one (the embedding table) or in other cuts than whole groups.
     #[error("tensor {name} has type {ty}, which stores rows in groups of {group}: {why}")]
     GroupedRows {

@@ -33,6 +33,8 @@
 //!   with other rows ([`TensorPlan::kept_ungrouped`]). Q4_0 ↔ Q4_0X8 moves bytes only:
 //!   lossless, and no `--allow-requantize` (the recipe still upgrades a Q4_0 output head
 //!   unless `pure`).
+//! - q4_kx8: the same over Q4_K's recipe (Q4_K_M): the matrices it makes Q4_K become
+//!   Q4_KX8; its Q6_K and fallback tensors stay as they are.
 //!
 //! Quantizing an already-quantized tensor to another quantized type compounds the rounding
 //! errors, so it is refused unless `allow_requantize` is set (llama-quantize's
@@ -61,6 +63,7 @@ pub const QUANTIZE_TARGETS: &[GgmlType] = &[
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q4_0X8,
+    GgmlType::Q4_KX8,
 ];
 
 /// llama.cpp's `llama_ftype` for a target (`general.file_type`): K-quant targets are the
@@ -71,8 +74,8 @@ pub fn target_file_type(ty: GgmlType) -> Option<u32> {
     Some(match ty {
         F32 => 0,
         F16 => 1,
-        // Q4_0X8 has no llama.cpp file type (llama.cpp refuses the file): the Q4_0
-        // numbers its groups hold.
+        // Q4_0X8 and Q4_KX8 have no llama.cpp file type (llama.cpp refuses the file):
+        // the numbers of the row type their groups hold.
         Q4_0 | Q4_0X8 => 2,
         Q4_1 => 3,
         Q8_0 => 7,
@@ -80,7 +83,7 @@ pub fn target_file_type(ty: GgmlType) -> Option<u32> {
         Q5_1 => 9,
         Q2_K => 10,
         Q3_K => 12,
-        Q4_K => 15,
+        Q4_K | Q4_KX8 => 15,
         Q5_K => 17,
         Q6_K => 18,
         BF16 => 32,
@@ -172,7 +175,7 @@ pub struct TensorPlan {
     pub dst: GgmlType,
     /// Whether `dst` is a fallback because the rows are not whole blocks of the recipe's type.
     pub fallback: bool,
-    /// Whether a grouped type (Q4_0X8) was asked for and `dst` is its row type instead (an
+    /// Whether a grouped type (Q4_0X8, Q4_KX8) was asked for and `dst` is its row type instead (an
     /// embedding table, or rows not whole groups).
     pub kept_ungrouped: bool,
 }
@@ -306,7 +309,7 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
                 (g.ungrouped(), fell_back, true)
             }
         };
-        // Q4_0 <-> Q4_0X8 moves bytes only.
+        // A row type <-> its grouped type moves bytes only.
         if dst.ungrouped() != t.ty.ungrouped() {
             // (Dequantizing to a float type compounds no rounding: allowed.)
             if !is_float(t.ty) && !is_float(dst) && !o.allow_requantize {
@@ -381,7 +384,7 @@ pub fn convert_tensor(
     if src.len() != src_rb * rows {
         return Err(bad("data size does not match its shape"));
     }
-    // Rows stored in groups (Q4_0X8) are converted as their row type (Q4_0): a chunk
+    // Rows stored in groups (Q4_0X8, Q4_KX8) are converted as their row type: a chunk
     // is ungrouped after reading and grouped before writing, in whole groups.
     // Each matrix's rows (dims[1]; a stack of experts has n_expert of them) whole groups,
     // so no group straddles two experts.
@@ -394,9 +397,9 @@ pub fn convert_tensor(
     let regroup = |ty: GgmlType, from: &[u8], n: usize, to: &mut Vec<u8>, apart: bool| -> std::io::Result<()> {
         to.resize(from.len(), 0);
         let r = if apart {
-            hearth_quant::interleave::deinterleave_q4_0(from, n, cols, to)
+            hearth_quant::interleave::deinterleave(ty, from, n, cols, to)
         } else {
-            hearth_quant::interleave::interleave_q4_0(from, n, cols, to)
+            hearth_quant::interleave::interleave(ty, from, n, cols, to)
         };
         r.map_err(|e| bad(&format!("{ty}: {e}")))
     };
@@ -415,7 +418,7 @@ pub fn convert_tensor(
             input = &ungrouped;
         }
         if src_ty == dst_ty {
-            // Q4_0 <-> Q4_0X8: the bytes, moved.
+            // Q4_0 <-> Q4_0X8, Q4_K <-> Q4_KX8: the bytes, moved.
             out.copy_from_slice(input);
         } else {
             convert_rows(src_ty, dst_ty, cols, input, out, threads).map_err(|e| bad(&e.to_string()))?;
@@ -630,7 +633,7 @@ mod tests {
         let mut x8 = Vec::new();
         convert_tensor(p, f.tensor_data(t), 3, &mut x8, &|_| {}).unwrap();
         let mut want = vec![0u8; x8.len()];
-        hearth_quant::interleave::interleave_q4_0(f.tensor_data(t), 576, 512, &mut want).unwrap();
+        hearth_quant::interleave::interleave(GgmlType::Q4_0X8, f.tensor_data(t), 576, 512, &mut want).unwrap();
         assert!(x8 == want && x8 != f.tensor_data(t));
         let back = TensorPlan { src: GgmlType::Q4_0X8, dst: GgmlType::Q4_0, ..p.clone() };
         let mut q4 = Vec::new();
@@ -645,7 +648,7 @@ mod tests {
         let q4p = TensorPlan { dst: GgmlType::Q4_0, ..from_f32.clone() };
         let mut q4 = Vec::new();
         convert_tensor(&q4p, f32.tensor_data(t), 1, &mut q4, &|_| {}).unwrap();
-        hearth_quant::interleave::interleave_q4_0(&q4, 576, 512, &mut want).unwrap();
+        hearth_quant::interleave::interleave(GgmlType::Q4_0X8, &q4, 576, 512, &mut want).unwrap();
         assert!(x8 == want);
         // A stack of experts whose rows per expert are not whole groups is refused (its
         // groups would straddle two experts), though its total rows are.

@@ -87,7 +87,7 @@ impl TensorSplit {
     pub fn validate(&self, c: &ModelConfig, w: &crate::Weights) -> Result<()> {
         self.check_ranges(c)?;
         // A split cuts every matrix by rows or columns: one whose rows are stored in groups
-        // (Q4_0X8) is not cut yet.
+        // (Q4_0X8, Q4_KX8) is not cut yet.
         let grouped = w.layers.iter().flat_map(|l| {
             let shared = l.shared.iter().flat_map(|sh| sh.tensors());
             l.matrices().into_iter().chain(l.router.as_ref()).chain(shared)

@@ -16,7 +16,7 @@ use hearth_quant::GgmlType;
 
 /// Weight types the matmul kernels compute with directly.
 pub const MATMUL_TYPES: &[GgmlType] =
-    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0X8];
+    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0X8, GgmlType::Q4_KX8];
 
 /// A 2-D weight matrix `[rows, cols]` (ggml shape `[cols, rows]`) located in the file.
 #[derive(Debug, Clone)]
@@ -176,7 +176,7 @@ pub fn layer_table(c: &ModelConfig, shard: bool) -> Vec<LayerTensor> {
 /// `tied`) the output head, matrices in `ty` (the head in `out_ty`), vectors F32: what
 /// `hearth synth` writes and the planner sizes for a named shape.
 pub fn file_tensors(c: &ModelConfig, ty: GgmlType, out_ty: GgmlType, tied: bool, rope_freqs: bool) -> Vec<hearth_gguf::TensorSpec> {
-    // A type that stores rows in groups (Q4_0X8) only where a matrix has whole groups of
+    // A type that stores rows in groups (Q4_0X8, Q4_KX8) only where a matrix has whole groups of
     // rows (per expert: dims[1]); the rest, and the embedding table (rows looked up one
     // by one), in its row type.
     let t = |name: String, dims: Vec<u64>, ty: GgmlType| {
@@ -332,7 +332,7 @@ impl Weights {
         Ok(w)
     }
 
-    /// Matrices of a type that stores rows in groups (Q4_0X8): not the embedding table
+    /// Matrices of a type that stores rows in groups (Q4_0X8, Q4_KX8): not the embedding table
     /// (its rows are looked up one by one), and every matrix the model multiplies (each
     /// expert, each part of a fused tensor, the output head) in whole groups of rows (the
     /// head's row chunks then are too: `source::head_chunks`).

@@ -49,7 +49,7 @@ pub fn size(model: &Model, split: &TensorSplit) -> u64 {
 pub fn write<W: Write>(model: &Model, split: &TensorSplit, sha: &[u8; 32], out: W) -> Result<W, ModelError> {
     let c = &model.config;
     // The cuts below are the split's: refuse one the model cannot run (and a matrix the
-    // cuts cannot take, Q4_0X8) before writing anything.
+    // cuts cannot take, Q4_0X8, Q4_KX8) before writing anything.
     split.validate(c, &model.weights)?;
     let f = &model.file;
     let range = |r: &std::ops::Range<usize>| Value::Array {

@@ -1,117 +1,135 @@
-//! Q4_0X8: the blocks of a Q4_0 tensor rearranged so that 8 rows read as one stream.
+//! Q4_0X8 and Q4_KX8: the blocks of a Q4_0 or Q4_K tensor rearranged so that 8 rows read
+//! as one stream.
 //!
-//! A `[rows, cols]` tensor (`rows` a multiple of 8, `cols` of 32) is stored as groups of
-//! 8 rows, one after another; within a group, per 32-column block `b` (144 bytes, the 8
-//! Q4_0 blocks it holds):
+//! A `[rows, cols]` tensor (`rows` a multiple of 8, `cols` of the block size) is stored as
+//! groups of 8 rows, one after another; within a group, per block `b` (the 8 rows' blocks
+//! of that column range, `8 × type_size` bytes), first the `h` f16 fields that begin a
+//! block, each as the 8 rows' values side by side, then the rest of the block (a whole
+//! number of 4-byte words) as the 8 rows' words side by side:
 //!
 //! | bytes | what |
 //! |---|---|
-//! | `0..16` | the 8 rows' f16 scales `d`, row `r` at `2r..2r + 2` |
-//! | `16 + 32k..48 + 32k`, `k = 0..4` | quant bytes `4k..4k + 4` of row `r` at `4r..4r + 4` |
+//! | `16f..16f + 16`, `f = 0..h` | the 8 rows' f16 field `f`, row `r` at `16f + 2r` |
+//! | `16h + 32k..16h + 32k + 32` | the 8 rows' word `k` of the rest, row `r` at `+ 4r` |
 //!
-//! A quant byte is Q4_0's: byte `j` of a row's block holds element `j` in its low nibble
-//! and element `j + 16` in its high one, both `w + 8`. So the tensor has exactly the bytes
-//! of its Q4_0 form, moved: [`interleave_q4_0`] and [`deinterleave_q4_0`] are lossless.
+//! | type | row type | `h` | fields | words of the rest | group block |
+//! |---|---|---|---|---|---|
+//! | Q4_0X8 | Q4_0 (18 B) | 1 | `d` | 4: quant bytes `4k..4k + 4` | 144 B |
+//! | Q4_KX8 | Q4_K (144 B) | 2 | `d`, `dmin` | 35: 3 of the 12 scale bytes, then 32 of quants | 1152 B |
+//!
+//! The bytes within a word are the row type's, unchanged (a Q4_0 quant byte holds element
+//! `j` in its low nibble and `j + 16` in its high one; Q4_K's packed 6-bit scales and mins
+//! and its quants as GGUF has them). So the tensor has exactly the bytes of its row-major
+//! form, moved: [`interleave`] and [`deinterleave`] are lossless.
 //!
 //! Why: a one-row-per-lane kernel (`hearth-kernels`' `avx2_rows`) reads a block of 8 rows
-//! at once. From GGUF's row-major Q4_0 that is 8 streams 1 row apart per thread, each
-//! block's quant bytes transposed in registers and its 8 scales gathered one by one; from
-//! this layout it is one sequential stream, 5 loads a block and no shuffles. On the 7B's
-//! decode matmuls (`hearth-kernels`' bench `layers_7b_decode`, `TYPE=q4_0x8`) that read
-//! 8-12% more bytes per second at 1 thread and 16-19% more at 2, and the 7B decodes 5-13%
-//! faster at the avx2 level (docs/BENCHMARKS.md, session 43). The avx512 levels have no
-//! tile of their own for it yet (they run avx2's), so there their own Q4_0 kernel
-//! prefills faster.
+//! at once. From GGUF's row-major layout that is 8 streams 1 row apart per thread, each
+//! block's bytes transposed in registers and its 8 scales gathered one by one; from this
+//! layout it is one sequential stream of plain loads. On the 7B's decode matmuls
+//! (`hearth-kernels`' bench `layers_7b_decode`, `TYPE=q4_0x8`) Q4_0X8 read 8-12% more
+//! bytes per second at 1 thread and 16-19% more at 2, and the 7B decodes 5-13% faster at
+//! the avx2 level (docs/BENCHMARKS.md, session 43). The avx512 levels have no tile of
+//! their own for either yet (they run avx2's), so there their own Q4_0 kernel prefills
+//! faster.
 //!
-//! The price is compatibility: the type id ([`GgmlType::Q4_0X8`], 1000) is hearth's own,
-//! so llama.cpp and other GGUF readers refuse such a file; and rows are not contiguous,
-//! so a single row cannot be read on its own (no `dequantize_row`; an embedding table
-//! stays Q4_0).
+//! The price is compatibility: the type ids ([`GgmlType::Q4_0X8`], 1000;
+//! [`GgmlType::Q4_KX8`], 1001) are hearth's own, so llama.cpp and other GGUF readers
+//! refuse such a file; and rows are not contiguous, so a single row cannot be read on its
+//! own (no `dequantize_row`; an embedding table stays in its row type).
 
 use crate::{GgmlType, QuantError};
 
 /// Rows per group.
 pub const GROUP_ROWS: usize = 8;
-/// Bytes of one group's block: 8 Q4_0 blocks.
-pub const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * Q4_0_BYTES;
-const Q4_0_BYTES: usize = 18;
 
-/// Check a `rows` × `cols` Q4_0X8 shape and two buffers' lengths; the tensor's bytes.
-fn check(rows: usize, cols: usize, src: usize, dst: usize) -> Result<usize, QuantError> {
-    let ty = GgmlType::Q4_0X8;
-    if cols % 32 != 0 {
+/// How a grouped type lays out its row type's block: the f16 fields it begins with.
+struct Layout {
+    row: GgmlType,
+    halves: usize,
+}
+
+/// The layout of grouped type `ty`; `None` for a type that is not grouped.
+fn layout(ty: GgmlType) -> Option<Layout> {
+    match ty {
+        GgmlType::Q4_0X8 => Some(Layout { row: GgmlType::Q4_0, halves: 1 }),
+        GgmlType::Q4_KX8 => Some(Layout { row: GgmlType::Q4_K, halves: 2 }),
+        _ => None,
+    }
+}
+
+impl Layout {
+    /// Byte `j` of row `r`'s block: its place within the group's block.
+    #[inline]
+    fn at(&self, r: usize, j: usize) -> usize {
+        let h = 2 * self.halves;
+        if j < h {
+            16 * (j / 2) + 2 * r + j % 2
+        } else {
+            8 * h + 32 * ((j - h) / 4) + 4 * r + (j - h) % 4
+        }
+    }
+}
+
+/// Check a `rows` × `cols` tensor of grouped type `ty` and two buffers' lengths; its
+/// layout.
+fn check(ty: GgmlType, rows: usize, cols: usize, src: usize, dst: usize) -> Result<Layout, QuantError> {
+    let l = layout(ty).ok_or_else(|| QuantError::unsupported("interleave", ty))?;
+    if cols % ty.block_size() != 0 {
         return Err(QuantError::not_block_multiple(ty, cols));
     }
     if rows % GROUP_ROWS != 0 {
         return Err(QuantError::row_groups(ty, rows, GROUP_ROWS));
     }
-    let need = rows.checked_mul(cols / 32 * Q4_0_BYTES).ok_or_else(|| QuantError::length("src", usize::MAX, src))?;
+    let need = rows.checked_mul(cols / ty.block_size() * ty.type_size()).ok_or_else(|| QuantError::length("src", usize::MAX, src))?;
     if src != need {
         return Err(QuantError::length("src", need, src));
     }
     if dst != need {
         return Err(QuantError::length("dst", need, dst));
     }
-    Ok(need)
+    Ok(l)
 }
 
-/// The quant bytes' place: byte `j` (0..16) of row `r`'s block, within a group's block.
-#[inline]
-fn quant_at(r: usize, j: usize) -> usize {
-    16 + 32 * (j / 4) + 4 * r + j % 4
+/// For one group of 8 rows, `cols` wide: each byte's place in the row-major layout (8
+/// rows of `cols / block` blocks) and in the grouped one.
+fn places(l: &Layout, cols: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let wb = l.row.type_size();
+    let (nb, rs) = (cols / l.row.block_size(), cols / l.row.block_size() * wb);
+    (0..nb).flat_map(move |b| {
+        (0..GROUP_ROWS).flat_map(move |r| (0..wb).map(move |j| (r * rs + b * wb + j, b * GROUP_ROWS * wb + l.at(r, j))))
+    })
 }
 
-/// One group of 8 rows from the Q4_0 layout (`src`: 8 rows of `cols / 32` blocks) into
-/// Q4_0X8 (`dst`: the group's `cols / 32` blocks of 144 bytes).
-fn interleave_group(src: &[u8], cols: usize, dst: &mut [u8]) {
-    let (nb, rs) = (cols / 32, cols / 32 * Q4_0_BYTES);
-    for b in 0..nb {
-        let out = &mut dst[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-        for r in 0..GROUP_ROWS {
-            let blk = &src[r * rs + b * Q4_0_BYTES..][..Q4_0_BYTES];
-            out[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
-            for j in 0..16 {
-                out[quant_at(r, j)] = blk[2 + j];
-            }
-        }
+/// One group of grouped type `ty` (`src`, `cols` wide) back into its 8 rows of the row
+/// type (`dst`, row-major): the inverse of the interleaving. Panics if `ty` is not
+/// grouped or a buffer is shorter than the group.
+pub fn deinterleave_group(ty: GgmlType, src: &[u8], cols: usize, dst: &mut [u8]) {
+    for (row, group) in places(&layout(ty).expect("a grouped type"), cols) {
+        dst[row] = src[group];
     }
 }
 
-/// One Q4_0X8 group (`src`, `cols / 32` blocks of 144 bytes) back into its 8 rows of
-/// Q4_0 (`dst`, row-major): the inverse of the interleaving.
-pub fn deinterleave_group(src: &[u8], cols: usize, dst: &mut [u8]) {
-    let (nb, rs) = (cols / 32, cols / 32 * Q4_0_BYTES);
-    for b in 0..nb {
-        let inp = &src[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-        for r in 0..GROUP_ROWS {
-            let blk = &mut dst[r * rs + b * Q4_0_BYTES..][..Q4_0_BYTES];
-            blk[..2].copy_from_slice(&inp[2 * r..2 * r + 2]);
-            for j in 0..16 {
-                blk[2 + j] = inp[quant_at(r, j)];
-            }
-        }
-    }
-}
-
-/// A `rows` × `cols` Q4_0 tensor (GGUF's row-major layout, `src`) as Q4_0X8 (`dst`, the
-/// same length). Errors: `cols` not whole blocks, `rows` not whole groups of 8, a buffer
-/// of the wrong length.
-pub fn interleave_q4_0(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> Result<(), QuantError> {
-    by_groups(src, rows, cols, dst, interleave_group)
-}
-
-/// A Q4_0X8 tensor (`src`) back as row-major Q4_0 (`dst`): the inverse of
-/// [`interleave_q4_0`], with its errors.
-pub fn deinterleave_q4_0(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> Result<(), QuantError> {
-    by_groups(src, rows, cols, dst, deinterleave_group)
-}
-
-/// `group` (either direction) over every 8-row group of a checked tensor.
-fn by_groups(src: &[u8], rows: usize, cols: usize, dst: &mut [u8], group: fn(&[u8], usize, &mut [u8])) -> Result<(), QuantError> {
-    check(rows, cols, src.len(), dst.len())?;
-    let bytes = GROUP_ROWS * cols / 32 * Q4_0_BYTES;
+/// A `rows` × `cols` tensor of `ty`'s row type (GGUF's row-major layout, `src`) as grouped
+/// type `ty` (Q4_0X8, Q4_KX8; `dst`, the same length). Errors: `ty` not grouped, `cols`
+/// not whole blocks, `rows` not whole groups of 8, a buffer of the wrong length.
+pub fn interleave(ty: GgmlType, src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> Result<(), QuantError> {
+    let l = check(ty, rows, cols, src.len(), dst.len())?;
+    let bytes = GROUP_ROWS * cols / ty.block_size() * ty.type_size();
     for (s, d) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(bytes)) {
-        group(s, cols, d);
+        for (row, group) in places(&l, cols) {
+            d[group] = s[row];
+        }
+    }
+    Ok(())
+}
+
+/// A tensor of grouped type `ty` (`src`) back in its row type's row-major layout (`dst`):
+/// the inverse of [`interleave`], with its errors.
+pub fn deinterleave(ty: GgmlType, src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> Result<(), QuantError> {
+    check(ty, rows, cols, src.len(), dst.len())?;
+    let bytes = GROUP_ROWS * cols / ty.block_size() * ty.type_size();
+    for (s, d) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(bytes)) {
+        deinterleave_group(ty, s, cols, d);
     }
     Ok(())
 }
@@ -139,10 +157,10 @@ mod tests {
             let n = rows * cols / 32 * 18;
             let q = bytes(n, (rows * cols) as u64);
             let mut x = vec![0u8; n];
-            interleave_q4_0(&q, rows, cols, &mut x).unwrap();
+            interleave(GgmlType::Q4_0X8, &q, rows, cols, &mut x).unwrap();
             assert_ne!(x, q);
             let mut back = vec![0u8; n];
-            deinterleave_q4_0(&x, rows, cols, &mut back).unwrap();
+            deinterleave(GgmlType::Q4_0X8, &x, rows, cols, &mut back).unwrap();
             assert_eq!(back, q);
             // Spot checks against the table in the module docs: row 5's block 1 of group 1.
             let (nb, rs) = (cols / 32, cols / 32 * 18);
@@ -157,15 +175,41 @@ mod tests {
     }
 
     #[test]
+    fn q4_kx8_round_trip_and_places() {
+        let (rows, cols) = (16, 512);
+        let n = rows * cols / 256 * 144;
+        let q = bytes(n, 5);
+        let mut x = vec![0u8; n];
+        interleave(GgmlType::Q4_KX8, &q, rows, cols, &mut x).unwrap();
+        let mut back = vec![0u8; n];
+        deinterleave(GgmlType::Q4_KX8, &x, rows, cols, &mut back).unwrap();
+        assert_eq!(back, q);
+        // Row 8 + 3's super-block 1 within group 1's block 1, as the module docs' table says.
+        let blk = &q[(8 + 3) * 288 + 144..][..144];
+        let g = &x[8 * 288 + 1152..][..1152];
+        assert_eq!(&g[6..8], &blk[0..2], "d");
+        assert_eq!(&g[16 + 6..16 + 8], &blk[2..4], "dmin");
+        assert_eq!(&g[32 + 12..32 + 16], &blk[4..8], "scale word 0");
+        assert_eq!(&g[32 + 64 + 12..32 + 64 + 16], &blk[12..16], "scale word 2");
+        assert_eq!(&g[32 + 96 + 12..32 + 96 + 16], &blk[16..20], "quant word 0");
+        assert_eq!(&g[1152 - 32 + 12..1152 - 32 + 16], &blk[140..144], "last quant word");
+    }
+
+    #[test]
     fn shapes_are_checked() {
         let q = vec![0u8; 8 * 18];
         let mut x = vec![0u8; 8 * 18];
-        assert!(matches!(interleave_q4_0(&q, 8, 33, &mut x).unwrap_err().kind(), QuantErrorKind::NotBlockMultiple { .. }));
-        let e = interleave_q4_0(&q[..4 * 18], 4, 32, &mut x[..4 * 18]).unwrap_err();
+        let ty = GgmlType::Q4_0X8;
+        assert!(matches!(interleave(ty, &q, 8, 33, &mut x).unwrap_err().kind(), QuantErrorKind::NotBlockMultiple { .. }));
+        let e = interleave(ty, &q[..4 * 18], 4, 32, &mut x[..4 * 18]).unwrap_err();
         assert!(matches!(e.kind(), QuantErrorKind::RowGroups { rows: 4, group: 8, .. }), "{e}");
         assert!(e.to_string().contains("4 rows are not whole groups of 8"), "{e}");
-        assert!(matches!(interleave_q4_0(&q, 8, 32, &mut x[1..]).unwrap_err().kind(), QuantErrorKind::Length { what: "dst", .. }));
-        assert!(matches!(deinterleave_q4_0(&q[1..], 8, 32, &mut x).unwrap_err().kind(), QuantErrorKind::Length { what: "src", .. }));
+        assert!(matches!(interleave(ty, &q, 8, 32, &mut x[1..]).unwrap_err().kind(), QuantErrorKind::Length { what: "dst", .. }));
+        assert!(matches!(deinterleave(ty, &q[1..], 8, 32, &mut x).unwrap_err().kind(), QuantErrorKind::Length { what: "src", .. }));
+        assert!(interleave(GgmlType::Q4_0, &q, 8, 32, &mut x).is_err(), "Q4_0 is not grouped");
         assert!(crate::dequantize_row(GgmlType::Q4_0X8, &q[..18], &mut [0f32; 32]).is_err());
+        assert!(crate::dequantize_row(GgmlType::Q4_KX8, &[0u8; 144], &mut [0f32; 256]).is_err());
+        let k = vec![0u8; 8 * 144];
+        assert!(matches!(interleave(GgmlType::Q4_KX8, &k, 8, 128, &mut vec![0u8; 8 * 144]).unwrap_err().kind(), QuantErrorKind::NotBlockMultiple { .. }));
     }
 }

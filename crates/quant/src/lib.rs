@@ -16,7 +16,8 @@
 //!   slices (field by field, or as an unaligned copy of the whole plain-data
 //!   struct), never referenced in place (GGUF data may be unaligned).
 //!
-//! - [`interleave`]: Q4_0X8, hearth's own layout of Q4_0 blocks, 8 rows interleaved
+//! - [`interleave`]: Q4_0X8 and Q4_KX8, hearth's own layouts of Q4_0 and Q4_K blocks, 8
+//!   rows interleaved
 //!   (tensor-level: its rows are not contiguous, so it has no row functions here).
 //! - K-quants ([`k`]): Q2_K..Q6_K weights with 256-element super-blocks, and
 //!   Q8_K, the activation format they dot with.
@@ -70,7 +71,7 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
         Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | Q4_0X8 => Q8_0,
         Q4_1 | Q5_1 | Q8_1 => Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S
-        | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
+        | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 | Q4_KX8 => Q8_K,
         I8 | I16 | I32 | I64 | F64 => F32,
     }
 }

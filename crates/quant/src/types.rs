@@ -44,6 +44,9 @@ pub enum GgmlType {
     /// hearth's own: Q4_0 blocks of 8 rows interleaved ([`crate::interleave`]). Not a
     /// ggml type: ggml's ids stop below 64, and llama.cpp refuses a file that holds it.
     Q4_0X8 = 1000,
+    /// hearth's own: Q4_K super-blocks of 8 rows interleaved ([`crate::interleave`]),
+    /// likewise refused by llama.cpp.
+    Q4_KX8 = 1001,
 }
 
 /// Elements per K-quant super-block.
@@ -57,6 +60,7 @@ impl GgmlType {
         Self::IQ2_XXS, Self::IQ2_XS, Self::IQ3_XXS, Self::IQ1_S, Self::IQ4_NL, Self::IQ3_S,
         Self::IQ2_S, Self::IQ4_XS, Self::I8, Self::I16, Self::I32, Self::I64, Self::F64,
         Self::IQ1_M, Self::BF16, Self::TQ1_0, Self::TQ2_0, Self::MXFP4, Self::Q4_0X8,
+        Self::Q4_KX8,
     ];
 
     /// The type with GGUF id `id`, or `None` for an unknown or retired id.
@@ -82,7 +86,8 @@ impl GgmlType {
             F16 | BF16 | I16 => 2,
             I8 => 1,
             I64 | F64 => 8,
-            // Per row and block on average: an 8-row group's block is 8 × 18 bytes.
+            // Per row and block on average: an 8-row group's block is 8 × 18 bytes (8 ×
+            // 144 for Q4_KX8).
             Q4_0 | Q4_0X8 => 2 + 16,
             Q4_1 => 2 + 2 + 16,
             Q5_0 => 2 + 4 + 16,
@@ -91,7 +96,7 @@ impl GgmlType {
             Q8_1 => 2 + 2 + 32,
             Q2_K => 16 + 64 + 2 + 2,
             Q3_K => 32 + 64 + 12 + 2,
-            Q4_K => 2 + 2 + 12 + 128,
+            Q4_K | Q4_KX8 => 2 + 2 + 12 + 128,
             Q5_K => 2 + 2 + 12 + 32 + 128,
             Q6_K => 128 + 64 + 16 + 2,
             Q8_K => 4 + 256 + 32,
@@ -110,22 +115,24 @@ impl GgmlType {
         }
     }
 
-    /// Rows stored together: 8 for [`GgmlType::Q4_0X8`] (a tensor of it holds whole groups
+    /// Rows stored together: 8 for [`GgmlType::Q4_0X8`] and [`GgmlType::Q4_KX8`] (a tensor of it holds whole groups
     /// of 8 rows, each block of a group 8 rows' blocks side by side, see
     /// [`crate::interleave`]), 1 for every ggml type (rows one after another).
     pub const fn group_rows(self) -> usize {
         match self {
-            GgmlType::Q4_0X8 => crate::interleave::GROUP_ROWS,
+            GgmlType::Q4_0X8 | GgmlType::Q4_KX8 => crate::interleave::GROUP_ROWS,
             _ => 1,
         }
     }
 
-    /// The row type this type's groups hold: Q4_0 for [`GgmlType::Q4_0X8`], the type
+    /// The row type this type's groups hold: Q4_0 for [`GgmlType::Q4_0X8`], Q4_K for
+    /// [`GgmlType::Q4_KX8`], the type
     /// itself for every other. The two hold the same bytes, moved
     /// ([`crate::interleave`]).
     pub const fn ungrouped(self) -> Self {
         match self {
             GgmlType::Q4_0X8 => GgmlType::Q4_0,
+            GgmlType::Q4_KX8 => GgmlType::Q4_K,
             t => t,
         }
     }
@@ -151,7 +158,7 @@ impl GgmlType {
             IQ4_NL => "iq4_nl", IQ3_S => "iq3_s", IQ2_S => "iq2_s", IQ4_XS => "iq4_xs",
             I8 => "i8", I16 => "i16", I32 => "i32", I64 => "i64", F64 => "f64", IQ1_M => "iq1_m",
             BF16 => "bf16", TQ1_0 => "tq1_0", TQ2_0 => "tq2_0", MXFP4 => "mxfp4",
-            Q4_0X8 => "q4_0x8",
+            Q4_0X8 => "q4_0x8", Q4_KX8 => "q4_Kx8",
         }
     }
 
@@ -180,6 +187,8 @@ mod tests {
         assert_eq!(GgmlType::from_u32(4), None);
         assert_eq!(GgmlType::from_u32(999), None);
         assert_eq!(GgmlType::from_u32(1000), Some(GgmlType::Q4_0X8));
+        assert_eq!(GgmlType::from_u32(1001), Some(GgmlType::Q4_KX8));
+        assert_eq!(GgmlType::from_name("q4_kx8"), Some(GgmlType::Q4_KX8));
     }
 
     #[test]

@@ -357,7 +357,7 @@ impl ModelInfo {
     fn new(model: &Model, path: &std::path::Path) -> Self {
         let f = &model.file;
         let ftype = f.get("general.file_type").and_then(|v| v.as_int()).map(|v| file_type_name(v as u32)).unwrap_or_else(|| "?".into());
-        // A file with hearth's grouped rows (Q4_0X8) says so: its file type is the row
+        // A file with hearth's grouped rows (Q4_0X8, Q4_KX8) says so: its file type is the row
         // type's (Q4_0), which llama.cpp's own file of that type is not.
         let ftype = match f.tensors().iter().find(|t| t.ty.group_rows() > 1) {
             Some(t) => t.ty.name().to_ascii_uppercase(),

@@ -30,7 +30,8 @@ pub struct Args {
     /// slower prefill at avx512, refused by llama.cpp and tensor parallelism; the embedding
     /// table and matrices whose rows are not whole groups of 8 stay q4_0; from q4_0 and
     /// back only moves bytes, but the recipe still upgrades a q4_0 output head (--pure
-    /// keeps it))
+    /// keeps it)), q4_kx8 (the same over Q4_K_M's mix: its q4_K matrices interleaved, the
+    /// rest as Q4_K_M has them; from llama.cpp's Q4_K_M file and back only moves bytes)
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: String,
     /// Type of output.weight (the tied embedding when there is none) [default: recipe]
@@ -120,6 +121,9 @@ pub fn run(a: Args) -> Result<()> {
     let kept = plan.iter().filter(|p| p.kept_ungrouped).count();
     let fallbacks = plan.iter().filter(|p| p.fallback).count();
     let ftype = target_file_type(opts.ty).map(file_type_name).unwrap_or_default();
+    // A grouped target's file type is its row type's (llama.cpp has none for it): say
+    // which layout the file holds.
+    let ftype = if opts.ty.group_rows() > 1 { format!("{ftype} recipe, {} layout", opts.ty.name()) } else { ftype };
     eprintln!(
         "wrote {} ({ftype}): {} -> {}; tensors: {}{}; {:.1} s",
         a.output.display(),

@@ -237,7 +237,8 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub n_ff_shexp: Option<u64>,
     /// Type of the embedding and the layer matrices (any type hearth can quantize to;
-    /// q4_0x8: Q4_0 with 8 rows interleaved, hearth's own layout, the embedding in q4_0)
+    /// q4_0x8 / q4_kx8: Q4_0 / Q4_K with 8 rows interleaved, hearth's own layouts, the
+    /// embedding in q4_0 / q4_k)
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_0", value_parser = parse_type)]
     pub ty: GgmlType,
     /// Type of output.weight [default: the --type]
@@ -372,7 +373,7 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
     // A matrix, or stacked experts ([cols, rows, n_expert]: n_expert·rows rows).
     let (cols, rows) = (t.dims[0] as usize, t.dims[1..].iter().product::<u64>() as usize);
     let row_bytes = t.ty.row_bytes(cols as u64).expect("checked by TensorSpec::size") as usize;
-    // Rows stored in groups (Q4_0X8): quantized as their row type, then grouped, a chunk
+    // Rows stored in groups (Q4_0X8, Q4_KX8): quantized as their row type, then grouped, a chunk
     // of whole groups at a time (`file_tensors` gives such a type whole groups only).
     let (group, row_ty) = (t.ty.group_rows(), t.ty.ungrouped());
     // (A tensor of fewer rows than threads, e.g. the router of a 1-expert file, is one chunk.)
@@ -407,7 +408,7 @@ fn fill_tensor(t: &TensorSpec, ti: usize, seed: u64, threads: usize, w: &mut dyn
         }
         let out: &[u8] = if group > 1 {
             grouped.resize(out.len(), 0);
-            hearth_quant::interleave::interleave_q4_0(out, n, cols, &mut grouped).map_err(std::io::Error::other)?;
+            hearth_quant::interleave::interleave(t.ty, out, n, cols, &mut grouped).map_err(std::io::Error::other)?;
             &grouped
         } else {
             out

@@ -108,6 +108,7 @@ macro_rules! table {
             panel_q5_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q5K<$d>>),
             panel_q6_k: entry!($run, GgmlType::Q8_K, Tiles<kquants::Q6K<$d>>),
             panel_q4_0x8: |p, o| crate::interleaved::by_rows(p, o, entry!($run, GgmlType::Q8_0, $rows<rows::Q4_0, $d>)),
+            panel_q4_kx8: |p, o| crate::interleaved::by_rows(p, o, entry!($run, GgmlType::Q8_K, $rows<rows::Q4K, $d>)),
         }
     };
 }

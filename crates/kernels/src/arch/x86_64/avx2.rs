@@ -56,6 +56,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     panel_q4_k: avx2_rows::panel_q4_k,
     panel_q6_k: |p, o| panel::<avx2_k::Q6K, 2, 4>(p, o, GgmlType::Q8_K),
     panel_q4_0x8: avx2_rows::panel_q4_0x8,
+    panel_q4_kx8: avx2_rows::panel_q4_kx8,
     panel_q5_k: |p, o| panel::<avx2_k::Q5K, 2, 4>(p, o, GgmlType::Q8_K),
     panel_q2_k: |p, o| panel::<avx2_k_low::Q2K, 2, 4>(p, o, GgmlType::Q8_K),
     panel_q3_k: |p, o| panel::<avx2_k_low::Q3K, 2, 4>(p, o, GgmlType::Q8_K),

@@ -224,7 +224,7 @@ const Q4_0X8_AHEAD: usize = 2048;
 /// one sequential stream: 5 loads a block, no transposes, no scale inserts.
 struct Q4_0X8<D>(PhantomData<D>);
 impl<D: IntDot> RowTile for Q4_0X8<D> {
-    const WB: usize = hearth_quant::interleave::GROUP_BLOCK_BYTES;
+    const WB: usize = LANES * Q4_0_WB;
     #[inline(always)]
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
         let nb = p.cols / 32;
@@ -344,7 +344,14 @@ pub(super) fn panel_q4_0x8_vnni(p: &Panel<'_>, out: &mut [f32]) {
 pub(super) fn panel_q4_k(p: &Panel<'_>, out: &mut [f32]) {
     p.check(hearth_quant::GgmlType::Q8_K, out);
     // SAFETY: as `panel_q4_0`; this kernel reads no activation sums.
-    unsafe { run::<Q4K>(p, out) }
+    unsafe { run::<Q4K<RowMajor>>(p, out) }
+}
+
+/// The Q4_KX8 panel (bounds as Q4_K's: `Panel::check` knows its groups).
+pub(super) fn panel_q4_kx8(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(hearth_quant::GgmlType::Q8_K, out);
+    // SAFETY: as `panel_q4_k`; whole 8-row groups (`check`), so every group is `Strided`.
+    unsafe { run::<Q4K<Grouped>>(p, out) }
 }
 
 /// The 8 rows' scales and mins of the super-block at `off`, one row per
@@ -352,20 +359,37 @@ pub(super) fn panel_q4_k(p: &Panel<'_>, out: &mut [f32]) {
 /// factor of sub-block j's i16 pair sums), `mn[k]` = (min 2k, min 2k+1) as
 /// two i16; and the rows' d and dmin.
 #[inline(always)]
-unsafe fn q4_k_scales<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], [__m256i; 4], __m256, __m256) {
+unsafe fn q4_k_scales<R: Rows>(rows: &R, off: usize) -> Q4KHead {
     // Bytes off..off+16 of row i in lane i: dword 0 is (d, dmin), dwords
-    // 1..3 the 12 scale bytes (ggml's `get_scale_min_k4` as dword
-    // arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`). One transpose for
-    // all of them: reading d and dmin with 16 `vpinsrw` instead
-    // (`scales8`) cost 8% of 7B Q4_K decode.
+    // 1..3 the 12 scale bytes. One transpose for all of them: reading d and
+    // dmin with 16 `vpinsrw` instead (`scales8`) cost 8% of 7B Q4_K decode.
     let u = transpose4x4_rows(rows, off);
+    let (sc, mn) = q4_k_unpack(u[1], u[2], u[3]);
+    // Per 128-bit lane (rows 0-3, 4-7): the d halves into bytes 0..8, the
+    // dmin halves into 8..16; then d of rows 0-7 in the low 128 bits, dmin
+    // in the high: exact f16 → f32 (as the table).
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+    );
+    let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(u[0], split));
+    (sc, mn, _mm256_cvtph_ps(_mm256_castsi256_si128(v)), _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(v)))
+}
+
+/// A super-block's scales and mins as the tile multiplies them (see [`q4_k_scales`]).
+type Q4KHead = ([__m256i; 8], [__m256i; 4], __m256, __m256);
+
+/// The 12 scale bytes of the 8 rows, as dwords 0, 1, 2 (`u1`, `u2`, `u3`) of row i in
+/// lane i → the scale and min pairs of [`q4_k_scales`] (ggml's `get_scale_min_k4` as
+/// dword arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`).
+#[inline(always)]
+unsafe fn q4_k_unpack(u1: __m256i, u2: __m256i, u3: __m256i) -> ([__m256i; 8], [__m256i; 4]) {
     let (km1, km2, km3) = (_mm256_set1_epi32(0x3f3f3f3f), _mm256_set1_epi32(0x0f0f0f0f), _mm256_set1_epi32(0x03030303));
-    let sc_lo = _mm256_and_si256(u[1], km1);
-    let mn_lo = _mm256_and_si256(u[2], km1);
-    let sc_hi = _mm256_or_si256(_mm256_and_si256(u[3], km2), _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[1]), km3)));
+    let sc_lo = _mm256_and_si256(u1, km1);
+    let mn_lo = _mm256_and_si256(u2, km1);
+    let sc_hi = _mm256_or_si256(_mm256_and_si256(u3, km2), _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), km3)));
     let mn_hi = _mm256_or_si256(
-        _mm256_and_si256(_mm256_srli_epi32::<4>(u[3]), km2),
-        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u[2]), km3)),
+        _mm256_and_si256(_mm256_srli_epi32::<4>(u3), km2),
+        _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u2), km3)),
     );
     // Bytes b0, b1 of each dword → i16 pairs: pshufb patterns per dword.
     let sc = [
@@ -384,14 +408,7 @@ unsafe fn q4_k_scales<R: Rows>(rows: &R, off: usize) -> ([__m256i; 8], [__m256i;
         _mm256_shuffle_epi8(mn_hi, pairs(0, 1)),
         _mm256_shuffle_epi8(mn_hi, pairs(2, 3)),
     ];
-    // Per 128-bit lane (rows 0-3, 4-7): the d halves into bytes 0..8, the
-    // dmin halves into 8..16; then d of rows 0-7 in the low 128 bits, dmin
-    // in the high: exact f16 → f32 (as the table).
-    let split = _mm256_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-    );
-    let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(u[0], split));
-    (sc, mn, _mm256_cvtph_ps(_mm256_castsi256_si128(v)), _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(v)))
+    (sc, mn)
 }
 
 /// The `vpshufb` pattern taking bytes b0 and b1 of every dword to its two
@@ -426,10 +443,112 @@ unsafe fn q4_k_sub<const T: usize>(w: &[__m256i; 8], sc: __m256i, ap: *const u8,
     }
 }
 
-/// Q4_K weights × Q8_K activations (see the module docs).
-struct Q4K;
-impl RowTile for Q4K {
-    const WB: usize = 144;
+/// Where a Q4_K tile's super-blocks come from: row-major Q4_K ([`RowMajor`]) or the
+/// Q4_KX8 groups ([`Grouped`]).
+trait Q4KSource {
+    /// Bytes the tile steps per super-block from its group's first byte
+    /// (`rows.at(i, b * STEP)`).
+    const STEP: usize;
+    /// Super-block `b`'s scales, mins, d and dmin (see [`q4_k_scales`]).
+    unsafe fn head<R: Rows>(rows: &R, b: usize) -> Q4KHead;
+    /// Quarter `jj` of super-block `b`'s quants: bytes `32jj..32jj + 32` of the 8 rows,
+    /// vector g holding bytes 4g..4g+3 of row i in dword lane i.
+    unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m256i; 8];
+    /// Prefetches of quarter `jj` of super-block `b` (of `nsb`); `next` as
+    /// [`RowTile::tile`]'s.
+    unsafe fn prefetch<R: Rows, const T: usize>(rows: &R, next: *const u8, b: usize, jj: usize, nsb: usize);
+    /// [`RowTile::ahead`].
+    fn ahead(p: &Panel<'_>, r0: usize) -> *const u8;
+}
+
+/// GGUF's Q4_K rows, transposed in registers.
+struct RowMajor;
+impl Q4KSource for RowMajor {
+    const STEP: usize = 144;
+    #[inline(always)]
+    unsafe fn head<R: Rows>(rows: &R, b: usize) -> Q4KHead {
+        q4_k_scales(rows, b * Self::STEP)
+    }
+    #[inline(always)]
+    unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m256i; 8] {
+        transpose8x32(rows, b * Self::STEP + 16 + 32 * jj)
+    }
+    #[inline(always)]
+    unsafe fn prefetch<R: Rows, const T: usize>(rows: &R, next: *const u8, b: usize, jj: usize, nsb: usize) {
+        // A quarter of a later group's super-block into L2 per 32-byte run: 18
+        // prefetches in one burst at the top of the super-block stalled on fill
+        // buffers (7B Q4_K decode at avx2, 1 thread: 2.58 tok/s in one burst, 2.80
+        // in four, 2.53 with none).
+        super::prefetch_group_step(next, 4 * b + jj, LANES * Self::STEP / 4);
+        // Decode: rows 2jj and 2jj+1 of the next super-block into L1 as well (lines
+        // of its first, middle and last bytes), so the transposes' loads find them
+        // there: 7B Q4_K at avx2, 1 thread 2.80 -> 2.96 tok/s, 2 threads 5.30 ->
+        // 5.56; the L1 prefetch alone ran 2.50. (Prefill tiles are bound by their
+        // arithmetic, not by these loads.)
+        if T == 1 && b + 1 < nsb {
+            for r in 2 * jj..2 * jj + 2 {
+                let q = rows.at(r, (b + 1) * Self::STEP);
+                for o in [0, 64, 128, Self::STEP - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    fn ahead(p: &Panel<'_>, r0: usize) -> *const u8 {
+        super::prefetch_rows(p, r0, LANES)
+    }
+}
+
+/// How far past its reads the Q4_KX8 tile prefetches into L1, as [`Q4_0X8_AHEAD`]: the
+/// best of 0.5, 1, 1.5, 2, 3 and 4 KiB on the 7B's decode matmuls (`TYPE=q4_kx8`, Intel
+/// host, docs/BENCHMARKS.md session 44): 1-2 KiB within noise of each other, 0.5 KiB 4%
+/// slower, 3 and 4 KiB 17% and 27%; an L2 prefetch 8 or 16 KiB ahead besides lost 3-5%.
+const Q4_KX8_AHEAD: usize = 1536;
+
+/// Q4_KX8 groups (`hearth_quant::interleave`): per super-block the 8 rows' d, then
+/// their dmin, then 35 words of 8 rows (3 of scales, 32 of quants) already transposed,
+/// one sequential stream of plain loads.
+struct Grouped;
+impl Q4KSource for Grouped {
+    const STEP: usize = LANES * 144;
+    #[inline(always)]
+    unsafe fn head<R: Rows>(rows: &R, b: usize) -> Q4KHead {
+        let q = rows.at(0, b * Self::STEP);
+        let word = |k: usize| _mm256_loadu_si256(q.add(32 + 32 * k) as *const __m256i);
+        let (sc, mn) = q4_k_unpack(word(0), word(1), word(2));
+        let d = _mm_loadu_si128(q as *const __m128i);
+        let dmin = _mm_loadu_si128(q.add(16) as *const __m128i);
+        (sc, mn, _mm256_cvtph_ps(d), _mm256_cvtph_ps(dmin))
+    }
+    #[inline(always)]
+    unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m256i; 8] {
+        let q = rows.at(0, b * Self::STEP + 128 + 256 * jj);
+        [0, 1, 2, 3, 4, 5, 6, 7].map(|g| _mm256_loadu_si256(q.add(32 * g) as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn prefetch<R: Rows, const T: usize>(rows: &R, next: *const u8, b: usize, jj: usize, _nsb: usize) {
+        if next.is_null() {
+            return;
+        }
+        // A quarter of the super-block's bytes per quarter, [`Q4_KX8_AHEAD`] ahead.
+        let q = rows.at(0, b * Self::STEP + Q4_KX8_AHEAD);
+        for l in (jj * Self::STEP / 4..(jj + 1) * Self::STEP / 4).step_by(64) {
+            // Past the matrix near its end: a prefetch never faults.
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(l) as *const i8);
+        }
+    }
+    /// Non-null for the first tile (it prefetches [`Q4_KX8_AHEAD`] past its own reads).
+    #[inline(always)]
+    fn ahead(p: &Panel<'_>, r0: usize) -> *const u8 {
+        p.w.as_ptr().wrapping_add(r0 * p.row_stride)
+    }
+}
+
+/// Q4_K weights × Q8_K activations (see the module docs), from `S`.
+struct Q4K<S>(PhantomData<S>);
+impl<S: Q4KSource> RowTile for Q4K<S> {
+    const WB: usize = S::STEP;
     #[inline(always)]
     unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, rows: &R, next: *const u8, t0: usize, out: &mut [[f32; LANES]; MAX_T]) {
         let nsb = p.cols / 256;
@@ -437,8 +556,7 @@ impl RowTile for Q4K {
         let mut acc = [_mm256_setzero_ps(); T];
         let mut acc_min = [_mm256_setzero_ps(); T];
         for b in 0..nsb {
-            let off = b * Self::WB;
-            let (sc, mn, dw, dminw) = q4_k_scales(rows, off);
+            let (sc, mn, dw, dminw) = S::head(rows, b);
             let ab = ap.add(b * 292);
             // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
             for (t, acc_min) in acc_min.iter_mut().enumerate() {
@@ -459,27 +577,8 @@ impl RowTile for Q4K {
             }
             let mut isum = [_mm256_setzero_si256(); T];
             for jj in 0..4 {
-                // A quarter of a later group's super-block into L2 per
-                // 32-byte run: 18 prefetches in one burst at the top of the
-                // super-block stalled on fill buffers (7B Q4_K decode at
-                // avx2, 1 thread: 2.58 tok/s in one burst, 2.80 in four,
-                // 2.53 with none).
-                super::prefetch_group_step(next, 4 * b + jj, LANES * Self::WB / 4);
-                // Decode: rows 2jj and 2jj+1 of the next super-block into
-                // L1 as well (lines of its first, middle and last bytes),
-                // so the transposes' loads find them there: 7B Q4_K at
-                // avx2, 1 thread 2.80 -> 2.96 tok/s, 2 threads 5.30 ->
-                // 5.56; the L1 prefetch alone ran 2.50. (Prefill tiles are
-                // bound by their arithmetic, not by these loads.)
-                if T == 1 && b + 1 < nsb {
-                    for r in 2 * jj..2 * jj + 2 {
-                        let q = rows.at(r, off + Self::WB);
-                        for o in [0, 64, 128, Self::WB - 1] {
-                            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
-                        }
-                    }
-                }
-                let raw = transpose8x32(rows, off + 16 + 32 * jj);
+                S::prefetch::<R, T>(rows, next, b, jj, nsb);
+                let raw = S::quants(rows, b, jj);
                 let lo = [lo4(raw[0]), lo4(raw[1]), lo4(raw[2]), lo4(raw[3]), lo4(raw[4]), lo4(raw[5]), lo4(raw[6]), lo4(raw[7])];
                 q4_k_sub::<T>(&lo, sc[2 * jj], ab, p.act_stride, 2 * jj, &mut isum);
                 let hi = [hi4(raw[0]), hi4(raw[1]), hi4(raw[2]), hi4(raw[3]), hi4(raw[4]), hi4(raw[5]), hi4(raw[6]), hi4(raw[7])];
@@ -493,5 +592,9 @@ impl RowTile for Q4K {
         for t in 0..T {
             _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(acc[t], acc_min[t]));
         }
+    }
+    #[inline(always)]
+    fn ahead(p: &Panel<'_>, r0: usize) -> *const u8 {
+        S::ahead(p, r0)
     }
 }

@@ -53,6 +53,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     // AVX2's (the same bits as the avx512 Q4_0 panels'); AVX-VNNI's `vpdpbusd` is not
     // part of AVX-512 VNNI.
     panel_q4_0x8: avx2::KERNELS.panel_q4_0x8,
+    // AVX2's (the same bits as `avx512_q4k`'s Q4_K panels).
+    panel_q4_kx8: avx2::KERNELS.panel_q4_kx8,
 };
 
 /// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`; Q4_K AVX2's
