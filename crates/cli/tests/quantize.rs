@@ -232,6 +232,9 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     std::fs::write(&hostile, bytes).unwrap();
     let o = hearth(&["generate", "-m", s(&hostile), "-p", "Hi", "-n", "2"]);
     assert_clean_error(&o, "token_embd.weight has type q4_0x8, which stores rows in groups of 8: the embedding table");
+    // quantize refuses it as input before writing anything, naming the tensor.
+    let o = hearth(&["quantize", s(&hostile), s(&d.join("h.gguf")), "--type", "q4_0"]);
+    assert_clean_error(&o, "input: tensor token_embd.weight has type q4_0x8");
     let w = Worker::start(&x8, &[]);
     let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
     assert_clean_error(&o, "tensor parallelism cannot cut");
@@ -265,6 +268,26 @@ fn q4_kx8_on_gemma3_moves_bytes_only_and_computes_the_same() {
     let w = Worker::start(&x8, &[]);
     let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
     assert_clean_error(&o, "tensor parallelism cannot cut");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--type q4_k` moves the bytes back"));
+    // `plan` refuses what the coordinator refuses, rather than planning it.
+    let o = hearth(&["plan", "-m", s(&x8), "--workers", &w.addr]);
+    assert_clean_error(&o, "tensor parallelism cannot cut");
+}
+
+/// A fused tensor whose parts are not whole groups of 8 (phi3's gate+up halves of 260
+/// rows, 520 in all) stays in its row type, so the file loads. Control: its total rows are
+/// whole groups, which the rule before this test grouped (a file hearth then refused).
+#[test]
+fn grouped_types_keep_fused_parts_that_are_not_whole_groups() {
+    let d = dir("grouped_fused");
+    let (f16, x8) = (d.join("f16.gguf"), d.join("x8.gguf"));
+    let o = hearth(&["synth", "--arch", "phi3", "--shape", "tiny", "--n-ff", "260", "--type", "f16", "--out", s(&f16)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    quantize(&f16, &x8, "q4_0x8", &[]);
+    let ty = types(&GgufFile::open(&x8).unwrap());
+    assert_eq!(ty["blk.0.ffn_up.weight"], GgmlType::Q4_0, "520 rows, two parts of 260");
+    assert_eq!(ty["blk.0.attn_qkv.weight"], GgmlType::Q4_0X8);
+    assert_eq!(greedy(&x8, 4).len(), 4);
 }
 
 /// A mixture of experts written as Q4_0X8 or Q4_KX8 (`synth`; routers and experts

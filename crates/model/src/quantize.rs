@@ -138,6 +138,9 @@ pub enum QuantizeError {
     /// A row failed to convert (a bug: shapes are checked when planning).
     #[error("quantize: {0}")]
     Quant(#[from] QuantError),
+    /// The input file holds a tensor the model cannot use as it is stored.
+    #[error("input: {0}")]
+    Input(String),
 }
 
 /// Options of [`plan_quantize`].
@@ -212,6 +215,35 @@ fn fallback(ty: GgmlType, cols: u64) -> (GgmlType, bool) {
     (if cols.is_multiple_of(f.block_size() as u64) { f } else { GgmlType::F16 }, true)
 }
 
+/// The rows the model multiplies each matrix of `f` in, where hearth loads `f` as a model:
+/// the greatest common divisor over a tensor's parts (a fused tensor's q/k/v or gate/up,
+/// each expert of a stack), so a grouped type is chosen only where the loader accepts it
+/// (`Weights::load`); empty where hearth cannot load `f` (then a tensor's own rows count).
+/// Errors: `f` holds a grouped tensor the loader refuses (copying it would write a file
+/// hearth refuses).
+fn multiplied_rows(f: &GgufFile) -> Result<std::collections::HashMap<String, usize>, QuantizeError> {
+    let mut parts = std::collections::HashMap::new();
+    let Ok(c) = crate::ModelConfig::from_gguf(f) else { return Ok(parts) };
+    let w = match crate::Weights::load(f, &c, None) {
+        Ok(w) => w,
+        Err(e @ crate::ModelError::GroupedRows { .. }) => return Err(QuantizeError::Input(e.to_string())),
+        Err(_) => return Ok(parts),
+    };
+    for (t, rows) in w.multiplied(c.moe.map_or(0, |m| m.n_expert)) {
+        let r = parts.entry(t.name.clone()).or_insert(rows);
+        *r = gcd(*r, rows);
+    }
+    Ok(parts)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// Choose every tensor's output type (see the module docs for the recipe), and check
 /// that each conversion is possible and allowed.
 pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan>, QuantizeError> {
@@ -237,6 +269,9 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
     let n_down = f.tensors().iter().filter(|t| t.name.contains("ffn_down")).count();
     let (mut i_wv, mut i_down) = (0usize, 0usize);
     let quantized_target = !is_float(o.ty);
+    // (Also for a grouped input: one the model refuses is refused here, not when written.)
+    let grouped_input = f.tensors().iter().any(|t| t.ty.group_rows() > 1);
+    let parts = if target.group_rows() > 1 || grouped_input { multiplied_rows(f)? } else { Default::default() };
 
     let mut plan = Vec::with_capacity(f.tensors().len());
     for t in f.tensors() {
@@ -303,7 +338,7 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
             let g = if ty.group_rows() == 1 && target.group_rows() > 1 && ty == target.ungrouped() { target } else { ty };
             if g.group_rows() == 1 {
                 (ty, fell_back, false)
-            } else if name != "token_embd.weight" && t.dims[1].is_multiple_of(g.group_rows() as u64) {
+            } else if name != "token_embd.weight" && parts.get(name).map_or(t.dims[1], |&r| r as u64).is_multiple_of(g.group_rows() as u64) {
                 (g, fell_back, false)
             } else {
                 (g.ungrouped(), fell_back, true)

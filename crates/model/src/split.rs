@@ -94,10 +94,11 @@ impl TensorSplit {
         });
         if let Some(t) = grouped.chain([&w.output]).find(|t| t.ty.group_rows() > 1) {
             return Err(ModelError::Context(format!(
-                "tensor parallelism cannot cut {} (type {}, rows stored in groups of {}) yet: run a Q4_0 file across devices (`hearth quantize --type q4_0` makes one, losslessly)",
+                "tensor parallelism cannot cut {} (type {}, rows stored in groups of {}) yet: run a file of its row type across devices (`hearth quantize IN OUT --type {}` moves the bytes back, losslessly; add --pure if the file was made with it)",
                 t.name,
                 t.ty.name(),
-                t.ty.group_rows()
+                t.ty.group_rows(),
+                t.ty.ungrouped().name().to_ascii_lowercase()
             )));
         }
         if self.gather_rows.is_some() {

@@ -342,19 +342,27 @@ impl Weights {
         if e.ty.group_rows() > 1 {
             return Err(bad(e, "the embedding table's rows are looked up one by one; keep it in a row type (`hearth quantize` does)".into()));
         }
-        let head = [(&self.output, self.output.rows)];
+        for (t, rows) in self.multiplied(n_expert) {
+            if !rows.is_multiple_of(t.ty.group_rows()) {
+                return Err(bad(t, format!("{rows} rows are not whole groups")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every matrix the model multiplies, with the rows of one multiplication: a fused
+    /// tensor's parts (its `TensorRef`s are views of the same name), an expert of a stack
+    /// (`n_expert` of them), the output head.
+    pub fn multiplied(&self, n_expert: usize) -> Vec<(&TensorRef, usize)> {
+        let mut out = vec![(&self.output, self.output.rows)];
         for l in &self.layers {
             // A layer with a router holds stacked experts, multiplied one at a time.
             let experts = [&l.w_gate, &l.w_up, &l.w_down].map(|t| (t, if l.router.is_some() { t.rows / n_expert.max(1) } else { t.rows }));
             let shared = l.shared.iter().flat_map(|sh| sh.tensors());
             let whole = [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.router.as_ref()).chain(shared);
-            for (t, rows) in whole.map(|t| (t, t.rows)).chain(experts).chain(head) {
-                if !rows.is_multiple_of(t.ty.group_rows()) {
-                    return Err(bad(t, format!("{rows} rows are not whole groups")));
-                }
-            }
+            out.extend(whole.map(|t| (t, t.rows)).chain(experts));
         }
-        Ok(())
+        out
     }
 
     /// Bytes of the matrices one decode step streams from memory: every block's

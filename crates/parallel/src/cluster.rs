@@ -896,6 +896,9 @@ impl std::io::Write for ShardSink<'_> {
 fn send_shard(peer: &mut Peer, model: &Model, split: &TensorSplit, sha: &[u8; 32], progress: bool) -> Result<(), ClusterError> {
     use std::io::Write;
     let node = peer.node();
+    // A split the model cannot run is refused before the progress line announces a send
+    // (`shard_file::write` checks it again).
+    split.validate(&model.config, &model.weights)?;
     let t = std::time::Instant::now();
     if progress {
         eprintln!(

@@ -24,11 +24,14 @@ pub fn report(model: &Model, opts: &ClusterOptions, n_ctx: usize, n_batch: usize
         .iter()
         .zip(&names)
         .zip(gather)
-        .map(|((s, name), g)| {
+        .map(|((s, name), g)| -> Result<_> {
             let split = TensorSplit { gather_rows: g, ..tensor_split(s) };
-            (name, s, shard_weight_bytes(model, &split), kv(s.kv_heads.len()), split.shared_rows(c))
+            // What the coordinator would refuse (a file whose rows are stored in groups) is
+            // refused here too, rather than planned.
+            split.validate(c, &model.weights)?;
+            Ok((name, s, shard_weight_bytes(model, &split), kv(s.kv_heads.len()), split.shared_rows(c)))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     // Node 0 also holds the embedding and computes the output head (one tensor when tied).
     let (embd, head) = (&model.weights.token_embd, &model.weights.output);
     let ends = (embd.size + if head.offset == embd.offset { 0 } else { head.size }) as u64;

@@ -47,7 +47,13 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> anyhow::Result<Vec<u8>> {
             s ^= s << 17;
             *v = (s % 20001) as f32 / 10000.0 - 1.0;
         }
-        hearth_quant::quantize_row(ty, &row, &mut seed[r * rb..(r + 1) * rb])?;
+        hearth_quant::quantize_row(ty.ungrouped(), &row, &mut seed[r * rb..(r + 1) * rb])?;
+    }
+    // A grouped type (Q4_0X8, Q4_KX8): its row type's rows, interleaved (whole groups).
+    if ty.group_rows() > 1 {
+        let mut grouped = vec![0u8; seed.len()];
+        hearth_quant::interleave::interleave(ty, &seed, seed_rows, cols, &mut grouped)?;
+        seed = grouped;
     }
     Ok(seed.iter().copied().cycle().take(rows * rb).collect())
 }

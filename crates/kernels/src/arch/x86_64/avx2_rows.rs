@@ -33,6 +33,11 @@
 //! acc_min` (model: `tests::row_lane_dot_q4_k`). That is the order of
 //! llama.cpp's repacked `ggml_gemm_q4_K_8x8_q8_K` / `gemv`, which its x86
 //! build uses for Q4_K by default; not ggml's plain `ggml_vec_dot_q4_K_q8_K`.
+//!
+//! Q4_0X8 and Q4_KX8 (`hearth_quant::interleave`) are the same tiles with the same
+//! arithmetic reading a group's blocks already transposed, scales first: one sequential
+//! stream of plain loads with a short L1 prefetch, instead of 8 row streams transposed in
+//! registers.
 
 use super::int_dot::{IntDot, Madd, Vnni};
 use super::rows::{Listed, Rows, Strided};
@@ -502,8 +507,8 @@ impl Q4KSource for RowMajor {
 
 /// How far past its reads the Q4_KX8 tile prefetches into L1, as [`Q4_0X8_AHEAD`]: the
 /// best of 0.5, 1, 1.5, 2, 3 and 4 KiB on the 7B's decode matmuls (`TYPE=q4_kx8`, Intel
-/// host, docs/BENCHMARKS.md session 44): 1-2 KiB within noise of each other, 0.5 KiB 4%
-/// slower, 3 and 4 KiB 17% and 27%; an L2 prefetch 8 or 16 KiB ahead besides lost 3-5%.
+/// host, docs/BENCHMARKS.md session 44): 1-2 KiB within noise of each other, 0.5 KiB 5-8%
+/// slower, 3 and 4 KiB 16% and 27%; an L2 prefetch 8 or 16 KiB ahead besides lost 3-5%.
 const Q4_KX8_AHEAD: usize = 1536;
 
 /// Q4_KX8 groups (`hearth_quant::interleave`): per super-block the 8 rows' d, then
