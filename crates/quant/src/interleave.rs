@@ -28,9 +28,10 @@
 //! layout it is one sequential stream of plain loads. On the 7B's decode matmuls
 //! (`hearth-kernels`' bench `layers_7b_decode`, `TYPE=q4_0x8`) Q4_0X8 read 8-12% more
 //! bytes per second at 1 thread and 16-19% more at 2, and the 7B decodes 5-13% faster at
-//! the avx2 level (docs/BENCHMARKS.md, session 43). The avx512 levels have no tile of
-//! their own for either yet (they run avx2's), so there their own Q4_0 kernel prefills
-//! faster.
+//! the avx2 level (docs/BENCHMARKS.md, session 43). The avx512 level reads two groups
+//! side by side in 512-bit vectors, 16 rows a step as its own row-type kernels do, without
+//! their transposes and scale gathers: there a 7B decodes 27-38% faster than from the
+//! row-major file and prefills 4-17% faster (session 45).
 //!
 //! The price is compatibility: the type ids ([`GgmlType::Q4_0X8`], 1000;
 //! [`GgmlType::Q4_KX8`], 1001) are hearth's own, so llama.cpp and other GGUF readers

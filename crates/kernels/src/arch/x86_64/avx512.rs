@@ -8,7 +8,10 @@
 //! (Q4_1/Q8_0 without VNNI, Q4_1 with it) and the rest running the AVX2
 //! code in the wider tiles the 32 EVEX registers allow. The exception is Q8_0
 //! with VNNI (`avx512_rows`: one row per lane, about 2x the prefill speed),
-//! whose float order is its own. Float dots use 512-bit FMA.
+//! whose float order is its own. Float dots use 512-bit FMA. The grouped types
+//! (`hearth_quant::interleave`) run their row type's 16-row tiles over two 8-row groups
+//! side by side (Q4_KX8 always; Q4_0X8 with VNNI, AVX2's 8-row tile without): the same
+//! bits as their row type.
 
 use super::avx2;
 use crate::arch::tail::{rd_bf16, rd_f16, rd_f32};
@@ -53,8 +56,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     // AVX2's (the same bits as the avx512 Q4_0 panels'); AVX-VNNI's `vpdpbusd` is not
     // part of AVX-512 VNNI.
     panel_q4_0x8: avx2::KERNELS.panel_q4_0x8,
-    // AVX2's (the same bits as `avx512_q4k`'s Q4_K panels).
-    panel_q4_kx8: avx2::KERNELS.panel_q4_kx8,
+    // 16 rows a vector (two groups side by side), as `panel_q4_k`.
+    panel_q4_kx8: super::avx512_q4k::panel_q4_kx8,
 };
 
 /// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`; Q4_K AVX2's
@@ -72,6 +75,9 @@ pub(super) static KERNELS_VNNI: Kernels = Kernels {
     },
     panel_q4_1: |p, o| panel_vnni::<avx512_pair::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
     panel_q8_0: rows_or_pairs::<avx512_rows::Q8_0, avx512_pair::Q8_0>,
+    // 16 rows a vector (two groups side by side; nothing gathered, so any row stride):
+    // `avx512_rows`' Q4_0 tile and bits.
+    panel_q4_0x8: avx512_rows::panel::<avx512_rows::Q4_0X8>,
     ..KERNELS
 };
 

@@ -18,7 +18,7 @@
 //! i16 sums cannot overflow: an i16 lane collects 16 products of a nibble
 //! (0..15) and a Q8_K quant (|q| ≤ 128): at most 16 · 15 · 128 = 30720.
 
-use super::avx512_rows::{transpose16x16, transpose16x32, Group, LANES, MAX_ROW_STRIDE};
+use super::avx512_rows::{halves2, transpose16x16, transpose16x32, Group, OneGroup, LANES, MAX_ROW_STRIDE};
 use super::rows::Rows;
 use crate::dispatch::Panel;
 use std::arch::x86_64::*;
@@ -43,16 +43,15 @@ unsafe fn pairs(b0: i32, b1: i32) -> __m512i {
     _mm512_broadcast_i32x4(_mm_setr_epi32(d0, d0 + d, d0 + 2 * d, d0 + 3 * d))
 }
 
-/// The 16 rows' scales and mins of the super-block at `off`, one row per
-/// dword lane: `sc[j]` = (scale j, scale j) as two i16 (the `vpmaddwd`
-/// factor of sub-block j's i16 pair sums), `mn[k]` = (min 2k, min 2k+1) as
-/// two i16; and the rows' d and dmin (one gather of the dword holding both).
+/// A super-block's head for 16 rows, one row per dword lane: `sc[j]` = (scale j, scale j)
+/// as two i16 (the `vpmaddwd` factor of sub-block j's i16 pair sums), `mn[k]` = (min 2k,
+/// min 2k+1) as two i16; and the rows' d and dmin.
+type Head = ([__m512i; 8], [__m512i; 4], __m512, __m512);
+
+/// The 16 rows' scales and mins from their 12 scale bytes as dwords 0, 1, 2 of lane i
+/// (ggml's `get_scale_min_k4` as dword arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`).
 #[inline(always)]
-unsafe fn scales<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], [__m512i; 4], __m512, __m512) {
-    // Bytes off+4..off+20 of row i, transposed: u[h] = dword h in lane i;
-    // dwords 0..2 are the 12 scale bytes (ggml's `get_scale_min_k4` as
-    // dword arithmetic, `utmp` in `ggml_vec_dot_q4_K_q8_K`).
-    let u = transpose16x16(rows, off + 4);
+unsafe fn unpack(u: [__m512i; 3]) -> ([__m512i; 8], [__m512i; 4]) {
     let (km1, km2, km3) = (_mm512_set1_epi32(0x3f3f3f3f), _mm512_set1_epi32(0x0f0f0f0f), _mm512_set1_epi32(0x03030303));
     let sc_lo = _mm512_and_si512(u[0], km1);
     let mn_lo = _mm512_and_si512(u[1], km1);
@@ -77,11 +76,104 @@ unsafe fn scales<R: Rows>(rows: &R, idx: __m512i, off: usize) -> ([__m512i; 8], 
         _mm512_shuffle_epi8(mn_hi, pairs(0, 1)),
         _mm512_shuffle_epi8(mn_hi, pairs(2, 3)),
     ];
-    // d in the low half of the dword at `off`, dmin in the high half.
-    let v = _mm512_i32gather_epi32::<1>(idx, rows.at(0, off) as *const i32);
-    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
-    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v)));
-    (sc, mn, d, dmin)
+    (sc, mn)
+}
+
+/// Where a tile's super-blocks come from: GGUF's Q4_K rows ([`RowMajor`]) or Q4_KX8's
+/// groups ([`Grouped`]). Both give the tile the same vectors, so the same bits.
+trait Q4KSource {
+    /// Whether a panel's last 16 rows may be one 8-row group (read as `OneGroup`).
+    const GROUPED: bool;
+    /// Super-block `b`'s [`Head`].
+    unsafe fn head<R: Rows>(g: &Group, rows: &R, b: usize) -> Head;
+    /// Quarter `jj` of super-block `b`'s quants: bytes `32jj..32jj + 32` of the 16 rows,
+    /// vector g holding bytes 4g..4g+3 of row i in lane i.
+    unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m512i; 8];
+    /// The prefetches while quarter `jj` of super-block `b` (of `nsb`) is read by the tile
+    /// of `T` tokens from `t0`.
+    unsafe fn prefetch<R: Rows, const T: usize>(g: &Group, rows: &R, b: usize, jj: usize, nsb: usize, t0: usize);
+}
+
+/// GGUF's Q4_K rows, transposed in registers.
+struct RowMajor;
+impl Q4KSource for RowMajor {
+    const GROUPED: bool = false;
+    #[inline(always)]
+    unsafe fn head<R: Rows>(g: &Group, rows: &R, b: usize) -> Head {
+        let off = b * WB;
+        // Bytes off+4..off+20 of row i, transposed: u[h] = dword h in lane i.
+        let u = transpose16x16(rows, off + 4);
+        let (sc, mn) = unpack([u[0], u[1], u[2]]);
+        // d in the low half of the dword at `off`, dmin in the high half.
+        let v = _mm512_i32gather_epi32::<1>(g.idx, rows.at(0, off) as *const i32);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v)));
+        (sc, mn, d, dmin)
+    }
+    #[inline(always)]
+    unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m512i; 8] {
+        transpose16x32(rows, b * WB + 16 + 32 * jj)
+    }
+    #[inline(always)]
+    unsafe fn prefetch<R: Rows, const T: usize>(g: &Group, rows: &R, b: usize, jj: usize, nsb: usize, _t0: usize) {
+        // As `avx2_rows`' Q4_K: a quarter of a later group's super-block into L2 per
+        // 32-byte run (one burst of 36 lines stalled), and for decode this group's next
+        // super-block into L1, four rows per run.
+        super::prefetch_group_step(g.next, 4 * b + jj, LANES * WB / 4);
+        if T == 1 && b + 1 < nsb {
+            for r in 4 * jj..4 * jj + 4 {
+                let q = rows.at(r, (b + 1) * WB);
+                for o in [0, 64, 128, WB - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
+                }
+            }
+        }
+    }
+}
+
+/// How far past its reads each of [`Grouped`]'s two streams prefetches into L1 (the avx2
+/// Q4_KX8 tile's 1.5 KiB for its one stream): the best of 1, 1.5 and 3 KiB, 1.5 and 3
+/// within noise at 1 thread, on the 7B's decode matmuls (`TYPE=q4_kx8`, Intel host,
+/// docs/BENCHMARKS.md session 45).
+const Q4_KX8_AHEAD: usize = 1536;
+
+/// Q4_KX8 (`hearth_quant::interleave`): the 16 rows are two 8-row groups
+/// (`rows.at(0, ·)`, `rows.at(8, ·)`), per super-block each group's 8 d, 8 dmin, then 35
+/// words of 8 rows (3 of scales, 32 of quants) already transposed: 256-bit loads of the
+/// two groups side by side, no transposes and no gather.
+struct Grouped;
+impl Q4KSource for Grouped {
+    const GROUPED: bool = true;
+    #[inline(always)]
+    unsafe fn head<R: Rows>(_g: &Group, rows: &R, b: usize) -> Head {
+        let (p, q) = (rows.at(0, 8 * WB * b), rows.at(8, 8 * WB * b));
+        let f16x16 = |o: usize| {
+            let lo = _mm256_castsi128_si256(_mm_loadu_si128(p.add(o) as *const __m128i));
+            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(q.add(o) as *const __m128i)))
+        };
+        let (sc, mn) = unpack([halves2(p.add(32), q.add(32)), halves2(p.add(64), q.add(64)), halves2(p.add(96), q.add(96))]);
+        (sc, mn, f16x16(0), f16x16(16))
+    }
+    #[inline(always)]
+    unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m512i; 8] {
+        let o = 8 * WB * b + 128 + 256 * jj;
+        let (p, q) = (rows.at(0, o), rows.at(8, o));
+        let h = |g: usize| halves2(p.add(32 * g), q.add(32 * g));
+        [h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)]
+    }
+    /// The first tile of a group (the later ones find its bytes cached): a quarter of
+    /// each group's super-block per quarter into L1, [`Q4_KX8_AHEAD`] past its reads.
+    #[inline(always)]
+    unsafe fn prefetch<R: Rows, const T: usize>(_g: &Group, rows: &R, b: usize, jj: usize, _nsb: usize, t0: usize) {
+        if t0 == 0 {
+            let off = 8 * WB * b + Q4_KX8_AHEAD;
+            for l in (jj * 2 * WB..(jj + 1) * 2 * WB).step_by(64) {
+                // Past the matrix near its end: a prefetch never faults.
+                _mm_prefetch::<_MM_HINT_T0>(rows.at(0, 0).wrapping_add(off + l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(rows.at(8, 0).wrapping_add(off + l) as *const i8);
+            }
+        }
+    }
 }
 
 /// The (unaligned) 4 bytes at `p` in every dword lane.
@@ -105,15 +197,14 @@ unsafe fn sub<const T: usize>(w: &[__m512i; 8], sc: __m512i, ap: *const u8, stri
 
 /// Tokens `t0..t0+T` × the group's rows.
 #[inline(always)]
-unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: usize, out: &mut [f32]) {
+unsafe fn tile<S: Q4KSource, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: usize, out: &mut [f32]) {
     let nsb = p.cols / 256;
     let ap = p.act.as_ptr().add(t0 * p.act_stride);
     let mut acc = [_mm512_setzero_ps(); T];
     let mut acc_min = [_mm512_setzero_ps(); T];
     let m4 = _mm512_set1_epi8(0x0f);
     for b in 0..nsb {
-        let off = b * WB;
-        let (sc, mn, dw, dminw) = scales(rows, g.idx, off);
+        let (sc, mn, dw, dminw) = S::head(g, rows, b);
         let ab = ap.add(b * AB);
         // Mins: imin = sum_j min_j * (sum of sub-block j's activations).
         for (t, acc_min) in acc_min.iter_mut().enumerate() {
@@ -134,20 +225,8 @@ unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: 
         }
         let mut isum = [_mm512_setzero_si512(); T];
         for jj in 0..4 {
-            // As `avx2_rows`' Q4_K: a quarter of a later group's
-            // super-block into L2 per 32-byte run (one burst of 36 lines
-            // stalled), and for decode this group's next super-block into
-            // L1, four rows per run.
-            super::prefetch_group_step(g.next, 4 * b + jj, LANES * WB / 4);
-            if T == 1 && b + 1 < nsb {
-                for r in 4 * jj..4 * jj + 4 {
-                    let q = rows.at(r, off + WB);
-                    for o in [0, 64, 128, WB - 1] {
-                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
-                    }
-                }
-            }
-            let raw = transpose16x32(rows, off + 16 + 32 * jj);
+            S::prefetch::<R, T>(g, rows, b, jj, nsb, t0);
+            let raw = S::quants(rows, b, jj);
             let lo = |i: usize| _mm512_and_si512(raw[i], m4);
             let w = [lo(0), lo(1), lo(2), lo(3), lo(4), lo(5), lo(6), lo(7)];
             sub::<T>(&w, sc[2 * jj], ab, p.act_stride, 2 * jj, &mut isum);
@@ -168,14 +247,14 @@ unsafe fn tile<R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, rows: &R, t0: 
 
 /// One group × tiles of up to [`MAX_T`] tokens.
 #[inline(always)]
-unsafe fn tiles<R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, out: &mut [f32]) {
+unsafe fn tiles<S: Q4KSource, R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, out: &mut [f32]) {
     let mut t0 = 0;
     while t0 < p.n_tokens {
         let nt = MAX_T.min(p.n_tokens - t0);
         macro_rules! go {
             ($($t:literal)*) => {
                 match nt {
-                    $($t => tile::<R, $t>(p, g, rows, t0, out),)*
+                    $($t => tile::<S, R, $t>(p, g, rows, t0, out),)*
                     _ => unreachable!("tile of {nt} tokens"),
                 }
             };
@@ -187,13 +266,15 @@ unsafe fn tiles<R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, out: &mut [f32]) {
 
 /// The whole panel: 16-row groups × tiles of up to [`MAX_T`] tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn run(p: &Panel<'_>, out: &mut [f32]) {
+unsafe fn run<S: Q4KSource>(p: &Panel<'_>, out: &mut [f32]) {
     for r0 in (0..p.n_rows).step_by(LANES) {
         let g = Group::new(p, r0);
         if g.n == LANES {
-            tiles(p, &g, &g.strided(p), out)
+            tiles::<S, _>(p, &g, &g.strided(p), out)
+        } else if S::GROUPED {
+            tiles::<S, _>(p, &g, &OneGroup(p.w.as_ptr().add(r0 * p.row_stride)), out)
         } else {
-            tiles(p, &g, &g.listed(p), out)
+            tiles::<S, _>(p, &g, &g.listed(p), out)
         }
     }
 }
@@ -210,5 +291,14 @@ pub(super) fn panel_q4_k(p: &Panel<'_>, out: &mut [f32]) {
     // every weight and activation read (a partial group's missing rows
     // repeat its last row), and the masked stores stay inside `out`'s
     // checked size.
-    unsafe { run(p, out) }
+    unsafe { run::<RowMajor>(p, out) }
+}
+
+/// The Q4_KX8 panel (bounds as Q4_K's: `Panel::check` knows its groups; nothing is
+/// gathered, so any row stride).
+pub(super) fn panel_q4_kx8(p: &Panel<'_>, out: &mut [f32]) {
+    p.check(hearth_quant::GgmlType::Q8_K, out);
+    // SAFETY: as `panel_q4_k`; whole 8-row groups (`check`): a panel's last 16 rows are
+    // two groups (`Strided`) or one (`OneGroup`, whose rows 8-15 read rows 0-7 again).
+    unsafe { run::<Grouped>(p, out) }
 }

@@ -52,6 +52,17 @@ pub(super) trait RowFmt {
     unsafe fn one_token<R: Rows>(_p: &Panel<'_>, _g: &Group, _rows: &R, _t0: usize, _acc: &mut __m512) -> usize {
         0
     }
+    /// Whether the weights are a grouped type (`hearth_quant::interleave`): a panel's
+    /// last 16 rows may then be one 8-row group ([`run`] reads it as [`OneGroup`]).
+    const GROUPED: bool = false;
+    /// The prefetches of block `b` in the tile of the group's tokens from `t0`: a later
+    /// group's bytes into L2, spread evenly over this group's blocks as one sequential
+    /// stream (its rows are contiguous): for a matvec, 16 scattered row streams kept
+    /// less memory in flight.
+    #[inline(always)]
+    unsafe fn prefetch<R: Rows>(g: &Group, _rows: &R, b: usize, _t0: usize) {
+        super::prefetch_group_step(g.next, b, LANES * Self::WB);
+    }
 }
 
 /// The f16 scales at `rows[i] + off`, as f32 in lane i (`idx[i]` =
@@ -84,7 +95,7 @@ unsafe fn lanes4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> 
 
 /// Two 32-byte rows in the two 256-bit halves.
 #[inline(always)]
-unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
+pub(super) unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
     let v = _mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i));
     _mm512_inserti64x4::<1>(v, _mm256_loadu_si256(p1 as *const __m256i))
 }
@@ -252,6 +263,57 @@ impl RowFmt for Q8_0 {
     }
 }
 
+/// How far past its reads each of [`Q4_0X8`]'s two streams prefetches into L1 (the avx2
+/// tile's 2 KiB for its one stream): the best of 1, 2 and 3 KiB on the 7B's decode
+/// matmuls (`TYPE=q4_0x8`, Intel host, docs/BENCHMARKS.md session 45).
+const Q4_0X8_AHEAD: usize = 2048;
+
+/// Q4_0X8 weights (`hearth_quant::interleave`): the 16 rows are two 8-row groups whose
+/// blocks come already transposed, scales first (`rows.at(0, ·)` and `rows.at(8, ·)` are
+/// the groups' first bytes), so a block is two 16-byte scale loads and four pairs of
+/// 32-byte loads: no transposes and no scale gather. The vectors are [`Q4_0`]'s, so is
+/// the arithmetic ([`tile`]'s), and so are the bits.
+pub(super) struct Q4_0X8;
+impl RowFmt for Q4_0X8 {
+    const WB: usize = 18;
+    const GROUPED: bool = true;
+    #[inline(always)]
+    unsafe fn load16<R: Rows>(rows: &R, _idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
+        // `off` is block b's offset in a row (18 b); in a group it is 8 rows' worth.
+        let (a, b) = (rows.at(0, 8 * off), rows.at(8, 8 * off));
+        let d = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)), _mm_loadu_si128(b as *const __m128i));
+        let u = [halves2(a.add(16), b.add(16)), halves2(a.add(48), b.add(48)), halves2(a.add(80), b.add(80)), halves2(a.add(112), b.add(112))];
+        let m = _mm512_set1_epi8(0x0f);
+        let lo = |v: __m512i| _mm512_and_si512(v, m);
+        let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+        ([lo(u[0]), lo(u[1]), lo(u[2]), lo(u[3]), hi(u[0]), hi(u[1]), hi(u[2]), hi(u[3])], _mm512_cvtph_ps(d))
+    }
+    /// The first tile of a group (`t0 == 0`; the later ones find its bytes cached):
+    /// each group's stream into L1 [`Q4_0X8_AHEAD`] past its reads (as `avx2_rows`'
+    /// Q4_0X8 tile: one sequential stream needs only a short prefetch).
+    #[inline(always)]
+    unsafe fn prefetch<R: Rows>(_g: &Group, rows: &R, b: usize, t0: usize) {
+        if t0 == 0 {
+            let off = 8 * Self::WB * b + Q4_0X8_AHEAD;
+            for l in (0..8 * Self::WB).step_by(64) {
+                // Past the matrix near its end: a prefetch never faults.
+                _mm_prefetch::<_MM_HINT_T0>(rows.at(0, 0).wrapping_add(off + l) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(rows.at(8, 0).wrapping_add(off + l) as *const i8);
+            }
+        }
+    }
+}
+
+/// A grouped type's last 8 rows alone (a panel of an odd number of groups): rows 8-15
+/// are rows 0-7 again (their lanes are computed and not stored).
+pub(super) struct OneGroup(pub(super) *const u8);
+impl Rows for OneGroup {
+    #[inline(always)]
+    unsafe fn at(&self, _i: usize, off: usize) -> *const u8 {
+        self.0.add(off)
+    }
+}
+
 /// A 16-row group of a panel.
 pub(super) struct Group {
     /// `rows[i] - rows[0]`, for the scale gather (rows past the panel
@@ -270,7 +332,8 @@ impl Group {
         let last = p.n_rows - 1;
         let mut idx = [0i32; LANES];
         for (i, x) in idx.iter_mut().enumerate() {
-            // At most 15 rows apart, each at most MAX_ROW_STRIDE (`panel`).
+            // At most 15 rows apart, each at most MAX_ROW_STRIDE (`panel`; a grouped
+            // type's rows may be farther apart: it gathers nothing).
             *x = (((r0 + i).min(last) - r0) * p.row_stride) as i32;
         }
         Group {
@@ -337,10 +400,7 @@ unsafe fn tile<F: RowFmt, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, row
     let first = if T == 1 { F::one_token(p, g, rows, t0, &mut acc[0]) } else { 0 };
     for b in first..nb {
         let off = b * F::WB;
-        // A later group's bytes into L2, spread evenly over this group's
-        // blocks as one sequential stream (its rows are contiguous): for a
-        // matvec, 16 scattered row streams kept less memory in flight.
-        super::prefetch_group_step(g.next, b, LANES * F::WB);
+        F::prefetch(g, rows, b, t0);
         let (w, dw) = F::load16(rows, g.idx, off);
         for (t, acc) in acc.iter_mut().enumerate() {
             let a = ap.add(t * p.act_stride + b * 34);
@@ -363,11 +423,15 @@ unsafe fn tile<F: RowFmt, R: Rows, const T: usize>(p: &Panel<'_>, g: &Group, row
 /// The whole panel: 16-row groups × tiles of up to 16 tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn run<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
-    prefetch_panel_start(p, groups_ahead(p));
+    if !F::GROUPED {
+        prefetch_panel_start(p, groups_ahead(p));
+    }
     for r0 in (0..p.n_rows).step_by(LANES) {
         let g = Group::new(p, r0);
         if g.n == LANES {
             tiles::<F, _>(p, &g, &g.strided(p), out)
+        } else if F::GROUPED {
+            tiles::<F, _>(p, &g, &OneGroup(p.w.as_ptr().add(r0 * p.row_stride)), out)
         } else {
             tiles::<F, _>(p, &g, &g.listed(p), out)
         }
@@ -398,7 +462,7 @@ unsafe fn tiles<F: RowFmt, R: Rows>(p: &Panel<'_>, g: &Group, rows: &R, out: &mu
 pub(super) fn panel<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
     p.check(hearth_quant::GgmlType::Q8_0, out);
     assert!(p.act_sums.len() >= p.n_tokens * (p.cols / 32) * 4, "panel activation sums too short");
-    assert!(p.row_stride <= MAX_ROW_STRIDE, "row stride beyond the gather offsets");
+    assert!(F::GROUPED || p.row_stride <= MAX_ROW_STRIDE, "row stride beyond the gather offsets");
     // SAFETY: this table is only handed out when AVX-512 F/BW/VL and VNNI
     // were detected; `check` bounds every weight and activation read, the
     // assert every sum read, and the stores stay inside `out`'s checked size.
