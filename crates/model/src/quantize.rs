@@ -110,11 +110,16 @@ pub enum QuantizeError {
         /// Supported types.
         supported: String,
     },
-    /// `--token-embedding-type` names a type that stores rows in groups.
-    #[error("--token-embedding-type {ty}: the embedding table's rows are looked up one by one, so it cannot be stored as {ty} (rows in groups of 8)")]
+    /// `--token-embedding-type`, or `--output-type` where the output head is the tied
+    /// embedding table, names a type that stores rows in groups.
+    #[error("{flag} {ty}: {what} looked up one by one, so it cannot be stored as {ty} (rows in groups of 8); {} holds the same bytes row by row", ty.ungrouped())]
     GroupedEmbedding {
+        /// The option.
+        flag: &'static str,
         /// The type asked for.
         ty: GgmlType,
+        /// Which tensor, as the message puts it.
+        what: &'static str,
     },
     /// A quantized source tensor would be requantized without permission.
     #[error("tensor {name} is already quantized ({ty}); requantizing it loses quality, pass --allow-requantize to do it anyway")]
@@ -255,8 +260,13 @@ pub fn plan_quantize(f: &GgufFile, o: &QuantizeOptions) -> Result<Vec<TensorPlan
     if let Some(t) = o.token_embedding_type {
         check_target("--token-embedding-type", t)?;
         if t.group_rows() > 1 {
-            return Err(QuantizeError::GroupedEmbedding { ty: t });
+            return Err(QuantizeError::GroupedEmbedding { flag: "--token-embedding-type", ty: t, what: "the embedding table's rows are" });
         }
+    }
+    // (Untied, --output-type may group output.weight as any matrix.)
+    if let Some(t) = o.output_type.filter(|t| t.group_rows() > 1 && f.tensor("output.weight").is_none()) {
+        let what = "this model has no output.weight: its output head is the embedding table (tied), whose rows are";
+        return Err(QuantizeError::GroupedEmbedding { flag: "--output-type", ty: t, what });
     }
     // A grouped target follows its row type's recipe; the matrices that can be are then
     // grouped (below).
@@ -508,6 +518,15 @@ mod tests {
 
     /// [`file`], with a mixture of experts' router in each block when `router`.
     fn file_with(ty: GgmlType, router: bool) -> GgufFile {
+        build_file(ty, router, false)
+    }
+
+    /// [`file`] with an output head of its own (`output.weight`).
+    fn untied_file(ty: GgmlType) -> GgufFile {
+        build_file(ty, false, true)
+    }
+
+    fn build_file(ty: GgmlType, router: bool, untied: bool) -> GgufFile {
         let meta = vec![
             ("general.architecture".to_string(), Value::String("llama".into())),
             ("general.alignment".to_string(), Value::U32(64)),
@@ -523,6 +542,9 @@ mod tests {
             if router {
                 specs.push(s(&format!("blk.{i}.ffn_gate_inp.weight"), vec![576, 8], ty));
             }
+        }
+        if untied {
+            specs.push(s("output.weight", vec![576, 8], ty));
         }
         let bytes = write_gguf(Vec::new(), &meta, &specs, |i, w| {
             let t = &specs[i];
@@ -693,5 +715,13 @@ mod tests {
         // A grouped embedding table is refused.
         let bad = QuantizeOptions { token_embedding_type: Some(GgmlType::Q4_0X8), ..QuantizeOptions::new(GgmlType::Q4_0) };
         assert!(matches!(plan_quantize(&f, &bad), Err(QuantizeError::GroupedEmbedding { .. })));
+        // So is a grouped output head that is the (tied) embedding table; untied, it is grouped.
+        let head = QuantizeOptions { output_type: Some(GgmlType::Q4_0X8), ..QuantizeOptions::new(GgmlType::Q4_0) };
+        let e = plan_quantize(&f, &head).unwrap_err();
+        assert!(e.to_string().starts_with("--output-type q4_0x8: this model has no output.weight"), "{e}");
+        assert!(e.to_string().contains("q4_0 holds the same bytes"), "{e}");
+        let untied = untied_file(GgmlType::Q4_0);
+        let plan = plan_quantize(&untied, &head).unwrap();
+        assert_eq!(plan.iter().find(|p| p.name == "output.weight").unwrap().dst, GgmlType::Q4_0X8);
     }
 }

@@ -3,7 +3,7 @@
 //! `hearth_model::quantize`; this command checks paths and free space, draws the
 //! progress bar and prints the summary.
 
-use crate::cmd::synth::{check_space, file_bytes, free_bytes};
+use crate::cmd::synth::{check_space, file_bytes, free_bytes, writing};
 use crate::common::{file_type_name, mib};
 use anyhow::{bail, Context as _, Result};
 use hearth_gguf::GgufFile;
@@ -106,7 +106,10 @@ pub fn run(a: Args) -> Result<()> {
     let threads = crate::common::threads_or_default(a.threads);
     let data: u64 = specs.iter().map(|t| t.size().unwrap_or(0)).sum();
     let pb = crate::common::byte_progress(data, format!("quantizing to {}", a.output.display()));
-    write_quantized(&src, &a.output, &meta, &plan, threads, &|n| pb.inc(n)).with_context(|| format!("writing {}", a.output.display()))?;
+    write_quantized(&src, &a.output, &meta, &plan, threads, &|n| pb.inc(n)).map_err(|e| match e {
+        QuantizeError::Gguf(e) => writing(&a.output, e),
+        e => anyhow::Error::new(e).context(format!("writing {}", a.output.display())),
+    })?;
     pb.finish_and_clear();
 
     let in_bytes = std::fs::metadata(&in_path).map(|m| m.len()).unwrap_or(0);
@@ -123,7 +126,12 @@ pub fn run(a: Args) -> Result<()> {
     let ftype = target_file_type(opts.ty).map(file_type_name).unwrap_or_default();
     // A grouped target's file type is its row type's (llama.cpp has none for it): say
     // which layout the file holds.
-    let ftype = if opts.ty.group_rows() > 1 { format!("{ftype} recipe, {} layout", opts.ty.name()) } else { ftype };
+    // --pure follows no recipe: say so.
+    let ftype = match (opts.pure, opts.ty.group_rows() > 1) {
+        (true, _) => format!("--pure {}, file type {ftype}", opts.ty.name()),
+        (false, true) => format!("{ftype} recipe, {} layout", opts.ty.name()),
+        (false, false) => ftype,
+    };
     eprintln!(
         "wrote {} ({ftype}): {} -> {}; tensors: {}{}; {:.1} s",
         a.output.display(),

@@ -307,6 +307,15 @@ pub fn free_bytes(dir: &Path) -> Result<u64> {
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
+/// A failed write of `path`: an I/O error already names the file ("writing PATH: why"),
+/// anything else gets it as context.
+pub(crate) fn writing(path: &Path, e: hearth_gguf::GgufError) -> anyhow::Error {
+    match e {
+        hearth_gguf::GgufError::Io { .. } => anyhow::anyhow!("writing {e}"),
+        e => anyhow::Error::new(e).context(format!("writing {}", path.display())),
+    }
+}
+
 /// Refuse when `needed` bytes do not fit in `available` (with 64 MiB to spare).
 pub fn check_space(out: &Path, needed: u64, available: u64) -> Result<()> {
     const SPARE: u64 = 64 << 20;
@@ -576,8 +585,7 @@ pub fn run(a: Args) -> Result<()> {
     let data: u64 = tensors.iter().map(|t| t.size().unwrap_or(0)).sum();
     let pb = crate::common::byte_progress(data, format!("writing {}", a.out.display()));
     let seed = a.seed;
-    write_gguf_file(&a.out, &meta, &tensors, |i, w| fill_tensor(&tensors[i], i, seed, threads, w, &pb))
-        .with_context(|| format!("writing {}", a.out.display()))?;
+    write_gguf_file(&a.out, &meta, &tensors, |i, w| fill_tensor(&tensors[i], i, seed, threads, w, &pb)).map_err(|e| writing(&a.out, e))?;
     pb.finish_and_clear();
     eprintln!(
         "wrote {}: {} params, {} layers, n_embd {}, n_vocab {n_vocab}, {} ({} bytes)",
