@@ -273,7 +273,8 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
         let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.size));
         if end.is_none_or(|e| e > file_len) {
             return Err(GgufError::Invalid {
-                field: format!("tensor {:?}", t.name),
+                // "data": the offset is where its bytes would start, not its header entry.
+                field: format!("tensor {:?} data", t.name),
                 offset: data_offset.saturating_add(t.offset),
                 reason: format!(
                     "data [{}+{}, +{} bytes) lies beyond the end of the file ({file_len} bytes): truncated file or corrupt offset",
@@ -289,7 +290,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
     for w in by_offset.windows(2) {
         if w[0].offset + w[0].size > w[1].offset {
             return Err(GgufError::Invalid {
-                field: format!("tensor {:?}", w[1].name),
+                field: format!("tensor {:?} data", w[1].name),
                 offset: data_offset + w[1].offset,
                 reason: format!("its data overlaps tensor {:?}", w[0].name),
             });
