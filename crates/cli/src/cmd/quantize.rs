@@ -140,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
         counts.join(", "),
         [
             (fallbacks > 0).then(|| format!(" ({fallbacks} fell back: rows not whole blocks)")),
-            (kept > 0).then(|| format!(" ({kept} kept in their row type: an embedding table, or rows not whole groups of 8)")),
+            (kept > 0).then(|| format!(" ({kept} kept in their row type: an embedding table, or rows (a fused tensor's parts, an expert's) not whole groups of 8)")),
         ]
         .into_iter()
         .flatten()
