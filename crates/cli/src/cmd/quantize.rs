@@ -125,8 +125,7 @@ pub fn run(a: Args) -> Result<()> {
     let fallbacks = plan.iter().filter(|p| p.fallback).count();
     let ftype = target_file_type(opts.ty).map(file_type_name).unwrap_or_default();
     // A grouped target's file type is its row type's (llama.cpp has none for it): say
-    // which layout the file holds.
-    // --pure follows no recipe: say so.
+    // which layout the file holds. --pure follows no recipe: say so.
     let ftype = match (opts.pure, opts.ty.group_rows() > 1) {
         (true, _) => format!("--pure {}, file type {ftype}", opts.ty.name()),
         (false, true) => format!("{ftype} recipe, {} layout", opts.ty.name()),

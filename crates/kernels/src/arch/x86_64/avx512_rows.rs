@@ -464,7 +464,9 @@ pub(super) fn panel<F: RowFmt>(p: &Panel<'_>, out: &mut [f32]) {
     assert!(p.act_sums.len() >= p.n_tokens * (p.cols / 32) * 4, "panel activation sums too short");
     assert!(F::GROUPED || p.row_stride <= MAX_ROW_STRIDE, "row stride beyond the gather offsets");
     // SAFETY: this table is only handed out when AVX-512 F/BW/VL and VNNI
-    // were detected; `check` bounds every weight and activation read, the
-    // assert every sum read, and the stores stay inside `out`'s checked size.
+    // were detected; `check` bounds every weight and activation read (a grouped
+    // type's panel is whole 8-row groups: an odd last one is read as both halves,
+    // `OneGroup`), the assert every sum read, and the stores stay inside `out`'s
+    // checked size.
     unsafe { run::<F>(p, out) }
 }
