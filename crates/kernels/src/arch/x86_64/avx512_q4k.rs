@@ -18,7 +18,7 @@
 //! i16 sums cannot overflow: an i16 lane collects 16 products of a nibble
 //! (0..15) and a Q8_K quant (|q| ≤ 128): at most 16 · 15 · 128 = 30720.
 
-use super::avx512_rows::{halves2, transpose16x16, transpose16x32, Group, OneGroup, LANES, MAX_ROW_STRIDE};
+use super::avx512_rows::{f16x16, halves2, prefetch_groups, transpose16x16, transpose16x32, Group, OneGroup, LANES, MAX_ROW_STRIDE};
 use super::rows::Rows;
 use crate::dispatch::Panel;
 use std::arch::x86_64::*;
@@ -147,12 +147,8 @@ impl Q4KSource for Grouped {
     #[inline(always)]
     unsafe fn head<R: Rows>(_g: &Group, rows: &R, b: usize) -> Head {
         let (p, q) = (rows.at(0, 8 * WB * b), rows.at(8, 8 * WB * b));
-        let f16x16 = |o: usize| {
-            let lo = _mm256_castsi128_si256(_mm_loadu_si128(p.add(o) as *const __m128i));
-            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(q.add(o) as *const __m128i)))
-        };
         let (sc, mn) = unpack([halves2(p.add(32), q.add(32)), halves2(p.add(64), q.add(64)), halves2(p.add(96), q.add(96))]);
-        (sc, mn, f16x16(0), f16x16(16))
+        (sc, mn, f16x16(p, q), f16x16(p.add(16), q.add(16)))
     }
     #[inline(always)]
     unsafe fn quants<R: Rows>(rows: &R, b: usize, jj: usize) -> [__m512i; 8] {
@@ -167,11 +163,7 @@ impl Q4KSource for Grouped {
     unsafe fn prefetch<R: Rows, const T: usize>(_g: &Group, rows: &R, b: usize, jj: usize, _nsb: usize, t0: usize) {
         if t0 == 0 {
             let off = 8 * WB * b + Q4_KX8_AHEAD;
-            for l in (jj * 2 * WB..(jj + 1) * 2 * WB).step_by(64) {
-                // Past the matrix near its end: a prefetch never faults.
-                _mm_prefetch::<_MM_HINT_T0>(rows.at(0, 0).wrapping_add(off + l) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(rows.at(8, 0).wrapping_add(off + l) as *const i8);
-            }
+            prefetch_groups(rows, off + jj * 2 * WB..off + (jj + 1) * 2 * WB);
         }
     }
 }

@@ -100,6 +100,26 @@ pub(super) unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512i {
     _mm512_inserti64x4::<1>(v, _mm256_loadu_si256(p1 as *const __m256i))
 }
 
+/// 16 f16 as f32: 8 at `p0` (lanes 0-7), 8 at `p1` (lanes 8-15); a grouped type's 8-row
+/// groups' scales side by side.
+#[inline(always)]
+pub(super) unsafe fn f16x16(p0: *const u8, p1: *const u8) -> __m512 {
+    let lo = _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i));
+    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(p1 as *const __m128i)))
+}
+
+/// Bytes `range` of both 8-row groups of a grouped type's 16 rows (offsets from each
+/// group's first byte, `rows.at(0, 0)` and `rows.at(8, 0)`) into L1, a line at a time:
+/// each group is one sequential stream. Past the matrix near its end is harmless: a
+/// prefetch never faults.
+#[inline(always)]
+pub(super) unsafe fn prefetch_groups<R: Rows>(rows: &R, range: std::ops::Range<usize>) {
+    for l in range.step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(rows.at(0, 0).wrapping_add(l) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(rows.at(8, 0).wrapping_add(l) as *const i8);
+    }
+}
+
 /// Bytes `q..q + 16` of the 16 rows transposed: vector h holds bytes
 /// 4h..4h+3 of row i in lane i.
 #[inline(always)]
@@ -281,12 +301,11 @@ impl RowFmt for Q4_0X8 {
     unsafe fn load16<R: Rows>(rows: &R, _idx: __m512i, off: usize) -> ([__m512i; 8], __m512) {
         // `off` is block b's offset in a row (18 b); in a group it is 8 rows' worth.
         let (a, b) = (rows.at(0, 8 * off), rows.at(8, 8 * off));
-        let d = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)), _mm_loadu_si128(b as *const __m128i));
         let u = [halves2(a.add(16), b.add(16)), halves2(a.add(48), b.add(48)), halves2(a.add(80), b.add(80)), halves2(a.add(112), b.add(112))];
         let m = _mm512_set1_epi8(0x0f);
         let lo = |v: __m512i| _mm512_and_si512(v, m);
         let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
-        ([lo(u[0]), lo(u[1]), lo(u[2]), lo(u[3]), hi(u[0]), hi(u[1]), hi(u[2]), hi(u[3])], _mm512_cvtph_ps(d))
+        ([lo(u[0]), lo(u[1]), lo(u[2]), lo(u[3]), hi(u[0]), hi(u[1]), hi(u[2]), hi(u[3])], f16x16(a, b))
     }
     /// The first tile of a group (`t0 == 0`; the later ones find its bytes cached):
     /// each group's stream into L1 [`Q4_0X8_AHEAD`] past its reads (as `avx2_rows`'
@@ -295,11 +314,7 @@ impl RowFmt for Q4_0X8 {
     unsafe fn prefetch<R: Rows>(_g: &Group, rows: &R, b: usize, t0: usize) {
         if t0 == 0 {
             let off = 8 * Self::WB * b + Q4_0X8_AHEAD;
-            for l in (0..8 * Self::WB).step_by(64) {
-                // Past the matrix near its end: a prefetch never faults.
-                _mm_prefetch::<_MM_HINT_T0>(rows.at(0, 0).wrapping_add(off + l) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(rows.at(8, 0).wrapping_add(off + l) as *const i8);
-            }
+            prefetch_groups(rows, off..off + 8 * Self::WB);
         }
     }
 }
