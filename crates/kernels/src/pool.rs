@@ -205,7 +205,7 @@ impl ThreadPool {
         }
         let rows = x.len() / width;
         // Rows per 16-element boundary: split points are multiples of this.
-        let step = 16 / gcd(width, 16);
+        let step = 16 / num_integer::gcd(width, 16);
         let cut = |i: usize| (rows * i / n) / step * step;
         let base = SendPtr(x.as_mut_ptr());
         let len = x.len();
@@ -219,14 +219,6 @@ impl ThreadPool {
                 f(part, r0);
             }
         });
-    }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
 

@@ -236,17 +236,9 @@ fn multiplied_rows(f: &GgufFile) -> Result<std::collections::HashMap<String, usi
     };
     for (t, rows) in w.multiplied(c.moe.map_or(0, |m| m.n_expert)) {
         let r = parts.entry(t.name.clone()).or_insert(rows);
-        *r = gcd(*r, rows);
+        *r = num_integer::gcd(*r, rows);
     }
     Ok(parts)
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
 }
 
 /// Choose every tensor's output type (see the module docs for the recipe), and check

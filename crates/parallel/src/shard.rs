@@ -91,18 +91,10 @@ pub enum ShardError {
     },
 }
 
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
 /// Least common multiple of block sizes (1 for an empty list): the block size to pass
 /// in [`ModelDims::block`] when the column-split matrices have several types.
 pub fn lcm_block(sizes: &[usize]) -> usize {
-    sizes.iter().filter(|&&s| s > 0).fold(1, |l, &s| l / gcd(l, s) * s)
+    sizes.iter().filter(|&&s| s > 0).fold(1, |l, &s| l / num_integer::gcd(l, s) * s)
 }
 
 impl ModelDims {
@@ -144,7 +136,7 @@ impl ModelDims {
     pub fn kv_heads_per_unit(&self) -> usize {
         let cols = self.kv_group_cols().max(1);
         let block = self.block.max(1);
-        block / gcd(cols, block)
+        block / num_integer::gcd(cols, block)
     }
 
     /// Attention units to share out (the last may hold fewer KV heads).
