@@ -46,8 +46,15 @@ fn quantize(input: &Path, out: &Path, ty: &str, extra: &[&str]) -> String {
 
 /// Greedy completion token ids for the standard prompt.
 fn greedy(m: &Path, n: usize) -> Vec<u64> {
+    greedy_with(m, n, &[])
+}
+
+/// [`greedy`] with more `generate` arguments (e.g. `--workers`).
+fn greedy_with(m: &Path, n: usize, extra: &[&str]) -> Vec<u64> {
     let n = n.to_string();
-    let out = ok(hearth(&["generate", "-m", s(m), "-p", "The capital of France is", "--temperature", "0", "-n", &n, "--json", "-t", "2"]));
+    let mut args = vec!["generate", "-m", s(m), "-p", "The capital of France is", "--temperature", "0", "-n", &n, "--json", "-t", "2"];
+    args.extend_from_slice(extra);
+    let out = ok(hearth(&args));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v["completion_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
 }
@@ -189,8 +196,9 @@ fn bad_requests_fail_cleanly_and_leave_nothing() {
 /// way back is byte-identical to the start, no --allow-requantize), every matrix but the
 /// tied embedding is grouped, and the model computes the same numbers from either file
 /// (greedy tokens, and perplexity to the bit). Control: the grouped file's bytes differ.
-/// A cluster refuses the grouped file with a clear error; an embedding table is never
-/// grouped.
+/// Tensor parallelism cuts the grouped matrices in whole groups: the gather schedule gives
+/// one machine's tokens, with a worker that has the file and with one that gets its shard
+/// file (it was refused); an embedding table is never grouped.
 #[test]
 fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     let d = dir("q4_0x8");
@@ -235,16 +243,25 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     // quantize refuses it as input before writing anything, naming the tensor.
     let o = hearth(&["quantize", s(&hostile), s(&d.join("h.gguf")), "--type", "q4_0"]);
     assert_clean_error(&o, "input: tensor token_embd.weight has type q4_0x8");
-    let w = Worker::start(&x8, &[]);
-    let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
-    assert_clean_error(&o, "tensor parallelism cannot cut");
+    let single = greedy(&x8, 16);
+    let (w, cache) = (Worker::start(&x8, &[]), d.join("shards"));
+    let no_file = Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &model_sha(&x8), "--shard-cache", s(&cache)], std::process::Stdio::null());
+    for workers in [w.addr.clone(), no_file.addr.clone(), addrs(&[&w, &no_file])] {
+        assert_eq!(greedy_with(&x8, 16, &["--workers", &workers, "--tp-schedule", "gather"]), single, "{workers}");
+    }
+    // The shard file holds the worker's cut still grouped.
+    let shard = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "gguf")).unwrap();
+    assert_eq!(types(&GgufFile::open(&shard).unwrap())["blk.0.ffn_down.weight"], GgmlType::Q4_0X8);
+    // The sum schedule reassociates two dot products a block (rounding): it runs.
+    assert_eq!(greedy_with(&x8, 16, &["--workers", &w.addr, "--tp-schedule", "sum"]).len(), 16);
 }
 
 /// Gemma 3's Q4_K_M file (llama.cpp's) → Q4_KX8 and back: Q4_K_M's recipe chooses the
 /// file's own types, so its 27 Q4_K matrices are grouped by moving bytes and the rest kept;
 /// the way back is the original file byte for byte, and the model computes the same
 /// numbers from either (greedy tokens, and perplexity to the bit). Control: the grouped
-/// file's bytes differ. A cluster refuses it with a clear error.
+/// file's bytes differ. Tensor parallelism cuts it in whole groups (gather schedule: one
+/// machine's tokens), and `plan --workers` plans it.
 #[test]
 fn q4_kx8_on_gemma3_moves_bytes_only_and_computes_the_same() {
     let d = dir("q4_kx8");
@@ -266,12 +283,9 @@ fn q4_kx8_on_gemma3_moves_bytes_only_and_computes_the_same() {
     let v = ok(hearth(&["bench", "-m", s(&x8), "-p", "0", "-n", "2", "-r", "1", "--json"]));
     assert!(v.contains("Q4_KX8"), "{v}");
     let w = Worker::start(&x8, &[]);
-    let o = hearth(&["generate", "-m", s(&x8), "-p", "Hi", "-n", "2", "--workers", &w.addr]);
-    assert_clean_error(&o, "tensor parallelism cannot cut");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--type q4_k` moves the bytes back"));
-    // `plan` refuses what the coordinator refuses, rather than planning it.
-    let o = hearth(&["plan", "-m", s(&x8), "--workers", &w.addr]);
-    assert_clean_error(&o, "tensor parallelism cannot cut");
+    assert_eq!(greedy_with(&x8, 16, &["--workers", &w.addr, "--tp-schedule", "gather"]), greedy(&x8, 16));
+    let plan = ok(hearth(&["plan", "-m", s(&x8), "--workers", &w.addr, "--json"]));
+    assert!(plan.contains("\"parallel\":\"tensor\"") && plan.contains("\"nodes\""), "{plan}");
 }
 
 /// A fused tensor whose parts are not whole groups of 8 (phi3's gate+up halves of 260

@@ -86,20 +86,23 @@ impl TensorSplit {
     /// layer's `attn_output` and `ffn_down` fall on quantization-block boundaries.
     pub fn validate(&self, c: &ModelConfig, w: &crate::Weights) -> Result<()> {
         self.check_ranges(c)?;
-        // A split cuts every matrix by rows or columns: one whose rows are stored in groups
-        // (Q4_0X8, Q4_KX8) is not cut yet.
-        let grouped = w.layers.iter().flat_map(|l| {
-            let shared = l.shared.iter().flat_map(|sh| sh.tensors());
-            l.matrices().into_iter().chain(l.router.as_ref()).chain(shared)
-        });
-        if let Some(t) = grouped.chain([&w.output]).find(|t| t.ty.group_rows() > 1) {
-            return Err(ModelError::Context(format!(
-                "tensor parallelism cannot cut {} (type {}, rows stored in groups of {}) yet: run a file of its row type across devices (`hearth quantize IN OUT --type {}` moves the bytes back, losslessly; add --pure if the file was made with it)",
-                t.name,
-                t.ty.name(),
-                t.ty.group_rows(),
-                t.ty.ungrouped().name().to_ascii_lowercase()
-            )));
+        // A matrix whose rows are stored in groups (Q4_0X8, Q4_KX8) is cut in whole groups
+        // (`slice_matrix`): its row cut must fall on them. (Its column cut is in whole blocks,
+        // as a row type's, below.)
+        let (shapes, shared) = (self.matrix_shapes(c), self.shared_shapes(c));
+        for l in &w.layers {
+            let cuts = l.matrices().into_iter().zip(&shapes).chain(l.shared.iter().flat_map(|sh| [&sh.gate, &sh.up, &sh.down].into_iter().zip(&shared)));
+            for (t, (rows, _)) in cuts {
+                let g = t.ty.group_rows();
+                if !rows.start.is_multiple_of(g) || !rows.end.is_multiple_of(g) {
+                    return Err(ModelError::Context(format!(
+                        "tensor parallelism cannot cut {} (type {}, rows stored in groups of {g}) at rows {rows:?}: this split's cuts are not whole groups; run a file of its row type across devices (`hearth quantize IN OUT --type {}` moves the bytes back, losslessly; add --pure if the file was made with it)",
+                        t.name,
+                        t.ty.name(),
+                        t.ty.ungrouped().name().to_ascii_lowercase()
+                    )));
+                }
+            }
         }
         if self.gather_rows.is_some() {
             return Ok(());
@@ -248,9 +251,20 @@ pub fn slice_experts(
 /// Rows `rows` × columns `cols` (whole blocks) of matrix `t` of `file`, as a compact
 /// `[rows.len(), cols.len()]` matrix of `t`'s type, read with `pread` a few MiB at a
 /// time into `out` (whatever it held is replaced).
+///
+/// A type that stores rows in groups (Q4_0X8, Q4_KX8: `hearth_quant::interleave`) is cut
+/// in whole groups: a group is laid out as one long row whose blocks are the group's
+/// blocks of a column range, so the same cut over groups keeps the layout. Errors: rows
+/// that are not whole groups.
 pub fn slice_matrix(file: &GgufFile, t: &crate::TensorRef, rows: Range<usize>, cols: Range<usize>, out: &mut Vec<u8>) -> Result<()> {
-    let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
-    let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes());
+    let g = t.ty.group_rows();
+    if !rows.start.is_multiple_of(g) || !rows.end.is_multiple_of(g) {
+        return Err(ModelError::Context(format!("rows {rows:?} of {} are not whole groups of {g} ({})", t.name, t.ty.name())));
+    }
+    // In units of a group of rows (one row for a row type).
+    let (bs, ts) = (t.ty.block_size(), t.ty.type_size() * g);
+    let (off, len, rb) = (cols.start / bs * ts, cols.len() / bs * ts, t.row_bytes() * g);
+    let rows = rows.start / g..rows.end / g;
     out.clear();
     out.resize(rows.len() * len, 0);
     if len == rb {

@@ -107,16 +107,22 @@ impl ClusterError {
 }
 
 /// The split dimensions of `model` (block: the least common multiple of the block
-/// sizes of every column-split matrix, a shared expert's down included).
+/// sizes of every column-split matrix, a shared expert's down included, and of the
+/// groups of rows of the FFN's row-split ones).
 pub fn model_dims(model: &Model) -> ModelDims {
     let c = &model.config;
     // (A shared expert's down is cut as the FFN's: its columns at the FFN rows' scaled
-    // boundaries, `TensorSplit::shared_rows`.)
+    // boundaries, `TensorSplit::shared_rows`.) A gate or up stored in groups of rows
+    // (Q4_0X8, Q4_KX8) is cut in whole groups, so the FFN rows come in them too.
     let blocks: Vec<usize> = model
         .weights
         .layers
         .iter()
-        .flat_map(|l| [l.wo.ty.block_size(), l.w_down.ty.block_size()].into_iter().chain(l.shared.as_ref().map(|s| s.down.ty.block_size())))
+        .flat_map(|l| {
+            let cols = [&l.wo, &l.w_down].into_iter().chain(l.shared.as_ref().map(|s| &s.down)).map(|t| t.ty.block_size());
+            let rows = [&l.w_gate, &l.w_up].into_iter().chain(l.shared.iter().flat_map(|s| [&s.gate, &s.up])).map(|t| t.ty.group_rows());
+            cols.chain(rows)
+        })
         .collect();
     ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }
 }
@@ -137,25 +143,35 @@ pub fn split_plan(model: &Model, opts: &ClusterOptions) -> Result<(ShardPlan, Ga
         )));
     }
     let plan = ShardPlan::new(model_dims(model), &weights).map_err(|e| ClusterError::Plan(e.to_string()))?;
-    let gather = gather_rows(model.config.n_embd, &weights, opts.exact).map_err(|e| ClusterError::Plan(e.to_string()))?;
+    let gather = gather_rows(model.config.n_embd, gather_unit(model), &weights, opts.exact).map_err(|e| ClusterError::Plan(e.to_string()))?;
     Ok((plan, gather))
 }
 
 /// Each node's output rows under the gather schedule (`exact`): the `n_embd` rows shared
-/// in proportion to the node weights like everything else; `None` for every node under
-/// the sum schedule.
-pub fn gather_rows(n_embd: usize, weights: &[f64], exact: bool) -> Result<GatherRows, crate::ShardError> {
+/// in proportion to the node weights like everything else, in units of `unit` rows (the
+/// last one may be short); `None` for every node under the sum schedule.
+pub fn gather_rows(n_embd: usize, unit: usize, weights: &[f64], exact: bool) -> Result<GatherRows, crate::ShardError> {
     if !exact {
         return Ok(vec![None; weights.len()]);
     }
+    let unit = unit.max(1);
     let mut at = 0;
-    Ok(crate::shard::proportional_split(n_embd, weights)?
+    Ok(crate::shard::proportional_split(n_embd.div_ceil(unit), weights)?
         .iter()
         .map(|&k| {
-            at += k;
-            Some(at - k..at)
+            let start = at;
+            at = (at + k * unit).min(n_embd);
+            Some(start..at)
         })
         .collect())
+}
+
+/// The rows a gather cut of `model`'s `attn_output` and `ffn_down` (and a shared
+/// expert's down) must come in: a group of rows where one is stored in groups (Q4_0X8,
+/// Q4_KX8: cut in whole groups), else 1.
+pub fn gather_unit(model: &Model) -> usize {
+    let downs = model.weights.layers.iter().flat_map(|l| [&l.wo, &l.w_down].into_iter().chain(l.shared.as_ref().map(|s| &s.down)));
+    downs.map(|t| t.ty.group_rows()).fold(1, num_integer::lcm)
 }
 
 /// The model's view of a node's shard.

@@ -29,14 +29,21 @@ fn load(p: &Path) -> Arc<Model> {
 
 /// SmolLM2 with every tensor converted to F32 (written once per test run).
 fn f32_copy() -> Arc<Model> {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-f32-tp.gguf");
+    copy(GgmlType::F32)
+}
+
+/// SmolLM2 quantized to `ty` (from its Q4_1; written once per test run).
+fn copy(ty: GgmlType) -> Arc<Model> {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("smollm2-{}-tp.gguf", ty.name()));
     if !out.is_file() {
         let f = GgufFile::open(q4_1_path()).unwrap();
-        let mut o = quantize::QuantizeOptions::new(GgmlType::F32);
+        let mut o = quantize::QuantizeOptions::new(ty);
         o.allow_requantize = true;
         let plan = quantize::plan_quantize(&f, &o).unwrap();
-        let meta = quantize::quantized_metadata(&f, GgmlType::F32);
-        quantize::write_quantized(&f, &out, &meta, &plan, 2, &|_| {}).unwrap();
+        let meta = quantize::quantized_metadata(&f, ty);
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+        quantize::write_quantized(&f, &tmp, &meta, &plan, 2, &|_| {}).unwrap();
+        std::fs::rename(&tmp, &out).unwrap();
     }
     load(&out)
 }
@@ -129,6 +136,31 @@ fn gather_schedule_is_bit_identical_to_one_node() {
         let r = compare_with(&m, w, WireType::F32, true, CacheType::F16, 12, true);
         assert_eq!(r.max_diff, 0.0, "{w:?}, f32 attention: gather schedule logits differ by {}", r.max_diff);
     }
+}
+
+/// Rows stored in groups of 8 (Q4_0X8) are cut in whole groups: the gather schedule is
+/// one node's logits to the bit for every split, as for a row type; a gather cut inside a
+/// group is refused by name. Control: cutting the grouped matrices as if each row stood
+/// alone (`slice_matrix` with a group of 1) fails the first comparison (NaN logits).
+#[test]
+fn gather_schedule_over_grouped_rows_is_bit_identical_to_one_node() {
+    let m = copy(GgmlType::Q4_0X8);
+    assert_eq!(m.weights.layers[0].wo.ty, GgmlType::Q4_0X8);
+    assert_eq!(m.weights.layers[0].w_down.ty, GgmlType::Q4_0X8);
+    for w in SPLITS {
+        let r = compare(&m, w, WireType::F32, true, CacheType::F16, 8);
+        assert_eq!(r.max_diff, 0.0, "{w:?}: gather schedule logits over Q4_0X8 differ by {}", r.max_diff);
+    }
+    // The sum schedule runs too (its rounding as on Q4_1, above).
+    let r = compare(&m, &[1.0, 1.0], WireType::F32, false, CacheType::F16, 8);
+    assert!(r.max_diff < 2.0 && r.flips.iter().all(|&(_, margin)| margin < 0.1), "{}, {:?}", r.max_diff, r.flips);
+    // SmolLM2's 576 rows of O go out in groups of 8 (1:1:2 gives 144, 144, 288); a cut at
+    // row 300 is refused.
+    let g = hearth_parallel::cluster::gather_rows(576, hearth_parallel::cluster::gather_unit(&m), &[1.0, 1.0, 2.0], true).unwrap();
+    assert_eq!(g, vec![Some(0..144), Some(144..288), Some(288..576)]);
+    let split = hearth_model::TensorSplit { kv_heads: 0..1, ffn_rows: 0..512, gather_rows: Some(0..300) };
+    let e = split.validate(&m.config, &m.weights).unwrap_err().to_string();
+    assert!(e.contains("cannot cut blk.0.attn_output.weight (type q4_0x8, rows stored in groups of 8) at rows 0..300"), "{e}");
 }
 
 #[test]

@@ -27,7 +27,7 @@ pub struct Args {
     /// Target type: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k (Q3_K_M mix),
     /// q4_k (Q4_K_M mix), q5_k (Q5_K_M mix), q6_k, q4_0x8 (Q4_0's recipe with 8 rows of
     /// each matrix interleaved: hearth's own layout, faster at the x86 levels (avx2,
-    /// avxvnni, avx512), refused by llama.cpp and tensor parallelism; the embedding
+    /// avxvnni, avx512), refused by llama.cpp; the embedding
     /// table and matrices whose rows are not whole groups of 8 stay q4_0; from q4_0 and
     /// back only moves bytes, but the recipe still upgrades a q4_0 output head (--pure
     /// keeps it)), q4_kx8 (the same over Q4_K_M's mix: its q4_K matrices interleaved, the
