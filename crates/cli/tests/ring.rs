@@ -398,3 +398,23 @@ fn a_ring_workers_peak_rss_is_the_same_in_every_session() {
     let (lo, hi) = peaks.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &p| (lo.min(p), hi.max(p)));
     assert!(hi - lo < 4.0, "peaks {peaks:?} MiB: {log}");
 }
+
+#[test]
+fn a_second_coordinator_takes_a_ring_device_over_and_the_first_hears_from_which_device() {
+    // The first coordinator read "node 1 lost the coordinator: it closed the connection
+    // without a shutdown" (relayed by node 2, blaming node 0: itself), and `hearth serve`
+    // answered that request 500 instead of re-planning (leftover since session 29).
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let (w1, w2) = (Worker::start(&m, &[]), Worker::start(&m, &[]));
+    let args = ["generate", "-m", ms, "-p", "Once upon a time", "-n", "3000", "--ignore-eos", "-c", "4096", "-t", "1"];
+    let ring = ["--workers", &addrs(&[&w1, &w2]), "--parallel", "ring", "--layer-window", "10,10,10"];
+    let (first, out) = common::started_generation(&[&args[..], &ring].concat(), Stdio::piped());
+    common::drain(out);
+    ok(common::generate_json("Hi", &["--workers", &w1.addr, "--parallel", "ring", "--layer-window", "15,15"]));
+    let first = first.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("node 1 ({}): another coordinator (", w1.addr)) && err.contains("took over this worker"), "{err}");
+    assert!(!err.contains("lost the coordinator"), "{err}");
+}

@@ -873,6 +873,23 @@ fn a_failed_worker_that_answers_again_rejoins_the_group() {
     assert!(!o.status.success() && err.contains("--rejoin only applies to a run across devices"), "{err}");
 }
 
+/// A ring device another coordinator takes over while the server is idle: the next request
+/// starts over on the devices left and gets the ring's greedy tokens (the server answered it
+/// 500, "node 1 lost the coordinator", relayed by node 2 and blaming the server itself), and
+/// the device is down for good (taking it back would take it from the other coordinator).
+#[test]
+fn a_ring_device_taken_over_by_another_coordinator_is_left_out_and_the_next_request_runs() {
+    let model = common::model();
+    let (w1, w2) = (common::Worker::start(&model, &[]), common::Worker::start(&model, &[]));
+    let s = Server::start(&["-c", "1024", "--workers", &common::addrs(&[&w1, &w2]), "--parallel", "ring", "--layer-window", "10,10,10"]);
+    let before = greedy(&s, "The capital of France is");
+    common::ok(common::generate_json("Hi", &["--workers", &w1.addr, "--parallel", "ring", "--layer-window", "15,15"]));
+    assert_eq!(greedy(&s, "The capital of France is"), before, "after the takeover");
+    let h = health(&s);
+    let state = h["cluster"]["nodes"].as_array().unwrap().iter().find(|n| n["addr"] == w1.addr.as_str()).map(|n| n["state"].clone());
+    assert_eq!(state, Some(json!("down")), "{h}");
+}
+
 /// `/v1/embeddings`: each input's vector is the model's final normed hidden states
 /// (`Context::eval_hidden`, checked against llama.cpp's `result_norm` in the model crate)
 /// pooled and scaled to unit length, bit for bit as computed in process; base64 carries

@@ -460,8 +460,16 @@ impl TcpRing {
                 }))
             }
             Message::Error(e) => {
-                // Name the failed device by the address we know it by, unless it is named.
                 let mut err = CommError::relayed(last.node(), e);
+                // A device whose link from this coordinator closed blames node 0, us, alive:
+                // the device itself may have said why on that link before it closed (another
+                // coordinator took it over), so its own report names it.
+                if err.failed_node() == Some(0) {
+                    if let Some(own) = first_report(peers, Duration::from_millis(300)) {
+                        return Err(Box::new(own));
+                    }
+                }
+                // Name the failed device by the address we know it by, unless it is named.
                 if let CommError::Relayed { failed, message } = &mut err {
                     if let Some(p) = peers.iter().find(|p| p.node() == *failed).filter(|p| !message.contains(p.addr())) {
                         *message = format!("{message} [node {failed} is {}]", p.addr());
@@ -483,6 +491,16 @@ impl TcpRing {
         counters.bytes_received += got as u64;
         Ok(())
     }
+}
+
+/// The first error report a device sent on its own link to the coordinator within `wait`
+/// (all the devices together), as that device's error.
+fn first_report(peers: &mut [Peer], wait: Duration) -> Option<CommError> {
+    let deadline = Instant::now() + wait;
+    peers.iter_mut().find_map(|p| match p.recv_within(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))) {
+        Ok((Message::Error(e), _)) => Some(CommError::remote(p.node(), p.addr(), e)),
+        _ => None,
+    })
 }
 
 impl Drop for TcpRing {
