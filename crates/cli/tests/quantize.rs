@@ -325,3 +325,25 @@ fn grouped_experts_and_routers_come_back_to_their_row_type() {
         assert_eq!(greedy(&x8, 8), greedy(&back, 8));
     }
 }
+
+/// Tensor parallelism over a fused grouped tensor whose heads are not whole groups: phi3
+/// with head_dim 36 and 16 heads over 2 KV heads has `attn_qkv` in Q4_0X8 (parts of 576,
+/// 72 and 72 rows), and one KV head's 36 rows of K are not a group of 8 (its 288 columns
+/// of `attn_output` are whole blocks). The planner gives KV heads in twos there, so the
+/// gather schedule runs and gives one machine's tokens (equal weights were refused,
+/// new-user pass, session 46: control); a split of one head is refused naming the part.
+#[test]
+fn tensor_parallelism_cuts_a_fused_grouped_tensor_on_whole_groups() {
+    let d = dir("grouped_tp_fused");
+    let (f16, x8) = (d.join("f16.gguf"), d.join("x8.gguf"));
+    let o = hearth(&["synth", "--arch", "phi3", "--shape", "tiny", "--head-dim", "36", "--n-head", "16", "--n-head-kv", "2", "--type", "f16", "--out", s(&f16)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    quantize(&f16, &x8, "q4_0x8", &[]);
+    assert_eq!(types(&GgufFile::open(&x8).unwrap())["blk.0.attn_qkv.weight"], GgmlType::Q4_0X8);
+    let w = Worker::start(&x8, &[]);
+    assert_eq!(greedy_with(&x8, 8, &["--workers", &w.addr, "--tp-schedule", "gather"]), greedy(&x8, 8));
+    let m = hearth_model::Model::load(&x8).unwrap();
+    let split = hearth_model::TensorSplit { kv_heads: 0..1, ..hearth_model::TensorSplit::whole(&m.config) };
+    let e = split.validate(&m.config, &m.weights).unwrap_err().to_string();
+    assert!(e.contains("cannot cut blk.0.attn_qkv.weight (type q4_0x8, rows stored in groups of 8) at rows 0..36 of its attn_k part"), "{e}");
+}

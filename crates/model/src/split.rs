@@ -90,13 +90,16 @@ impl TensorSplit {
         // (`slice_matrix`): its row cut must fall on them. (Its column cut is in whole blocks,
         // as a row type's, below.)
         let (shapes, shared) = (self.matrix_shapes(c), self.shared_shapes(c));
+        let roles = crate::arch::Mat::ALL.map(|m| m.name()).into_iter().chain(["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]);
         for l in &w.layers {
             let cuts = l.matrices().into_iter().zip(&shapes).chain(l.shared.iter().flat_map(|sh| [&sh.gate, &sh.up, &sh.down].into_iter().zip(&shared)));
-            for (t, (rows, _)) in cuts {
+            for ((t, (rows, _)), role) in cuts.zip(roles.clone()) {
                 let g = t.ty.group_rows();
                 if !rows.start.is_multiple_of(g) || !rows.end.is_multiple_of(g) {
+                    // (A fused tensor's part, e.g. phi3's attn_qkv: rows of that part.)
+                    let part = if t.name.contains(&format!(".{role}.")) { String::new() } else { format!(" of its {role} part") };
                     return Err(ModelError::Context(format!(
-                        "tensor parallelism cannot cut {} (type {}, rows stored in groups of {g}) at rows {rows:?}: this split's cuts are not whole groups; run a file of its row type across devices (`hearth quantize IN OUT --type {}` moves the bytes back, losslessly; add --pure if the file was made with it)",
+                        "tensor parallelism cannot cut {} (type {}, rows stored in groups of {g}) at rows {rows:?}{part}: this split's cuts are not whole groups; run a file of its row type across devices (`hearth quantize IN OUT --type {}` moves the bytes back, losslessly; add --pure if the file was made with it)",
                         t.name,
                         t.ty.name(),
                         t.ty.ungrouped().name().to_ascii_lowercase()

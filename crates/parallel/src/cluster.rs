@@ -107,8 +107,9 @@ impl ClusterError {
 }
 
 /// The split dimensions of `model` (block: the least common multiple of the block
-/// sizes of every column-split matrix, a shared expert's down included, and of the
-/// groups of rows of the FFN's row-split ones).
+/// sizes of every column-split matrix, a shared expert's down included, of the groups of
+/// rows of the FFN's row-split ones, and of what puts a KV-head boundary on whole groups
+/// of `attn_q/k/v`'s rows).
 pub fn model_dims(model: &Model) -> ModelDims {
     let c = &model.config;
     // (A shared expert's down is cut as the FFN's: its columns at the FFN rows' scaled
@@ -121,7 +122,15 @@ pub fn model_dims(model: &Model) -> ModelDims {
         .flat_map(|l| {
             let cols = [&l.wo, &l.w_down].into_iter().chain(l.shared.as_ref().map(|s| &s.down)).map(|t| t.ty.block_size());
             let rows = [&l.w_gate, &l.w_up].into_iter().chain(l.shared.iter().flat_map(|s| [&s.gate, &s.up])).map(|t| t.ty.group_rows());
-            cols.chain(rows)
+            // A KV-head boundary cuts q/k/v by rows. `kv_heads_per_unit` makes u heads' q
+            // rows (u · group · head_dim) a multiple of the block; a block that is a
+            // multiple of q's group and of k/v's group × the GQA group then puts q's cut and
+            // k/v's (u · head_dim) on whole groups. Only a head_dim that is not a multiple
+            // of the group needs it (none of the usual 64, 80, 96, 128, 256).
+            let gqa = c.n_head / c.n_head_kv.max(1);
+            let kv = [&l.wk, &l.wv].into_iter().map(|t| t.ty.group_rows()).filter(|g| !c.head_dim.is_multiple_of(*g)).map(move |g| g * gqa);
+            let q = Some(l.wq.ty.group_rows()).filter(|g| !(gqa * c.head_dim).is_multiple_of(*g));
+            cols.chain(rows).chain(kv).chain(q)
         })
         .collect();
     ModelDims { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_embd: c.n_embd, n_ff: c.n_ff, block: lcm_block(&blocks) }

@@ -307,11 +307,13 @@ pub fn proportional_split(units: usize, weights: &[f64]) -> Result<Vec<usize>, S
             return Err(ShardError::BadWeight { node, weight });
         }
     }
-    let total: f64 = weights.iter().sum();
-    if total <= 0.0 || !total.is_finite() {
+    // Over the largest weight, so that the sum cannot overflow (1e308 twice is not zero).
+    let max = weights.iter().copied().fold(0.0, f64::max);
+    if max <= 0.0 {
         return Err(ShardError::ZeroTotal);
     }
-    let quotas: Vec<f64> = weights.iter().map(|w| units as f64 * (w / total)).collect();
+    let total: f64 = weights.iter().map(|w| w / max).sum();
+    let quotas: Vec<f64> = weights.iter().map(|w| units as f64 * (w / max / total)).collect();
     let mut counts: Vec<usize> = quotas.iter().map(|q| (q.floor() as usize).min(units)).collect();
     // Order by descending fractional part, ties to the lower index.
     let mut order: Vec<usize> = (0..weights.len()).collect();
@@ -449,6 +451,10 @@ mod tests {
     fn errors() {
         assert_eq!(ShardPlan::new(smollm(32), &[]), Err(ShardError::NoNodes));
         assert_eq!(ShardPlan::new(smollm(32), &[0.0, 0.0]), Err(ShardError::ZeroTotal));
+        // Weights whose sum overflows are not "all zero" (new-user pass, session 46): shared
+        // as their ratio.
+        assert_eq!(proportional_split(48, &[1e308, 1e308, 1e308]).unwrap(), vec![16, 16, 16]);
+        assert_eq!(proportional_split(48, &[f64::MAX, f64::MAX / 2.0]).unwrap(), vec![32, 16]);
         assert!(matches!(ShardPlan::new(smollm(32), &[1.0, f64::NAN]), Err(ShardError::BadWeight { node: 1, .. })));
         assert!(matches!(ShardPlan::new(smollm(32), &[-1.0]), Err(ShardError::BadWeight { node: 0, .. })));
         let mut d = smollm(32);
