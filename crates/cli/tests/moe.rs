@@ -653,3 +653,36 @@ fn planned_scratch_covers_a_moe_prefill() {
         assert!(planned - used < 64 << 10, "{arch}: plan {planned} vs {used} bytes");
     }
 }
+
+/// Experts and a shared expert stored in groups of 8 rows (`quantize --type q4_0x8`):
+/// tensor parallelism cuts each expert in whole groups (it refused grouped files until
+/// session 46). The gather schedule gives one machine's tokens, from workers holding the
+/// file and from one that gets a shard file of the grouped cuts; the sum schedule (column
+/// cuts inside each group's blocks) gives the tokens of the same split of the row-type
+/// file, which holds the same bytes.
+#[test]
+fn grouped_experts_are_cut_in_whole_groups_across_devices() {
+    let q8 = synth("qwen2moe", 128, 4);
+    let (m, q4) = (Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-qwen2moe-x8.gguf"), Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-qwen2moe-q4_0.gguf"));
+    for (out, ty) in [(&m, "q4_0x8"), (&q4, "q4_0")] {
+        let o = hearth(&["quantize", q8.to_str().unwrap(), out.to_str().unwrap(), "--type", ty, "--allow-requantize"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let f = hearth_gguf::GgufFile::open(&m).unwrap();
+    for name in ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight", "blk.0.ffn_up_shexp.weight", "blk.0.attn_output.weight"] {
+        assert_eq!(f.tensor(name).unwrap().ty, hearth_quant::GgmlType::Q4_0X8, "{name}");
+    }
+    let single = tokens(&ok(generate(&m, &[])));
+    let ws = [Worker::start(&m, &[]), Worker::start(&m, &[])];
+    let v = ok(generate(&m, &["--workers", &addrs(&[&ws[0], &ws[1]]), "--tp-schedule", "gather", "--node-weights", "3,1,2"]));
+    assert_eq!(tokens(&v), single, "two workers with the file");
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-x8-shard-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let sha = common::model_sha(&m);
+    let no_file = Worker::spawn(&["--listen", "127.0.0.1:0", "--model-sha256", &sha, "--shard-cache", cache.to_str().unwrap()], std::process::Stdio::null());
+    let v = ok(generate(&m, &["--workers", &no_file.addr, "--tp-schedule", "gather"]));
+    assert_eq!(tokens(&v), single, "a worker with a shard file");
+    let row_type = [Worker::start(&q4, &[]), Worker::start(&q4, &[])];
+    let sum = |m: &Path, ws: &[Worker; 2]| tokens(&ok(generate(m, &["--workers", &addrs(&[&ws[0], &ws[1]]), "--tp-schedule", "sum", "--node-weights", "3,1,2"])));
+    assert_eq!(sum(&m, &ws), sum(&q4, &row_type), "sum schedule: Q4_0X8 against Q4_0");
+}

@@ -198,7 +198,8 @@ fn bad_requests_fail_cleanly_and_leave_nothing() {
 /// (greedy tokens, and perplexity to the bit). Control: the grouped file's bytes differ.
 /// Tensor parallelism cuts the grouped matrices in whole groups: the gather schedule gives
 /// one machine's tokens, with a worker that has the file and with one that gets its shard
-/// file (it was refused); an embedding table is never grouped.
+/// file (it was refused), and the sum schedule the Q4_0 file's; an embedding table is
+/// never grouped.
 #[test]
 fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     let d = dir("q4_0x8");
@@ -252,8 +253,10 @@ fn q4_0x8_moves_bytes_only_and_computes_the_same() {
     // The shard file holds the worker's cut still grouped.
     let shard = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "gguf")).unwrap();
     assert_eq!(types(&GgufFile::open(&shard).unwrap())["blk.0.ffn_down.weight"], GgmlType::Q4_0X8);
-    // The sum schedule reassociates two dot products a block (rounding): it runs.
-    assert_eq!(greedy_with(&x8, 16, &["--workers", &w.addr, "--tp-schedule", "sum"]).len(), 16);
+    // The sum schedule cuts O and down by columns, inside each group's blocks: the tokens
+    // of the same split of the Q4_0 file (the same bytes).
+    let w4 = Worker::start(&q4, &[]);
+    assert_eq!(greedy_with(&x8, 16, &["--workers", &w.addr, "--tp-schedule", "sum"]), greedy_with(&q4, 16, &["--workers", &w4.addr, "--tp-schedule", "sum"]));
 }
 
 /// Gemma 3's Q4_K_M file (llama.cpp's) → Q4_KX8 and back: Q4_K_M's recipe chooses the

@@ -124,6 +124,32 @@ fn compare_with(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool
     run
 }
 
+/// The split context's logits (as bits) over `weights`: prefill `PROMPT`, then `steps - 1`
+/// greedy decode steps on its own logits.
+fn split_logits(model: &Arc<Model>, weights: &[f64], exact: bool, steps: usize) -> Vec<Vec<u32>> {
+    let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, CacheType::F16).unwrap();
+    let opts = ClusterOptions {
+        layout: Default::default(),
+        workers: workers(model, weights.len() - 1),
+        weights: weights.to_vec(),
+        wire: WireType::F32,
+        key: None,
+        timeout: Duration::from_secs(10),
+        exact,
+        progress: false,
+    };
+    let g = connect(model, SHA, &opts, 128, 64, CacheType::F16, split.f32_attention_from()).unwrap();
+    split.set_tensor_split(g.split, Box::new(g.collective)).unwrap();
+    let mut input = model.tokenizer.encode(PROMPT, true, true);
+    (0..steps)
+        .map(|_| {
+            let l = split.eval(&input, Logits::Last).unwrap();
+            input = vec![argmax(l)];
+            l.iter().map(|x| x.to_bits()).collect()
+        })
+        .collect()
+}
+
 const SPLITS: [&[f64]; 6] = [&[1.0, 1.0], &[1.0, 1.0, 1.0], &[3.0, 1.0, 2.0], &[1.0, 1.0, 1.0, 1.0], &[0.0, 1.0, 1.0, 1.0], &[1.0, 0.0]];
 
 #[test]
@@ -140,8 +166,11 @@ fn gather_schedule_is_bit_identical_to_one_node() {
 
 /// Rows stored in groups of 8 (Q4_0X8) are cut in whole groups: the gather schedule is
 /// one node's logits to the bit for every split, as for a row type; a gather cut inside a
-/// group is refused by name. Control: cutting the grouped matrices as if each row stood
-/// alone (`slice_matrix` with a group of 1) fails the first comparison (NaN logits).
+/// group is refused by name. The sum schedule's column cuts give the row-type file's
+/// logits under the same split, bit for bit. Control: cutting the grouped matrices as if
+/// each row stood alone (`slice_matrix` with a group of 1) fails the sum schedule's
+/// comparison (NaN logits; the gather schedule's cuts are whole rows of every matrix, the
+/// same bytes either way).
 #[test]
 fn gather_schedule_over_grouped_rows_is_bit_identical_to_one_node() {
     let m = copy(GgmlType::Q4_0X8);
@@ -151,9 +180,14 @@ fn gather_schedule_over_grouped_rows_is_bit_identical_to_one_node() {
         let r = compare(&m, w, WireType::F32, true, CacheType::F16, 8);
         assert_eq!(r.max_diff, 0.0, "{w:?}: gather schedule logits over Q4_0X8 differ by {}", r.max_diff);
     }
-    // The sum schedule runs too (its rounding as on Q4_1, above).
-    let r = compare(&m, &[1.0, 1.0], WireType::F32, false, CacheType::F16, 8);
-    assert!(r.max_diff < 2.0 && r.flips.iter().all(|&(_, margin)| margin < 0.1), "{}, {:?}", r.max_diff, r.flips);
+    // The sum schedule cuts O and down by columns: within a group, a column range of each
+    // block. Its logits are those of the same split of the row-type file (the same bytes,
+    // the same arithmetic), bit for bit.
+    let q4 = copy(GgmlType::Q4_0);
+    assert_eq!(q4.weights.layers[0].wo.ty, GgmlType::Q4_0);
+    for w in [&[1.0, 1.0][..], &[3.0, 1.0, 2.0], &[0.0, 1.0, 1.0, 1.0]] {
+        assert_eq!(split_logits(&m, w, false, 8), split_logits(&q4, w, false, 8), "{w:?}: sum schedule, Q4_0X8 against Q4_0");
+    }
     // SmolLM2's 576 rows of O go out in groups of 8 (1:1:2 gives 144, 144, 288); a cut at
     // row 300 is refused.
     let g = hearth_parallel::cluster::gather_rows(576, hearth_parallel::cluster::gather_unit(&m), &[1.0, 1.0, 2.0], true).unwrap();
