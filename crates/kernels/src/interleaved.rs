@@ -118,6 +118,38 @@ mod tests {
         }
     }
 
+    /// Where AVX-512 runs in 256-bit halves (AMD Zen 4) the avx512 level decodes the
+    /// grouped types with avx2's 8-row tile (`arch::x86_64::split_avx512`). Forced on here,
+    /// so every AVX-512 host checks that route: a decode of each grouped type, 1 to 3
+    /// threads, gives the bits of its row form at avx512 (as the 16-row tiles do).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_split_avx512_decode_route_gives_the_row_forms_bits() {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !SimdLevel::Avx512.is_available() {
+            return;
+        }
+        let force = &crate::arch::x86_64::tests::FORCE_SPLIT_AVX512;
+        for (grouped, cols) in [(GgmlType::Q4_0X8, 32 * 7), (GgmlType::Q4_KX8, 256 * 3)] {
+            let ty = grouped.ungrouped();
+            // 5 groups: two 16-row tiles and an odd group at avx512's own tiles.
+            let rows = 40;
+            let (q, x) = weights(ty, rows, cols, 1, cols as u64);
+            let mut ix = vec![0u8; q.len()];
+            interleave(grouped, &q, rows, cols, &mut ix).unwrap();
+            let qv = WeightView::new(ty, &q, rows, cols).unwrap();
+            let xv = WeightView::new(grouped, &ix, rows, cols).unwrap();
+            for pool in &pools()[..3] {
+                let want = run(SimdLevel::Avx512, pool, &qv, &x, 1);
+                assert!(want.iter().any(|v| *v != 0.0));
+                force.store(true, Relaxed);
+                let got = run(SimdLevel::Avx512, pool, &xv, &x, 1);
+                force.store(false, Relaxed);
+                assert!(bits(&got) == bits(&want), "{grouped}, {} threads", pool.n_threads());
+            }
+        }
+    }
+
     #[test]
     fn views_keep_whole_groups() {
         let q = vec![0u8; 16 * 18];

@@ -236,6 +236,7 @@ impl<D: IntDot> RowTile for Q4_0X8<D> {
         let ap = p.act.as_ptr().add(t0 * p.act_stride);
         let sp = p.act_sums.as_ptr().add(t0 * nb * 4);
         let mut acc = [_mm256_setzero_ps(); T];
+        let far = if !next.is_null() && super::far_prefetch() { super::GROUPED_FAR_AHEAD } else { 0 };
         for b in 0..nb {
             // The group's block b: rows.at(0, ·) is the group's first byte.
             let q = rows.at(0, b * Self::WB);
@@ -243,6 +244,9 @@ impl<D: IntDot> RowTile for Q4_0X8<D> {
                 for l in (0..Self::WB).step_by(64) {
                     // Past the matrix near its end: a prefetch never faults.
                     _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(Q4_0X8_AHEAD + l) as *const i8);
+                    if far > 0 {
+                        _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(far + l) as *const i8);
+                    }
                 }
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(q as *const __m128i));
@@ -536,11 +540,16 @@ impl Q4KSource for Grouped {
         if next.is_null() {
             return;
         }
-        // A quarter of the super-block's bytes per quarter, [`Q4_KX8_AHEAD`] ahead.
+        // A quarter of the super-block's bytes per quarter, [`Q4_KX8_AHEAD`] ahead (and
+        // into L2 `GROUPED_FAR_AHEAD` ahead where `far_prefetch`).
         let q = rows.at(0, b * Self::STEP + Q4_KX8_AHEAD);
+        let far = super::far_prefetch();
         for l in (jj * Self::STEP / 4..(jj + 1) * Self::STEP / 4).step_by(64) {
             // Past the matrix near its end: a prefetch never faults.
             _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(l) as *const i8);
+            if far {
+                _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(super::GROUPED_FAR_AHEAD - Q4_KX8_AHEAD + l) as *const i8);
+            }
         }
     }
     /// Non-null for the first tile (it prefetches [`Q4_KX8_AHEAD`] past its own reads).

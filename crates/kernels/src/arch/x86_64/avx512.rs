@@ -11,13 +11,15 @@
 //! whose float order is its own. Float dots use 512-bit FMA. The grouped types
 //! (`hearth_quant::interleave`) run their row type's 16-row tiles over two 8-row groups
 //! side by side (Q4_KX8 always; Q4_0X8 with VNNI, AVX2's 8-row tile without): the same
-//! bits as their row type.
+//! bits as their row type. Where AVX-512 runs in 256-bit halves (AMD Zen 4) a grouped
+//! decode takes AVX2's 8-row tile (`split_avx512`), the matvecs of one row a vector take
+//! the panel's quarters (`tiles`).
 
 use super::avx2;
 use crate::arch::tail::{rd_bf16, rd_f16, rd_f32};
 use super::avx2_k;
 use super::int_dot::Madd;
-use super::tile::{hsum512, hsum512x4, run_panel, tail_dot, Fmt};
+use super::tile::{hsum512, hsum512x4, run_matvec, run_panel, tail_dot, Fmt};
 use super::{avx512_pair, avx512_rows};
 use crate::dispatch::{Kernels, Panel, SimdLevel};
 use hearth_quant::GgmlType;
@@ -56,8 +58,15 @@ pub(super) static KERNELS: Kernels = Kernels {
     // AVX2's (the same bits as the avx512 Q4_0 panels'); AVX-VNNI's `vpdpbusd` is not
     // part of AVX-512 VNNI.
     panel_q4_0x8: avx2::KERNELS.panel_q4_0x8,
-    // 16 rows a vector (two groups side by side), as `panel_q4_k`.
-    panel_q4_kx8: super::avx512_q4k::panel_q4_kx8,
+    // 16 rows a vector (two groups side by side), as `panel_q4_k`; AVX2's 8-row tile for
+    // a decode where AVX-512 runs in halves (`split_avx512`).
+    panel_q4_kx8: |p, o| {
+        if p.n_tokens == 1 && super::split_avx512() {
+            super::avx2_rows::panel_q4_kx8(p, o)
+        } else {
+            super::avx512_q4k::panel_q4_kx8(p, o)
+        }
+    },
 };
 
 /// AVX-512 with VNNI: Q4_0/Q8_0 one row per lane (`avx512_rows`; Q4_K AVX2's
@@ -76,8 +85,15 @@ pub(super) static KERNELS_VNNI: Kernels = Kernels {
     panel_q4_1: |p, o| panel_vnni::<avx512_pair::Q4_1, 4, 4, 4>(p, o, GgmlType::Q8_1),
     panel_q8_0: rows_or_pairs::<avx512_rows::Q8_0, avx512_pair::Q8_0>,
     // 16 rows a vector (two groups side by side; nothing gathered, so any row stride):
-    // `avx512_rows`' Q4_0 tile and bits.
-    panel_q4_0x8: avx512_rows::panel::<avx512_rows::Q4_0X8>,
+    // `avx512_rows`' Q4_0 tile and bits; AVX2's 8-row tile (the same bits) for a decode
+    // where AVX-512 runs in halves (`split_avx512`).
+    panel_q4_0x8: |p, o| {
+        if p.n_tokens == 1 && super::split_avx512() {
+            super::avx2_rows::panel_q4_0x8(p, o)
+        } else {
+            avx512_rows::panel::<avx512_rows::Q4_0X8>(p, o)
+        }
+    },
     ..KERNELS
 };
 
@@ -114,16 +130,30 @@ fn panel_vnni<F: Fmt, const MR: usize, const R: usize, const T: usize>(p: &Panel
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn panel_avx512<F: Fmt, const MR: usize, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
-    if p.n_tokens == 1 {
-        run_panel::<F, MR, 1>(p, out)
-    } else {
-        run_panel::<F, R, T>(p, out)
-    }
+    tiles::<F, MR, R, T>(p, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn panel_avx512_vnni<F: Fmt, const MR: usize, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
-    if p.n_tokens == 1 {
+    tiles::<F, MR, R, T>(p, out)
+}
+
+/// A matvec in 4-row tiles over the panel's quarters (`run_matvec`: four far-apart
+/// weight streams, as at the avx2 level) for a format of one row per vector with MR 4,
+/// else MR adjacent rows; R × T tiles for several tokens. Every (row, token) result is
+/// the same either way.
+///
+/// Why the quarters here too: on an AMD EPYC (Zen 4) host SmolLM2 F16 decode at this
+/// level ran 70-72 tok/s at 1 thread with adjacent rows and 82-91 with quarters (2
+/// threads 93-99 and 104-130), where it had trailed llama.cpp (0.89 / 0.93). The
+/// two-rows-a-vector formats (`avx512_pair`, Q4_1 here) lost 9-17% at 1 thread with
+/// them (143, 139, 145 against 128, 115, 132 tok/s): they keep adjacent rows.
+/// (`hearth bench -p 0 -n 64 -t 1,2 -r 3`, alternated; docs/BENCHMARKS.md session 47.)
+#[inline(always)]
+unsafe fn tiles<F: Fmt, const MR: usize, const R: usize, const T: usize>(p: &Panel<'_>, out: &mut [f32]) {
+    if p.n_tokens == 1 && MR == 4 && F::ROWS == 1 {
+        run_matvec::<F>(p, out)
+    } else if p.n_tokens == 1 {
         run_panel::<F, MR, 1>(p, out)
     } else {
         run_panel::<F, R, T>(p, out)

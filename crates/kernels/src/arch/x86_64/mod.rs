@@ -89,6 +89,55 @@ unsafe fn prefetch_group_step(group: *const u8, b: usize, step_bytes: usize) {
     }
 }
 
+/// How far ahead of their reads the grouped types' 8-row tiles (`avx2_rows`' Q4_0X8 and
+/// Q4_KX8) also prefetch into L2 where [`far_prefetch`] says so.
+const GROUPED_FAR_AHEAD: usize = PREFETCH_AHEAD;
+
+/// Whether the grouped tiles add an L2 prefetch [`GROUPED_FAR_AHEAD`] bytes ahead to their
+/// short L1 one: on AMD's cores, not Intel's.
+///
+/// Why by vendor: a group is one sequential stream per thread. On the Intel host the
+/// layout was tuned on (sessions 43-45) the L1 prefetch alone was best; an L2 prefetch 8
+/// or 16 KiB ahead besides lost 3-5%. On an AMD EPYC (Zen 4) host the same stream read
+/// slower than the row types' 8 streams: 7B Q4_0X8 decode at 1 thread 5.6-6.4 tok/s at
+/// the avx2 level against 6.7-8.0 with an L2 prefetch 18-36 KiB ahead (8 KiB: 7.1-7.7),
+/// Q4_KX8 5.6-6.6 against 7.0-7.4 (`hearth bench -p 0 -n 16 -t 1`, alternated;
+/// docs/BENCHMARKS.md session 47); at 2 threads both stay at the memory's limit. Zen 3
+/// (not measured with it) takes it too: the row types' 32 KiB L2 prefetch
+/// ([`PREFETCH_AHEAD`]), tuned on Zen 4, served it as well.
+pub(crate) fn far_prefetch() -> bool {
+    static FAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAR.get_or_init(|| cpu_id().0)
+}
+
+/// Whether AVX-512 runs in 256-bit halves (AMD family 0x19, Zen 4): the avx512 level then
+/// decodes the grouped types with avx2's 8-row tile (the same bits).
+///
+/// Why: there the 16-row avx512 tile over two groups decoded the 7B Q4_0X8 at 4.8-6.1
+/// tok/s (1 thread, with every L2 prefetch distance tried) where avx2's tile ran 6.7-8.0,
+/// and Q4_KX8 4.1-7.4 against 7.0-7.4; its prefill stays faster (pp64 24.9 against 14.8
+/// tok/s).
+/// (Zen 3 shares the family and has no AVX-512.) Zen 5 (family 0x1a) has full-width
+/// AVX-512 and is not measured: it keeps the avx512 tile.
+pub(crate) fn split_avx512() -> bool {
+    #[cfg(test)]
+    if tests::FORCE_SPLIT_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
+        return true;
+    }
+    static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPLIT.get_or_init(|| cpu_id() == (true, 0x19))
+}
+
+/// (vendor is AMD, family) from CPUID leaves 0 and 1.
+fn cpu_id() -> (bool, u32) {
+    // (Safe in this Rust: CPUID leaves 0 and 1 exist on every x86-64 CPU.)
+    let (v, f) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1));
+    let amd = (v.ebx, v.edx, v.ecx) == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"));
+    let base = (f.eax >> 8) & 0xf;
+    let family = if base == 0xf { base + ((f.eax >> 20) & 0xff) } else { base };
+    (amd, family)
+}
+
 fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
@@ -115,5 +164,24 @@ pub(crate) fn kernels(level: SimdLevel) -> Option<&'static Kernels> {
         SimdLevel::AvxVnni => has_avx_vnni().then_some(&avxvnni::KERNELS),
         SimdLevel::Avx512 if has_vnni() => Some(&avx512::KERNELS_VNNI),
         SimdLevel::Avx512 => has_avx512().then_some(&avx512::KERNELS),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Makes [`super::split_avx512`] true on any host, so its route is tested where the
+    /// CPU would not take it (the route gives the same bits, so other tests running at
+    /// the same time are unaffected).
+    pub(crate) static FORCE_SPLIT_AVX512: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    #[test]
+    fn cpu_id_reads_the_vendor() {
+        let (amd, family) = super::cpu_id();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        if cpuinfo.contains("vendor_id") {
+            assert_eq!(amd, cpuinfo.contains("AuthenticAMD"), "{family:#x}");
+            let want = cpuinfo.lines().find(|l| l.starts_with("cpu family")).and_then(|l| l.split(':').nth(1)).and_then(|v| v.trim().parse::<u32>().ok());
+            assert_eq!(Some(family), want);
+        }
     }
 }
