@@ -90,23 +90,10 @@ fn compare(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cac
 fn compare_with(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cache: CacheType, steps: usize, f32_attention: bool) -> Run {
     let ids = model.tokenizer.encode(PROMPT, true, true);
     let mut single = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
-    let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
     if f32_attention {
         single.set_f32_attention_from(1);
-        split.set_f32_attention_from(1);
     }
-    let opts = ClusterOptions {
-        layout: Default::default(),
-        workers: workers(model, weights.len() - 1),
-        weights: weights.to_vec(),
-        wire,
-        key: None,
-        timeout: Duration::from_secs(10),
-        exact,
-        progress: false,
-    };
-    let g = connect(model, SHA, &opts, 128, 64, cache, split.f32_attention_from()).unwrap();
-    split.set_tensor_split(g.split, Box::new(g.collective)).unwrap();
+    let mut split = split_context(model, weights, wire, exact, cache, f32_attention);
     let mut run = Run { max_diff: 0.0, flips: vec![] };
     let mut input = ids;
     for step in 0..steps {
@@ -125,22 +112,32 @@ fn compare_with(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool
     run
 }
 
-/// The split context's logits (as bits) over `weights`: prefill `PROMPT`, then `steps - 1`
-/// greedy decode steps on its own logits.
-fn split_logits(model: &Arc<Model>, weights: &[f64], exact: bool, steps: usize) -> Vec<Vec<u32>> {
-    let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, CacheType::F16).unwrap();
+/// A context over `model` split over `weights` (node 0 here, the others local workers);
+/// `f32_attention`: it takes the f32 attention path in every pass.
+fn split_context(model: &Arc<Model>, weights: &[f64], wire: WireType, exact: bool, cache: CacheType, f32_attention: bool) -> Context {
+    let mut split = Context::with_cache_type(model.clone(), 128, 64, 1, cache).unwrap();
+    if f32_attention {
+        split.set_f32_attention_from(1);
+    }
     let opts = ClusterOptions {
         layout: Default::default(),
         workers: workers(model, weights.len() - 1),
         weights: weights.to_vec(),
-        wire: WireType::F32,
+        wire,
         key: None,
         timeout: Duration::from_secs(10),
         exact,
         progress: false,
     };
-    let g = connect(model, SHA, &opts, 128, 64, CacheType::F16, split.f32_attention_from()).unwrap();
+    let g = connect(model, SHA, &opts, 128, 64, cache, split.f32_attention_from()).unwrap();
     split.set_tensor_split(g.split, Box::new(g.collective)).unwrap();
+    split
+}
+
+/// The split context's logits (as bits) over `weights`: prefill `PROMPT`, then `steps - 1`
+/// greedy decode steps on its own logits.
+fn split_logits(model: &Arc<Model>, weights: &[f64], exact: bool, steps: usize) -> Vec<Vec<u32>> {
+    let mut split = split_context(model, weights, WireType::F32, exact, CacheType::F16, false);
     let mut input = model.tokenizer.encode(PROMPT, true, true);
     (0..steps)
         .map(|_| {

@@ -106,8 +106,7 @@ const GROUPED_FAR_AHEAD: usize = PREFETCH_AHEAD;
 /// (not measured with it) takes it too: the row types' 32 KiB L2 prefetch
 /// ([`PREFETCH_AHEAD`]), tuned on Zen 4, served it as well.
 pub(crate) fn far_prefetch() -> bool {
-    static FAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAR.get_or_init(|| cpu_id().0)
+    cpu_id().0
 }
 
 /// Whether AVX-512 runs in 256-bit halves (AMD family 0x19, Zen 4): the avx512 level then
@@ -124,18 +123,20 @@ pub(crate) fn split_avx512() -> bool {
     if tests::FORCE_SPLIT_AVX512.load(std::sync::atomic::Ordering::Relaxed) {
         return true;
     }
-    static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SPLIT.get_or_init(|| cpu_id() == (true, 0x19))
+    cpu_id() == (true, 0x19)
 }
 
-/// (vendor is AMD, family) from CPUID leaves 0 and 1.
+/// (vendor is AMD, family) from CPUID leaves 0 and 1, read once (the kernels ask per panel).
 fn cpu_id() -> (bool, u32) {
-    // (Safe in this Rust: CPUID leaves 0 and 1 exist on every x86-64 CPU.)
-    let (v, f) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1));
-    let amd = (v.ebx, v.edx, v.ecx) == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"));
-    let base = (f.eax >> 8) & 0xf;
-    let family = if base == 0xf { base + ((f.eax >> 20) & 0xff) } else { base };
-    (amd, family)
+    static ID: std::sync::OnceLock<(bool, u32)> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        // (Safe in this Rust: CPUID leaves 0 and 1 exist on every x86-64 CPU.)
+        let (v, f) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1));
+        let amd = (v.ebx, v.edx, v.ecx) == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"));
+        let base = (f.eax >> 8) & 0xf;
+        let family = if base == 0xf { base + ((f.eax >> 20) & 0xff) } else { base };
+        (amd, family)
+    })
 }
 
 fn has_avx2() -> bool {
